@@ -1,0 +1,3 @@
+from traceflow.cli import run
+
+run()

@@ -1,0 +1,50 @@
+"""Located errors and the exit codes of the command line (one place for both)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0              # every path delivered
+    NOT_DELIVERED = 1   # at least one path dropped, partial or unknown
+    BAD_INPUT = 2       # bad usage or bad input; the message says what and where
+    COLLECTION = 3      # collection from the cluster failed
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a parsed record came from: bundle file, 1-based line number, raw text."""
+
+    file: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.text.strip()}"
+
+
+class InputError(Exception):
+    """Input that cannot be read. Always names the file, and the line and its text when known."""
+
+    def __init__(self, reason: str, file: str | None = None, line: int | None = None,
+                 text: str | None = None):
+        self.reason = reason
+        self.file = file
+        self.line = line
+        self.text = text
+        super().__init__(str(self))
+
+    @classmethod
+    def at(cls, source: Source, reason: str) -> "InputError":
+        return cls(reason, source.file, source.line, source.text)
+
+    def __str__(self) -> str:
+        where = self.file or "<input>"
+        if self.line is not None:
+            where += f", line {self.line}"
+        msg = f"{where}: {self.reason}"
+        if self.text is not None:
+            msg += f"\n    {self.text.rstrip()}"
+        return msg

@@ -1,0 +1,252 @@
+"""Kubernetes objects from a bundle's k8s/*.yaml, and resolving a query against them.
+
+Only the facts a trace needs are kept: pods (IP, node, labels), services (cluster IP, ports,
+selector), endpoints, nodes (InternalIP, pod CIDR) and NetworkPolicies (for explaining a drop).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from dataclasses import dataclass, field
+
+import yaml
+
+from traceflow.errors import InputError
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    ip: str | None
+    node: str | None
+    labels: dict
+    phase: str
+    host_network: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    name: str
+    port: int
+    protocol: str
+    target_port: object      # int or a named port
+    node_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Service:
+    namespace: str
+    name: str
+    type: str
+    cluster_ip: str | None
+    ports: tuple
+    selector: dict
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    internal_ip: str | None
+    pod_cidrs: tuple
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    namespace: str
+    name: str
+    pod_selector: dict
+    policy_types: tuple
+    ingress: tuple
+    egress: tuple
+
+
+@dataclass
+class Cluster:
+    pods: list = field(default_factory=list)
+    services: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    policies: list = field(default_factory=list)
+    endpoints: dict = field(default_factory=dict)   # service key -> [(ip, pod key or None, node)]
+
+    # ---- lookups ----------------------------------------------------------------------
+    def pod(self, ref: str, namespace: str) -> Pod:
+        ns, name = _split(ref, namespace)
+        for p in self.pods:
+            if p.namespace == ns and p.name == name:
+                return p
+        raise InputError(_not_found("pod", ns, name, [p.name for p in self.pods if p.namespace == ns]),
+                         "k8s/pods.yaml")
+
+    def service(self, ref: str, namespace: str) -> Service:
+        ns, name = _split(ref.removeprefix("svc/"), namespace)
+        for s in self.services:
+            if s.namespace == ns and s.name == name:
+                return s
+        raise InputError(_not_found("service", ns, name,
+                                    [s.name for s in self.services if s.namespace == ns]),
+                         "k8s/services.yaml")
+
+    def pod_by_ip(self, ip: str) -> Pod | None:
+        for p in self.pods:
+            if p.ip == ip and not p.host_network:
+                return p
+        return None
+
+    def node_by_ip(self, ip: str) -> Node | None:
+        for n in self.nodes:
+            if n.internal_ip == ip:
+                return n
+        return None
+
+    def node_ips(self) -> dict[str, str]:
+        return {n.internal_ip: n.name for n in self.nodes if n.internal_ip}
+
+    def node_for_pod_ip(self, ip: str) -> Node | None:
+        addr = ipaddress.ip_address(ip)
+        for n in self.nodes:
+            if any(addr in ipaddress.ip_network(c) for c in n.pod_cidrs):
+                return n
+        return None
+
+    def policies_selecting(self, pod: Pod, policy_type: str) -> list:
+        return [np for np in self.policies if np.namespace == pod.namespace
+                and policy_type in np.policy_types and selects(np.pod_selector, pod.labels)]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A LabelSelector (matchLabels + matchExpressions) against a label set."""
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _split(ref: str, namespace: str) -> tuple[str, str]:
+    ref = ref.removeprefix("pod/")
+    if "/" in ref:
+        ns, name = ref.split("/", 1)
+        return ns, name
+    return namespace, ref
+
+
+def _not_found(kind: str, ns: str, name: str, candidates: list) -> str:
+    msg = f"{kind} {ns}/{name} not found"
+    close = difflib.get_close_matches(name, candidates, n=3)
+    if close:
+        msg += f"; did you mean: {', '.join(close)}?"
+    return msg
+
+
+# ---- loading --------------------------------------------------------------------------
+
+def _items(text: str | None, name: str) -> list:
+    if text is None:
+        return []
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        lines = text.splitlines()
+        raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", name, line,
+                         lines[line - 1] if line and line <= len(lines) else None) from None
+    if doc is None:
+        return []
+    if not isinstance(doc, dict) or not isinstance(doc.get("items", []), list):
+        raise InputError("expected a v1 List (kind: List, items: [...])", name)
+    return [i for i in doc.get("items") or [] if isinstance(i, dict)]
+
+
+def load_cluster(read) -> Cluster:
+    """Build the Cluster from a bundle; ``read(name) -> str | None``."""
+    c = Cluster()
+    for item in _items(read("k8s/pods.yaml"), "k8s/pods.yaml"):
+        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+        c.pods.append(Pod(meta.get("namespace", "default"), meta.get("name", ""),
+                          status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
+                          status.get("phase", "Unknown"), bool(spec.get("hostNetwork"))))
+    for item in _items(read("k8s/services.yaml"), "k8s/services.yaml"):
+        meta, spec = item.get("metadata", {}), item.get("spec", {})
+        ports = tuple(ServicePort(p.get("name", ""), int(p.get("port", 0)),
+                                  p.get("protocol", "TCP"), p.get("targetPort", p.get("port")),
+                                  p.get("nodePort")) for p in spec.get("ports") or [])
+        c.services.append(Service(meta.get("namespace", "default"), meta.get("name", ""),
+                                  spec.get("type", "ClusterIP"), spec.get("clusterIP"), ports,
+                                  spec.get("selector") or {}))
+    for item in _items(read("k8s/nodes.yaml"), "k8s/nodes.yaml"):
+        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+        ip = next((a.get("address") for a in status.get("addresses") or []
+                   if a.get("type") == "InternalIP"), None)
+        cidrs = tuple(spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else []))
+        c.nodes.append(Node(meta.get("name", ""), ip, cidrs))
+    for item in _items(read("k8s/networkpolicies.yaml"), "k8s/networkpolicies.yaml"):
+        meta, spec = item.get("metadata", {}), item.get("spec", {})
+        types = tuple(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else [])))
+        c.policies.append(NetworkPolicy(meta.get("namespace", "default"), meta.get("name", ""),
+                                        spec.get("podSelector") or {}, types,
+                                        tuple(spec.get("ingress") or []),
+                                        tuple(spec.get("egress") or [])))
+    _load_endpoints(c, read)
+    return c
+
+
+def _load_endpoints(c: Cluster, read) -> None:
+    slices = _items(read("k8s/endpointslices.yaml"), "k8s/endpointslices.yaml")
+    for item in slices:
+        meta = item.get("metadata", {})
+        svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
+        if not svc:
+            continue
+        key = f"{meta.get('namespace', 'default')}/{svc}"
+        for ep in item.get("endpoints") or []:
+            ref = ep.get("targetRef") or {}
+            pod = f"{ref.get('namespace', meta.get('namespace'))}/{ref['name']}" if ref.get("name") else None
+            for addr in ep.get("addresses") or []:
+                c.endpoints.setdefault(key, []).append((addr, pod, ep.get("nodeName")))
+    if slices:
+        return
+    for item in _items(read("k8s/endpoints.yaml"), "k8s/endpoints.yaml"):
+        meta = item.get("metadata", {})
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        for subset in item.get("subsets") or []:
+            for addr in subset.get("addresses") or []:
+                ref = addr.get("targetRef") or {}
+                pod = f"{ref.get('namespace', meta.get('namespace'))}/{ref['name']}" if ref.get("name") else None
+                c.endpoints.setdefault(key, []).append((addr.get("ip"), pod, addr.get("nodeName")))
+
+
+def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_ip: str,
+                       proto: str, port: int | None) -> str:
+    """Plain-English reason for a NetworkPolicy default-deny drop, naming the policies."""
+    if pod is None:
+        return f"no {direction} NetworkPolicy rule allows this traffic"
+    ptype = "Egress" if direction == "egress" else "Ingress"
+    pols = cluster.policies_selecting(pod, ptype)
+    what = f"{proto}/{port}" if port else proto
+    if not pols:
+        return (f"{direction} default-deny for {pod.key}, but no NetworkPolicy in the bundle "
+                f"selects it for {ptype} (stale flows?)")
+    names = ", ".join(f"{p.namespace}/{p.name}" for p in pols)
+    peer = "to" if direction == "egress" else "from"
+    return (f"NetworkPolicy {names} selects {pod.key} for {ptype} and none of its {direction} "
+            f"rules allows {what} {peer} {peer_ip}")

@@ -1,0 +1,218 @@
+"""OpenFlow fields as ovs-ofctl spells them: names, aliases, widths and value codecs.
+
+Every field value inside the simulator is an int (IPs, MACs, registers alike) so that a
+match is one ``(value & mask) == want`` test. ``FIELDS`` is the one table that knows how a
+name in a dump maps to a field, how wide it is and how to read and print its values.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str          # canonical name (ovs-ofctl's match name)
+    bits: int
+    kind: str          # "int" | "ipv4" | "ipv6" | "mac" | "ct_state"
+
+
+def _f(name: str, bits: int, kind: str = "int") -> Field:
+    return Field(name, bits, kind)
+
+
+_CANONICAL = [
+    _f("in_port", 32), _f("dl_src", 48, "mac"), _f("dl_dst", 48, "mac"), _f("dl_type", 16),
+    _f("dl_vlan", 12), _f("vlan_tci", 16), _f("nw_src", 32, "ipv4"), _f("nw_dst", 32, "ipv4"),
+    _f("nw_proto", 8), _f("nw_ttl", 8), _f("nw_tos", 8), _f("ip_dscp", 6), _f("nw_ecn", 2),
+    _f("nw_frag", 2), _f("tp_src", 16), _f("tp_dst", 16), _f("tcp_flags", 12),
+    _f("icmp_type", 8), _f("icmp_code", 8),
+    _f("arp_op", 16), _f("arp_spa", 32, "ipv4"), _f("arp_tpa", 32, "ipv4"),
+    _f("arp_sha", 48, "mac"), _f("arp_tha", 48, "mac"),
+    _f("ipv6_src", 128, "ipv6"), _f("ipv6_dst", 128, "ipv6"), _f("nd_target", 128, "ipv6"),
+    _f("tun_id", 64), _f("tun_src", 32, "ipv4"), _f("tun_dst", 32, "ipv4"),
+    _f("tun_ipv6_src", 128, "ipv6"), _f("tun_ipv6_dst", 128, "ipv6"),
+    _f("metadata", 64), _f("pkt_mark", 32), _f("dp_hash", 32), _f("recirc_id", 32),
+    _f("ct_state", 32, "ct_state"), _f("ct_zone", 16), _f("ct_mark", 32), _f("ct_label", 128),
+    _f("ct_nw_src", 32, "ipv4"), _f("ct_nw_dst", 32, "ipv4"), _f("ct_nw_proto", 8),
+    _f("ct_tp_src", 16), _f("ct_tp_dst", 16), _f("conj_id", 32), _f("actset_output", 32),
+]
+_CANONICAL += [_f(f"reg{i}", 32) for i in range(16)]
+_CANONICAL += [_f(f"xreg{i}", 64) for i in range(8)]
+_CANONICAL += [_f(f"xxreg{i}", 128) for i in range(4)]
+_CANONICAL += [_f(f"tun_metadata{i}", 64) for i in range(64)]
+
+FIELDS: dict[str, Field] = {f.name: f for f in _CANONICAL}
+
+# Other spellings of the same field: OpenFlow 1.2+ (OXM) names and the NXM/OXM
+# identifiers that load/move/set_field use ("NXM_NX_REG0" -> reg0).
+_ALIASES = {
+    "eth_src": "dl_src", "eth_dst": "dl_dst", "eth_type": "dl_type",
+    "ip_src": "nw_src", "ip_dst": "nw_dst", "ip_proto": "nw_proto", "ip_ttl": "nw_ttl",
+    "tcp_src": "tp_src", "tcp_dst": "tp_dst", "udp_src": "tp_src", "udp_dst": "tp_dst",
+    "sctp_src": "tp_src", "sctp_dst": "tp_dst", "icmpv4_type": "icmp_type",
+    "icmpv4_code": "icmp_code", "icmpv6_type": "icmp_type", "icmpv6_code": "icmp_code",
+    "tun_ipv4_src": "tun_src", "tun_ipv4_dst": "tun_dst", "tunnel_id": "tun_id",
+    "NXM_OF_IN_PORT": "in_port", "OXM_OF_IN_PORT": "in_port",
+    "NXM_OF_ETH_SRC": "dl_src", "NXM_OF_ETH_DST": "dl_dst", "NXM_OF_ETH_TYPE": "dl_type",
+    "OXM_OF_ETH_SRC": "dl_src", "OXM_OF_ETH_DST": "dl_dst",
+    "NXM_OF_VLAN_TCI": "vlan_tci", "OXM_OF_VLAN_VID": "dl_vlan",
+    "NXM_OF_IP_SRC": "nw_src", "NXM_OF_IP_DST": "nw_dst", "NXM_OF_IP_PROTO": "nw_proto",
+    "OXM_OF_IPV4_SRC": "nw_src", "OXM_OF_IPV4_DST": "nw_dst", "NXM_NX_IP_TTL": "nw_ttl",
+    "NXM_OF_IP_TOS": "nw_tos",
+    "NXM_OF_TCP_SRC": "tp_src", "NXM_OF_TCP_DST": "tp_dst", "NXM_OF_UDP_SRC": "tp_src",
+    "NXM_OF_UDP_DST": "tp_dst", "OXM_OF_TCP_SRC": "tp_src", "OXM_OF_TCP_DST": "tp_dst",
+    "OXM_OF_UDP_SRC": "tp_src", "OXM_OF_UDP_DST": "tp_dst",
+    "NXM_OF_ARP_OP": "arp_op", "NXM_OF_ARP_SPA": "arp_spa", "NXM_OF_ARP_TPA": "arp_tpa",
+    "NXM_NX_ARP_SHA": "arp_sha", "NXM_NX_ARP_THA": "arp_tha",
+    "OXM_OF_ARP_OP": "arp_op", "OXM_OF_ARP_SPA": "arp_spa", "OXM_OF_ARP_TPA": "arp_tpa",
+    "NXM_NX_IPV6_SRC": "ipv6_src", "NXM_NX_IPV6_DST": "ipv6_dst",
+    "NXM_NX_TUN_ID": "tun_id", "NXM_NX_TUN_IPV6_SRC": "tun_ipv6_src",
+    "NXM_NX_TUN_IPV6_DST": "tun_ipv6_dst", "NXM_NX_TUN_IPV4_SRC": "tun_src", "NXM_NX_TUN_IPV4_DST": "tun_dst",
+    "OXM_OF_METADATA": "metadata", "NXM_NX_PKT_MARK": "pkt_mark", "NXM_NX_DP_HASH": "dp_hash",
+    "NXM_NX_CT_STATE": "ct_state", "NXM_NX_CT_ZONE": "ct_zone", "NXM_NX_CT_MARK": "ct_mark",
+    "NXM_NX_CT_LABEL": "ct_label", "NXM_NX_CT_NW_SRC": "ct_nw_src",
+    "NXM_NX_CT_NW_DST": "ct_nw_dst", "NXM_NX_CT_NW_PROTO": "ct_nw_proto",
+    "NXM_NX_CT_TP_SRC": "ct_tp_src", "NXM_NX_CT_TP_DST": "ct_tp_dst",
+    "NXM_NX_CONJ_ID": "conj_id",
+}
+_ALIASES.update({f"NXM_NX_REG{i}": f"reg{i}" for i in range(16)})
+_ALIASES.update({f"OXM_OF_PKT_REG{i}": f"xreg{i}" for i in range(8)})
+_ALIASES.update({f"NXM_NX_XXREG{i}": f"xxreg{i}" for i in range(4)})
+_ALIASES.update({f"NXM_NX_TUN_METADATA{i}": f"tun_metadata{i}" for i in range(64)})
+
+# Shorthand protocol keywords: what each one implies.
+PROTOCOLS: dict[str, dict[str, int]] = {
+    "ip": {"dl_type": 0x0800}, "ipv4": {"dl_type": 0x0800},
+    "icmp": {"dl_type": 0x0800, "nw_proto": 1}, "tcp": {"dl_type": 0x0800, "nw_proto": 6},
+    "udp": {"dl_type": 0x0800, "nw_proto": 17}, "sctp": {"dl_type": 0x0800, "nw_proto": 132},
+    "igmp": {"dl_type": 0x0800, "nw_proto": 2},
+    "arp": {"dl_type": 0x0806}, "rarp": {"dl_type": 0x8035},
+    "ipv6": {"dl_type": 0x86DD}, "tcp6": {"dl_type": 0x86DD, "nw_proto": 6},
+    "udp6": {"dl_type": 0x86DD, "nw_proto": 17}, "sctp6": {"dl_type": 0x86DD, "nw_proto": 132},
+    "icmp6": {"dl_type": 0x86DD, "nw_proto": 58},
+}
+
+CT_STATE_BITS = {"new": 0x01, "est": 0x02, "rel": 0x04, "rpl": 0x08, "inv": 0x10,
+                 "trk": 0x20, "snat": 0x40, "dnat": 0x80}
+
+
+def lookup(name: str) -> Field | None:
+    """The field a name refers to, or None when the name is not a field we know."""
+    f = FIELDS.get(name)
+    if f is None:
+        alias = _ALIASES.get(name)
+        f = FIELDS.get(alias) if alias else None
+    return f
+
+
+def full_mask(field: Field) -> int:
+    return (1 << field.bits) - 1
+
+
+def parse_int(text: str) -> int:
+    return int(text, 0)
+
+
+def parse_mac(text: str) -> int:
+    parts = text.split(":")
+    if len(parts) != 6 or not all(1 <= len(p) <= 2 for p in parts):
+        raise ValueError(f"bad MAC address {text!r}")
+    return int("".join(p.zfill(2) for p in parts), 16)
+
+
+def parse_ipv4(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+def parse_value(field: Field, text: str) -> tuple[int, int]:
+    """Read ``value[/mask]`` as written after ``field=`` in a match; returns (value, mask)."""
+    if field.kind == "ct_state":
+        return parse_ct_state(text)
+    value_text, _, mask_text = text.partition("/")
+    if field.kind == "ipv4":
+        if mask_text:
+            if "." in mask_text:
+                mask = parse_ipv4(mask_text)
+            else:
+                plen = int(mask_text)
+                mask = ((1 << 32) - 1) ^ ((1 << (32 - plen)) - 1)
+        else:
+            mask = full_mask(field)
+        return parse_ipv4(value_text) & mask, mask
+    if field.kind == "ipv6":
+        if mask_text:
+            if ":" in mask_text:
+                mask = int(ipaddress.IPv6Address(mask_text))
+            else:
+                plen = int(mask_text)
+                mask = ((1 << 128) - 1) ^ ((1 << (128 - plen)) - 1)
+        else:
+            mask = full_mask(field)
+        return int(ipaddress.IPv6Address(value_text)) & mask, mask
+    if field.kind == "mac":
+        mask = parse_mac(mask_text) if mask_text else full_mask(field)
+        return parse_mac(value_text) & mask, mask
+    mask = parse_int(mask_text) if mask_text else full_mask(field)
+    return parse_int(value_text) & mask, mask
+
+
+def parse_ct_state(text: str) -> tuple[int, int]:
+    """``-new+trk`` or ``+est+rpl`` or ``0x21/0x21`` -> (value, mask)."""
+    if text[:1] not in "+-":
+        value_text, _, mask_text = text.partition("/")
+        mask = parse_int(mask_text) if mask_text else 0xFF
+        return parse_int(value_text) & mask, mask
+    value = mask = 0
+    i = 0
+    while i < len(text):
+        sign = text[i]
+        j = i + 1
+        while j < len(text) and text[j] not in "+-":
+            j += 1
+        flag = text[i + 1:j]
+        if sign not in "+-" or flag not in CT_STATE_BITS:
+            raise ValueError(f"bad ct_state flag {text[i:j]!r}")
+        bit = CT_STATE_BITS[flag]
+        mask |= bit
+        if sign == "+":
+            value |= bit
+        i = j
+    return value, mask
+
+
+def format_ct_state(value: int, mask: int | None = None) -> str:
+    """ct_state bits as ovs-ofctl prints them: ``+new+trk`` (or ``-new+trk`` with a mask)."""
+    out = []
+    for name, bit in CT_STATE_BITS.items():
+        if mask is None:
+            if value & bit:
+                out.append("+" + name)
+        elif mask & bit:
+            out.append(("+" if value & bit else "-") + name)
+    return "".join(out) or "0"
+
+
+def format_value(field: Field, value: int) -> str:
+    if field.kind == "ipv4":
+        return str(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+    if field.kind == "mac":
+        raw = f"{value:012x}"
+        return ":".join(raw[i:i + 2] for i in range(0, 12, 2))
+    if field.kind == "ipv6":
+        return str(ipaddress.IPv6Address(value))
+    if field.kind == "ct_state":
+        return format_ct_state(value)
+    return hex(value)
+
+
+def parse_value_for_field(field: Field, text: str) -> int:
+    """A value as written in set_field/load sources: int for ints, dotted for IPs, MAC syntax."""
+    if field.kind == "ipv4" and "." in text:
+        return parse_ipv4(text)
+    if field.kind == "mac" and ":" in text:
+        return parse_mac(text)
+    if field.kind == "ipv6" and ":" in text:
+        return int(ipaddress.IPv6Address(text))
+    return parse_int(text)

@@ -1,0 +1,559 @@
+"""The OpenFlow pipeline simulator: what `ofproto/trace` does, offline, with explanations.
+
+``simulate`` walks a packet (a dict of field -> int) through a bridge's flow tables from a
+start table: priority lookup with masked matches and conjunctions, actions (load, move,
+set_field, mod_*, dec_ttl, resubmit/goto_table, ct with zones/commit/nat/exec, groups,
+output), recirculation after ``ct(table=N)``. A select group forks the run: every bucket is
+explored and returned as its own ``OvsRun`` with its weight, like a load balancer's choices.
+Anything not modelled ends the run as ``unknown`` with the flow's text and line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from traceflow.conntrack import Conntrack
+from traceflow.errors import Source
+from traceflow.ovs import actions as A
+from traceflow.ovs import fields as F
+from traceflow.ovs.bridge import Group, Port
+from traceflow.ovs.flows import Flow, FlowDump
+
+MAX_RESUBMIT_DEPTH = 64     # OVS's own limit on nested resubmits
+MAX_TABLE_VISITS = 4096     # OVS's limit on total resubmits per translation
+MAX_RECIRCULATIONS = 16
+
+
+class Annotator:
+    """Vendor knowledge used to explain a pipeline: table names and register meanings.
+
+    The base class knows nothing and says so; a CNI adapter (traceflow.cni) subclasses it.
+    """
+
+    def table_name(self, table: int) -> str | None:
+        return None
+
+    def describe_write(self, field: str, start: int, end: int, value: int,
+                       state: dict) -> str | None:
+        return None
+
+    def describe_match(self, flow: Flow) -> list[str]:
+        return []
+
+    def describe_port(self, number: int) -> str | None:
+        return None
+
+
+@dataclass
+class Bridge:
+    """One node's OVS bridge as read from the bundle."""
+
+    node: str
+    flows: FlowDump
+    groups: dict[int, Group] = field(default_factory=dict)
+    ports: dict[str, Port] = field(default_factory=dict)
+    table_numbers: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.flows.resolve_names(self.table_numbers)
+        self.port_by_number = {p.number: p for p in self.ports.values() if p.number is not None}
+
+    def port_number(self, name_or_number: str) -> int | None:
+        if name_or_number.isdigit():
+            return int(name_or_number)
+        port = self.ports.get(name_or_number)
+        return port.number if port else None
+
+    def port_name(self, number: int) -> str:
+        port = self.port_by_number.get(number)
+        return port.name if port else str(number)
+
+    def table_id(self, ref: int | str) -> int | str:
+        if isinstance(ref, str):
+            return self.table_numbers.get(ref, ref)
+        return ref
+
+
+@dataclass
+class TableHit:
+    """One table lookup: the flow hit (or None for a miss) and what its actions did."""
+
+    table: int | str
+    flow: Flow | None
+    effects: list = field(default_factory=list)     # plain-English phrases, in order
+    notes: list = field(default_factory=list)       # decoded meanings
+    state_after: dict | None = None                 # fields after this table's own actions
+    unknown: str | None = None                      # why the run could not continue here
+    stage: int = 0                                  # recirculation stage (0 = first pass)
+
+
+@dataclass
+class Output:
+    port: int | str         # port number, or "CONTROLLER" / "NORMAL" / "LOCAL"
+    state: dict
+    via: Flow | None
+
+
+@dataclass
+class OvsRun:
+    """One way through the pipeline (one bucket choice per select group met)."""
+
+    hits: list
+    outputs: list
+    weight: float
+    choices: list                  # [(group id, bucket id, share)] in the order met
+    conntrack: Conntrack
+    unknown: str | None = None
+    dropped_by: TableHit | None = None
+
+
+class _Fork(Exception):
+    """A select group with several buckets was met with no choice made for it yet."""
+
+    def __init__(self, group: Group):
+        self.group = group
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int = 0,
+             annotator: Annotator | None = None, pinned: dict[int, int] | None = None) -> list[OvsRun]:
+    """Every way a packet can go through ``bridge``, one OvsRun per select-group choice."""
+    annotator = annotator or Annotator()
+    runs: list[OvsRun] = []
+    pending: list[tuple[dict, float, list]] = [(dict(pinned or {}), 1.0, [])]
+    while pending:
+        choices, weight, chosen = pending.pop(0)
+        ct = conntrack.copy()
+        runner = _Runner(bridge, annotator, ct, choices)
+        try:
+            runner.run(dict(state), start_table)
+        except _Fork as fork:
+            buckets = fork.group.buckets
+            total = sum(b.weight for b in buckets) or 1
+            for b in buckets:
+                share = b.weight / total
+                pending.append(({**choices, fork.group.group_id: b.bucket_id}, weight * share,
+                                chosen + [(fork.group.group_id, b.bucket_id, share)]))
+            continue
+        seen = {c[0] for c in chosen}
+        explicit = [c for c in runner.choice_log if c[0] not in seen]
+        runs.append(OvsRun(runner.hits, runner.outputs, weight, chosen + explicit, ct,
+                           runner.unknown, runner.dropped_by))
+    return runs
+
+
+class _Runner:
+    def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict):
+        self.bridge = bridge
+        self.annotator = annotator
+        self.ct = ct
+        self.choices = choices
+        self.hits: list[TableHit] = []
+        self.outputs: list[Output] = []
+        self.unknown: str | None = None
+        self.dropped_by: TableHit | None = None
+        self.choice_log: list = []
+        self.visits = 0
+        self.recirc: list[tuple[int | str, dict]] = []
+        self.stage = 0
+
+    # ---- driver ---------------------------------------------------------------------
+    def run(self, state: dict, table: int | str) -> None:
+        self.recirc.append((table, state))
+        while self.recirc and self.unknown is None:
+            table, st = self.recirc.pop(0)
+            if self.stage > MAX_RECIRCULATIONS:
+                self.unknown = "too many recirculations (loop?)"
+                return
+            try:
+                self.lookup_and_apply(st, table, depth=0)
+            except _Stop as stop:
+                self.unknown = stop.reason
+                return
+            self.stage += 1
+
+    # ---- one table ------------------------------------------------------------------
+    def lookup_and_apply(self, state: dict, table: int | str, depth: int) -> None:
+        if depth > MAX_RESUBMIT_DEPTH:
+            raise _Stop(f"resubmit depth exceeded {MAX_RESUBMIT_DEPTH} at table {table} (loop?)")
+        self.visits += 1
+        if self.visits > MAX_TABLE_VISITS:
+            raise _Stop("too many table visits (loop?)")
+        table = self.bridge.table_id(table)
+        if isinstance(table, str):
+            hit = TableHit(table, None, stage=self.stage)
+            hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
+            self.hits.append(hit)
+            raise _Stop(hit.unknown)
+        flow, conj_notes = self.lookup(state, table)
+        hit = TableHit(table, flow, stage=self.stage)
+        self.hits.append(hit)
+        if flow is None:
+            hit.effects.append("no flow matched: table miss, packet dropped")
+            hit.state_after = dict(state)
+            self.dropped_by = hit
+            return
+        hit.notes.extend(conj_notes)
+        hit.notes.extend(self.annotator.describe_match(flow))
+        self.apply_actions(flow.actions, state, hit, depth, flow)
+        if hit.state_after is None:
+            hit.state_after = dict(state)
+        if not self.outputs and not self.recirc and _ends_in_drop(flow.actions):
+            self.dropped_by = hit
+
+    def lookup(self, state: dict, table: int) -> tuple[Flow | None, list]:
+        """Highest-priority match, with OVS's conjunctive-match semantics.
+
+        Flows with ``conjunction(id,k/n)`` actions are clauses: when every clause of an id
+        matches at a priority above the best ordinary flow, OVS looks the packet up again
+        with ``conj_id=id`` set, and that second lookup's result is the hit.
+        """
+        flows = self.bridge.flows.table(table)
+        hard: Flow | None = None
+        clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
+        conj_priority: dict[int, int] = {}
+        n_clauses: dict[int, int] = {}
+        for flow in flows:
+            if hard is not None and flow.priority < hard.priority:
+                break
+            if flow.conj_id is not None or not self.matches(flow, state):
+                continue
+            conj_actions = [a for a in flow.actions if isinstance(a, A.Conjunction)]
+            for c in conj_actions:
+                clauses.setdefault(c.conj_id, {}).setdefault(c.clause, flow)
+                conj_priority[c.conj_id] = flow.priority
+                n_clauses[c.conj_id] = c.n_clauses
+            if not conj_actions and hard is None:
+                hard = flow
+        complete = sorted(((conj_priority[cid], -cid) for cid, cl in clauses.items()
+                           if len(cl) == n_clauses[cid]
+                           and (hard is None or conj_priority[cid] > hard.priority)),
+                          reverse=True)
+        for _, neg_cid in complete:
+            cid = -neg_cid
+            second = dict(state, conj_id=cid)
+            for flow in flows:
+                if any(isinstance(a, A.Conjunction) for a in flow.actions):
+                    continue
+                if self.matches(flow, second) and (flow.conj_id is None or flow.conj_id == cid):
+                    if flow.conj_id is None:
+                        break  # the conjunction has no conj_id flow above the ordinary hit
+                    notes = [f"conjunction {cid}: all {n_clauses[cid]} clauses matched"]
+                    for k in sorted(clauses[cid]):
+                        f0 = clauses[cid][k]
+                        notes.append(f"clause {k}/{n_clauses[cid]}: "
+                                     f"{','.join(f0.match_texts()) or '(any packet)'} "
+                                     f"(line {f0.source.line})")
+                    return flow, notes
+        return hard, []
+
+    def matches(self, flow: Flow, state: dict) -> bool:
+        for m in flow.matches:
+            if m.value is None:   # in_port by name
+                want = self.bridge.port_number(m.port_name)
+                if want is None or state.get("in_port") != want:
+                    return False
+                continue
+            if (state.get(m.field.name, 0) & m.mask) != m.value:
+                return False
+        return True
+
+    # ---- actions --------------------------------------------------------------------
+    def apply_actions(self, actions: tuple, state: dict, hit: TableHit, depth: int,
+                      flow: Flow) -> None:
+        for act in actions:
+            if isinstance(act, (A.Resubmit,)):
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                target = hit.table if act.table is None else self.bridge.table_id(act.table)
+                hit.effects.append(f"{'go to' if act.goto else 'continue in'} table "
+                                   f"{self._table_label(target)}")
+                saved_port = state.get("in_port")
+                if act.port is not None:
+                    state["in_port"] = self.bridge.port_number(act.port) or 0
+                self.lookup_and_apply(state, target, depth + 1)
+                if act.port is not None:
+                    state["in_port"] = saved_port
+                if act.goto:
+                    return
+            elif isinstance(act, A.Load):
+                self._write(state, act.dst, act.value, hit)
+            elif isinstance(act, A.SetField):
+                self._set_field(state, act, hit)
+            elif isinstance(act, A.Move):
+                width_mask = (1 << act.src.width) - 1
+                value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
+                hit.effects.append(f"copy {act.src} ({hex(value)}) to {act.dst}")
+                self._write(state, act.dst, value, hit, quiet=True)
+            elif isinstance(act, A.DecTtl):
+                ttl = state.get("nw_ttl", 64)
+                if ttl <= 1:
+                    hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
+                    self.dropped_by = hit
+                    return
+                state["nw_ttl"] = ttl - 1
+                hit.effects.append(f"decrement TTL to {ttl - 1} (routed hop)")
+            elif isinstance(act, A.Output):
+                self._output(act, state, hit, flow)
+            elif isinstance(act, A.SpecialPort):
+                self._special_output(act.name, state, hit, flow)
+            elif isinstance(act, A.Controller):
+                hit.effects.append(f"send to the controller (agent): {act.text}")
+                self.outputs.append(Output("CONTROLLER", dict(state), flow))
+            elif isinstance(act, A.Drop):
+                hit.effects.append("drop")
+            elif isinstance(act, A.Ct):
+                self._ct(act, state, hit, depth)
+            elif isinstance(act, A.CtClear):
+                for k in ("ct_state", "ct_zone", "ct_mark", "ct_label"):
+                    state.pop(k, None)
+                hit.effects.append("clear the conntrack state")
+            elif isinstance(act, A.Group):
+                self._group(act, state, hit, depth, flow)
+            elif isinstance(act, A.Conjunction):
+                continue  # only meaningful during lookup
+            elif isinstance(act, A.Learn):
+                hit.effects.append("learn: installs a flow for later packets (e.g. session "
+                                   "affinity); this packet is unchanged")
+            elif isinstance(act, A.Clone):
+                self.apply_actions(act.actions, dict(state), hit, depth, flow)
+            elif isinstance(act, A.NoEffect):
+                hit.effects.append(f"{act.text}: {act.why}")
+            elif isinstance(act, A.Unknown):
+                hit.unknown = f"action {act.text!r} is not modelled ({act.reason})"
+                hit.effects.append(f"UNKNOWN action {act.text}: {act.reason}")
+                raise _Stop(hit.unknown)
+            else:  # a new action type added to the parser but not here
+                raise _Stop(f"action {act!r} has no simulator")
+
+    def _table_label(self, table) -> str:
+        name = self.annotator.table_name(table) if isinstance(table, int) else None
+        return f"{table} ({name})" if name else str(table)
+
+    def _write(self, state: dict, dst: A.Subfield, value: int, hit: TableHit,
+               quiet: bool = False) -> None:
+        name = dst.field.name
+        mask = ((1 << dst.width) - 1) << dst.start
+        state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
+        if not quiet:
+            hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
+        note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
+        if note:
+            hit.notes.append(f"{dst}={hex(value)}: {note}")
+
+    def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
+        fld = act.field
+        if act.mask is None:
+            sub = A.Subfield(fld, 0, fld.bits - 1)
+            self._write(state, sub, act.value, hit)
+            return
+        # a masked set_field writes the masked bits; explain it as the bit range it covers
+        low = (act.mask & -act.mask).bit_length() - 1
+        high = act.mask.bit_length() - 1
+        name = fld.name
+        state[name] = (state.get(name, 0) & ~act.mask) | (act.value & act.mask)
+        hit.effects.append(f"set {name}[{low}..{high}] = {hex(act.value >> low)}"
+                           if low != high else f"set {name}[{low}] = {(act.value >> low) & 1}")
+        note = self.annotator.describe_write(name, low, high, act.value >> low, state)
+        if note:
+            rng = f"[{low}..{high}]" if low != high else f"[{low}]"
+            hit.notes.append(f"{name}{rng}={hex(act.value >> low)}: {note}")
+
+    def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
+        if act.reg is not None:
+            port = (state.get(act.reg.field.name, 0) >> act.reg.start) & ((1 << act.reg.width) - 1)
+            how = f"output to the port in {act.reg} = {port}"
+        else:
+            number = self.bridge.port_number(act.port)
+            if number is None:
+                hit.unknown = f"output port {act.port!r} is not in ovs-show.txt"
+                raise _Stop(hit.unknown)
+            port = number
+            how = f"output to port {port}"
+        name = self.bridge.port_name(port)
+        if port == state.get("in_port"):
+            hit.effects.append(f"{how} ({name}): that is the input port, so OVS drops it "
+                               "(only IN_PORT may send back)")
+            return
+        hit.effects.append(f"{how} ({name})")
+        desc = self.annotator.describe_port(port)
+        if desc:
+            hit.notes.append(f"port {port}: {desc}")
+        if hit.state_after is None:
+            hit.state_after = dict(state)
+        self.outputs.append(Output(port, dict(state), flow))
+
+    def _special_output(self, name: str, state: dict, hit: TableHit, flow: Flow) -> None:
+        if name == "IN_PORT":
+            port = state.get("in_port", 0)
+            hit.effects.append(f"send back out of the input port {port} "
+                               f"({self.bridge.port_name(port)})")
+            self.outputs.append(Output(port, dict(state), flow))
+        elif name == "NORMAL":
+            hit.effects.append("NORMAL: hand to the bridge's L2 learning switch")
+            self.outputs.append(Output("NORMAL", dict(state), flow))
+        elif name == "LOCAL":
+            hit.effects.append("output to the bridge's LOCAL port")
+            self.outputs.append(Output("LOCAL", dict(state), flow))
+        elif name == "CONTROLLER":
+            hit.effects.append("send to the controller (agent)")
+            self.outputs.append(Output("CONTROLLER", dict(state), flow))
+        elif name == "NONE":
+            hit.effects.append("output to no port")
+        else:
+            hit.unknown = f"output to {name} (flooding) is not modelled"
+            raise _Stop(hit.unknown)
+
+    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow) -> None:
+        group = self.bridge.groups.get(act.group_id)
+        if group is None:
+            hit.unknown = (f"group {act.group_id} is not in the bundle "
+                           f"(needs nodes/{self.bridge.node}/ovs-groups.txt)")
+            raise _Stop(hit.unknown)
+        if not group.buckets:
+            hit.effects.append(f"group {act.group_id} has no buckets: packet dropped")
+            self.dropped_by = hit
+            return
+        if hit.state_after is None:
+            hit.state_after = dict(state)
+        if group.type == "select":
+            chosen = self.choices.get(group.group_id)
+            if chosen is None:
+                if len(group.buckets) > 1:
+                    raise _Fork(group)
+                chosen = group.buckets[0].bucket_id
+                self.choice_log.append((group.group_id, chosen, 1.0))
+            bucket = next((b for b in group.buckets if b.bucket_id == chosen), None)
+            if bucket is None:
+                raise _Stop(f"group {group.group_id} has no bucket {chosen}")
+            total = sum(b.weight for b in group.buckets) or 1
+            hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
+                               f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
+            self.apply_actions(bucket.actions, state, hit, depth, flow)
+        elif group.type == "all":
+            hit.effects.append(f"group {group.group_id} (all): every bucket gets a copy")
+            for b in group.buckets:
+                self.apply_actions(b.actions, dict(state), hit, depth, flow)
+        else:  # indirect / fast failover: the first (live) bucket
+            hit.effects.append(f"group {group.group_id} ({group.type}): bucket "
+                               f"{group.buckets[0].bucket_id}")
+            self.apply_actions(group.buckets[0].actions, state, hit, depth, flow)
+
+    # ---- conntrack ------------------------------------------------------------------
+    def _ct(self, act: A.Ct, state: dict, hit: TableHit, depth: int) -> None:
+        if act.zone_src is not None:
+            sub = act.zone_src
+            zone = (state.get(sub.field.name, 0) >> sub.start) & ((1 << sub.width) - 1)
+        else:
+            zone = act.zone or 0
+        if state.get("dl_type") != 0x0800:
+            hit.effects.append(f"conntrack zone {zone}: not IPv4, untracked")
+            return
+        tracked = dict(state)
+        tup = _tuple(tracked)
+        entry, is_reply = self.ct.lookup(zone, tup)
+        bits = F.CT_STATE_BITS
+        if entry is None:
+            ct_state = bits["trk"] | bits["new"]
+            mark = label = 0
+        else:
+            ct_state = bits["trk"] | (bits["est"] if (is_reply or entry.seen_reply) else bits["new"])
+            if is_reply:
+                ct_state |= bits["rpl"]
+                entry.seen_reply = True
+            mark, label = entry.mark, entry.label
+        phrases = [f"conntrack zone {zone}"]
+        # NAT: a committed connection's translation applies to both directions
+        if act.nat is not None and entry is not None and entry.nat:
+            before = _tuple(tracked)
+            target = entry.orig if is_reply else reverse_tuple(entry.reply)
+            if is_reply:
+                # reply: restore the original addresses (un-DNAT / un-SNAT)
+                tracked["nw_src"], tracked["tp_src"] = _ip(target[3]), target[4]
+                tracked["nw_dst"], tracked["tp_dst"] = _ip(target[1]), target[2]
+            else:
+                tracked["nw_src"], tracked["tp_src"] = _ip(target[1]), target[2]
+                tracked["nw_dst"], tracked["tp_dst"] = _ip(target[3]), target[4]
+            if _tuple(tracked) != before:
+                phrases.append(f"{'un-NAT' if is_reply else 'NAT'} by the existing connection: "
+                               f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
+            ct_state |= bits["dnat"] if "dst" in entry.nat else 0
+            ct_state |= bits["snat"] if "src" in entry.nat else 0
+        if act.commit:
+            if entry is None:
+                nat_kind = None
+                if act.nat is not None and act.nat.kind:
+                    nat_kind = act.nat.kind
+                    before = _tuple(tracked)
+                    if act.nat.kind == "dst":
+                        tracked["nw_dst"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        if act.nat.port_min is not None:
+                            tracked["tp_dst"] = act.nat.port_min
+                        ct_state |= bits["dnat"]
+                    else:
+                        tracked["nw_src"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        if act.nat.port_min is not None:
+                            tracked["tp_src"] = act.nat.port_min
+                        ct_state |= bits["snat"]
+                    phrases.append(f"{'DNAT' if nat_kind == 'dst' else 'SNAT'} "
+                                   f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
+                entry = self.ct.commit(zone, tup, _tuple(tracked),
+                                       where=f"{self.bridge.node} OVS table {hit.table}",
+                                       nat=nat_kind)
+            phrases.append("commit the connection")
+            ct_fields = {"ct_mark": entry.mark, "ct_label": entry.label}
+            sub_hit = TableHit(hit.table, None)
+            self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
+            entry.mark, entry.label = ct_fields["ct_mark"], ct_fields["ct_label"]
+            mark, label = entry.mark, entry.label
+            if act.exec_actions:
+                phrases.append("with " + ", ".join(sub_hit.effects))
+                hit.notes.extend(sub_hit.notes)
+        tracked.update(ct_state=ct_state, ct_zone=zone, ct_mark=mark, ct_label=label)
+        if act.table is not None:
+            target = self.bridge.table_id(act.table)
+            phrases.append(f"then continue in table {self._table_label(target)} with "
+                           f"ct_state={F.format_ct_state(ct_state)}"
+                           + (f", ct_mark={hex(mark)}" if mark else ""))
+            if hit.state_after is None:
+                hit.state_after = dict(state)
+            self.recirc.append((target, tracked))
+        hit.effects.append(": ".join([phrases[0], "; ".join(phrases[1:])]) if len(phrases) > 1
+                           else phrases[0])
+
+
+def reverse_tuple(t: tuple) -> tuple:
+    proto, src, sport, dst, dport = t
+    return (proto, dst, dport, src, sport)
+
+
+def _tuple(state: dict) -> tuple:
+    return (state.get("nw_proto", 0), _ipstr(state.get("nw_src", 0)), state.get("tp_src", 0),
+            _ipstr(state.get("nw_dst", 0)), state.get("tp_dst", 0))
+
+
+def _ipstr(v: int) -> str:
+    return str(ipaddress.IPv4Address(v & 0xFFFFFFFF))
+
+
+def _ip(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+def _fmt_tuple(t: tuple) -> str:
+    return f"{t[1]}:{t[2]} -> {t[3]}:{t[4]}"
+
+
+def _fmt(field: F.Field, value: int, sub: A.Subfield) -> str:
+    if sub.width == field.bits and field.kind in ("ipv4", "mac", "ipv6"):
+        return F.format_value(field, value)
+    return hex(value)
+
+
+def _ends_in_drop(actions: tuple) -> bool:
+    return bool(actions) and all(isinstance(a, (A.Drop, A.NoEffect)) for a in actions)

@@ -1,0 +1,162 @@
+"""A bundle parsed into the vendor-independent model: the cluster plus one NodeModel per node.
+
+Each node's files are parsed the first time a trace needs them, so a trace touching two
+nodes of a fifty-node bundle reads two nodes' files. A file a trace needs but the bundle
+lacks is reported by name (``needs nodes/worker2/ip-route.txt``) via ``Missing``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from traceflow.cni import antrea
+from traceflow.errors import InputError
+from traceflow.kube import Cluster, load_cluster
+from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
+from traceflow.ovs.flows import FlowDump
+from traceflow.ovs.pipeline import Annotator, Bridge
+
+
+class Missing(Exception):
+    """A file the trace needs is not in the bundle."""
+
+    def __init__(self, name: str, why: str = ""):
+        self.name = name
+        super().__init__(f"needs {name}" + (f" ({why})" if why else ""))
+
+
+class NodeModel:
+    def __init__(self, snapshot: "Snapshot", name: str):
+        self.snapshot = snapshot
+        self.name = name
+        self._bundle = snapshot.bundle
+
+    def _file(self, filename: str) -> tuple[str, str] | None:
+        return self._bundle.node_file(self.name, filename)
+
+    def _need(self, filename: str, why: str = "") -> tuple[str, str]:
+        got = self._file(filename)
+        if got is None:
+            raise Missing(f"nodes/{self.name}/{filename}", why)
+        return got
+
+    # ---- OVS --------------------------------------------------------------------------
+    @cached_property
+    def bridge(self) -> Bridge:
+        text, name = self._need("ovs-flows.txt", "OVS flows")
+        ports = parse_show(*self._need("ovs-show.txt", "OVS port numbers"))
+        groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
+        tables = parse_tables(*self._file("ovs-tables.txt")) if self._file("ovs-tables.txt") else {}
+        self.flow_text = text
+        return Bridge(self.name, FlowDump(text, name), groups, ports, tables)
+
+    @cached_property
+    def annotator(self) -> Annotator:
+        if self.snapshot.cni != "antrea":
+            return Annotator()
+        names = {num: name for name, num in self.bridge.table_numbers.items()}
+        return antrea.AntreaAnnotator(self.snapshot.cni_version, self.name, self.bridge.ports,
+                                      self.snapshot.cluster.node_ips(), names or None)
+
+    @cached_property
+    def pod_ports(self) -> dict:
+        self.bridge  # noqa: B018 - loads flow_text
+        return antrea.pod_ports(self.flow_text)
+
+    # ---- host networking ---------------------------------------------------------------
+    @cached_property
+    def netfilter(self):
+        from traceflow.netfilter.iptables import parse_iptables_list, parse_iptables_save
+        got = self._file("iptables-save.txt")
+        if got is not None:
+            rs = parse_iptables_save(*got)
+        else:
+            got = self._file("iptables-nat-list.txt")
+            if got is None:
+                return None
+            rs = parse_iptables_list(*got, table="nat")
+        rs.raise_for_errors()
+        return rs
+
+    @cached_property
+    def ipsets(self):
+        got = self._file("ipset.txt")
+        if got is None:
+            return None
+        from traceflow.netfilter.ipset import parse_ipset_list
+        return parse_ipset_list(*got)
+
+    @cached_property
+    def ip_rules(self):
+        from traceflow.routing.parse import parse_ip_rules
+        got = self._file("ip-rule.txt")
+        if got is None:
+            # every Linux host has these three; say so rather than fail
+            return parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
+                                  "32767:\tfrom all lookup default\n",
+                                  f"(default rules: nodes/{self.name}/ip-rule.txt absent)")
+        return parse_ip_rules(*got)
+
+    @cached_property
+    def routes(self):
+        from traceflow.routing.parse import parse_ip_routes
+        return parse_ip_routes(*self._need("ip-route.txt", "routing table"))
+
+    @cached_property
+    def neighbours(self):
+        from traceflow.neigh import parse_ip_neigh
+        got = self._file("ip-neigh.txt")
+        return parse_ip_neigh(*got) if got else None
+
+    @cached_property
+    def interfaces(self):
+        from traceflow.routing.parse import parse_ip_addr
+        got = self._file("ip-addr.txt")
+        return parse_ip_addr(*got) if got else []
+
+    @cached_property
+    def local_addresses(self) -> set[str]:
+        addrs = {str(a.ip) for i in self.interfaces for a in i.addresses if a.version == 4}
+        node = next((n for n in self.snapshot.cluster.nodes if n.name == self.name), None)
+        if node and node.internal_ip:
+            addrs.add(node.internal_ip)
+        return addrs
+
+    def interface(self, name: str):
+        return next((i for i in self.interfaces if i.name == name), None)
+
+
+class Snapshot:
+    def __init__(self, bundle):
+        self.bundle = bundle
+        m = bundle.manifest
+        self.cni = str(m.get("cni", "")).lower()
+        self.cni_version = m.get("cni_version")
+        self.kube_proxy = str(m.get("kube_proxy", "iptables")).lower()
+        self.service_cidr = m.get("service_cidr")
+        self._nodes: dict[str, NodeModel] = {}
+
+    @cached_property
+    def cluster(self) -> Cluster:
+        return load_cluster(self.bundle.text)
+
+    def node(self, name: str) -> NodeModel:
+        if name not in self._nodes:
+            if name not in self.bundle.node_names():
+                raise Missing(f"nodes/{name}/", "the node's files are not in the bundle")
+            self._nodes[name] = NodeModel(self, name)
+        return self._nodes[name]
+
+    def pod_files(self, pod) -> dict:
+        out = {}
+        for f in ("ip-route.txt", "ip-neigh.txt", "ip-addr.txt"):
+            got = self.bundle.pod_file(pod.namespace, pod.name, f)
+            if got:
+                out[f] = got
+        return out
+
+
+def check_supported(snapshot: Snapshot) -> None:
+    if snapshot.cni not in ("antrea",):
+        raise InputError(f"cni {snapshot.cni!r}: only Antrea bundles can be traced end to end "
+                         "so far (Cilium support is planned)", "manifest.yaml")
