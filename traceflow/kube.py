@@ -235,18 +235,87 @@ def _load_endpoints(c: Cluster, read) -> None:
                 c.endpoints.setdefault(key, []).append((addr.get("ip"), pod, addr.get("nodeName")))
 
 
+def _peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:
+    """Does one from/to peer of a rule cover ``ip``? None when the bundle cannot tell."""
+    if "ipBlock" in peer:
+        block = peer["ipBlock"] or {}
+        addr = ipaddress.ip_address(ip)
+        if addr not in ipaddress.ip_network(block.get("cidr", "0.0.0.0/0"), strict=False):
+            return False
+        return not any(addr in ipaddress.ip_network(e, strict=False) for e in block.get("except") or [])
+    pod = cluster.pod_by_ip(ip)
+    ns_sel = peer.get("namespaceSelector")
+    if ns_sel:  # namespace labels are not in the bundle: only "all namespaces" is decidable
+        if ns_sel.get("matchLabels") or ns_sel.get("matchExpressions"):
+            return None
+        if "podSelector" not in peer:
+            return pod is not None
+    if pod is None:
+        return False
+    if ns_sel is None and pod.namespace != policy.namespace:
+        return False
+    return selects(peer.get("podSelector") or {}, pod.labels)
+
+
+def _port_matches(ports: list, proto: str, port: int | None) -> bool | None:
+    if not ports:
+        return True
+    undecided = False
+    for p in ports:
+        if (p.get("protocol") or "TCP").upper() != proto.upper():
+            continue
+        want = p.get("port")
+        if want is None:
+            return True
+        if isinstance(want, str) and not want.isdigit():
+            undecided = True   # a named port: needs the pod's container ports
+            continue
+        end = p.get("endPort") or int(want)
+        if port is not None and int(want) <= port <= int(end):
+            return True
+    return None if undecided else False
+
+
+def rule_allows(cluster: Cluster, policy: NetworkPolicy, direction: str, peer_ip: str,
+                proto: str, port: int | None) -> tuple[bool | None, int | None]:
+    """(allowed?, 1-based rule number) for one policy; None when undecidable."""
+    rules = policy.ingress if direction == "ingress" else policy.egress
+    key = "from" if direction == "ingress" else "to"
+    verdict: bool | None = False
+    for n, rule in enumerate(rules, 1):
+        peers = rule.get(key) or []
+        peer_ok = True if not peers else None
+        if peers:
+            results = [_peer_matches(cluster, policy, p, peer_ip) for p in peers]
+            peer_ok = True if True in results else (None if None in results else False)
+        port_ok = _port_matches(rule.get("ports") or [], proto, port)
+        if peer_ok and port_ok:
+            return True, n
+        if peer_ok is not False and port_ok is not False:
+            verdict = None
+    return verdict, None
+
+
 def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_ip: str,
                        proto: str, port: int | None) -> str:
-    """Plain-English reason for a NetworkPolicy default-deny drop, naming the policies."""
+    """Plain-English reason for a NetworkPolicy default-deny drop, naming the policies, and
+    saying so when the policies as written would allow the traffic (stale flows)."""
     if pod is None:
         return f"no {direction} NetworkPolicy rule allows this traffic"
     ptype = "Egress" if direction == "egress" else "Ingress"
     pols = cluster.policies_selecting(pod, ptype)
     what = f"{proto}/{port}" if port else proto
+    peer = "to" if direction == "egress" else "from"
     if not pols:
         return (f"{direction} default-deny for {pod.key}, but no NetworkPolicy in the bundle "
-                f"selects it for {ptype} (stale flows?)")
+                f"selects it for {ptype}: the node's flows are stale or the bundle lacks the "
+                "policy (Antrea-native policies are not read yet)")
     names = ", ".join(f"{p.namespace}/{p.name}" for p in pols)
-    peer = "to" if direction == "egress" else "from"
+    for p in pols:
+        allowed, n = rule_allows(cluster, p, direction, peer_ip, proto, port)
+        if allowed:
+            return (f"NetworkPolicy {p.namespace}/{p.name} {direction} rule {n} allows {what} "
+                    f"{peer} {peer_ip}, but the node's flows drop it: the agent has not "
+                    "(yet) realised the policy — check the antrea-agent on this node")
     return (f"NetworkPolicy {names} selects {pod.key} for {ptype} and none of its {direction} "
             f"rules allows {what} {peer} {peer_ip}")

@@ -116,7 +116,7 @@ class NodeModel:
 
     @cached_property
     def local_addresses(self) -> set[str]:
-        addrs = {str(a.ip) for i in self.interfaces for a in i.addresses if a.version == 4}
+        addrs = {a.address for i in self.interfaces for a in i.addresses if a.family == 4}
         node = next((n for n in self.snapshot.cluster.nodes if n.name == self.name), None)
         if node and node.internal_ip:
             addrs.add(node.internal_ip)

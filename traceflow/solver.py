@@ -56,13 +56,20 @@ class Branch:
     conntrack: dict = field(default_factory=dict)   # node -> Conntrack
     steps: int = 0
     end: tuple | None = None        # (Verdict, Drop | None, endpoint pod or None)
-    pending_host_ct: dict = field(default_factory=dict)
+    final_packet: Packet | None = None   # the packet as the endpoint received it
+    target: str | None = None            # the backend this branch chose (pod key or IP)
 
     def fork(self) -> "Branch":
         return Branch([Leg(l.direction, l.verdict, list(l.hops), l.description) for l in self.legs],
                       self.weight, list(self.choices),
                       {n: ct.copy() for n, ct in self.conntrack.items()}, self.steps, None,
-                      dict(self.pending_host_ct))
+                      self.final_packet, self.target)
+
+    def choose_target(self, cluster, ip: str) -> None:
+        """Remember the backend a load balancer picked (only the request's first choice)."""
+        if self.target is None and self.leg.direction == "request":
+            pod = cluster.pod_by_ip(ip)
+            self.target = pod.key if pod else ip
 
     @property
     def leg(self) -> Leg:
@@ -105,9 +112,10 @@ class Solver:
     def trace(self, q: Query) -> Trace:
         trace = Trace(q.as_dict())
         first = self._initial_packet(q)
-        branches = self._walk_leg(Branch([Leg("request", Verdict.UNKNOWN, [],
-                                              _describe(first, q))]),
-                                  q.source, first, q)
+        start = Branch([Leg("request", Verdict.UNKNOWN, [], _describe(first, q))])
+        if q.service is None:
+            start.choose_target(self.cluster, q.dst_ip)
+        branches = self._walk_leg(start, q.source, first, q)
         paths = []
         for b in branches:
             verdict, drop, endpoint = b.end
@@ -129,8 +137,8 @@ class Solver:
         for leg in b.legs:
             if leg.verdict == Verdict.UNKNOWN and verdict == Verdict.DELIVERED:
                 leg.verdict = Verdict.DELIVERED
-        return Path(endpoint.key if isinstance(endpoint, kube.Pod) else endpoint,
-                    round(b.weight, 6), verdict, drop, b.legs, b.choices)
+        name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
+        return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices)
 
     # ---- the first packet ------------------------------------------------------------------
     def _initial_packet(self, q: Query) -> Packet:
@@ -287,9 +295,11 @@ class Solver:
                                                     hit.flow.text if hit.flow else None,
                                                     reason)), None)]
         results = []
-        for i, output in enumerate(run.outputs):
+        for output in run.outputs:
             nb = b.fork() if len(run.outputs) > 1 else b
             pkt = _from_state(output.state, loc.packet)
+            if pkt.nw_dst != loc.packet.nw_dst:   # DNAT inside OVS (AntreaProxy)
+                nb.choose_target(self.cluster, pkt.nw_dst)
             results.append(self._leave_ovs(nb, loc, output, pkt, node, q))
         return results
 
@@ -310,6 +320,13 @@ class Solver:
                                               pkt.proto_name, pkt.tp_dst))
         if name == "ConntrackState":
             return f"dropped in {where}: conntrack marks the packet invalid (+inv)"
+        if name in ("L2ForwardingOut", "Output"):
+            return (f"dropped in {where}: no output port was found for destination MAC "
+                    f"{pkt.dl_dst} (no L2ForwardingCalc flow knows it), so nothing sets the "
+                    "'output port found' mark")
+        if name == "SpoofGuard":
+            return (f"dropped in {where}: source {pkt.nw_src} / {pkt.dl_src} is not what this "
+                    "port is allowed to send (spoofing check)")
         return f"dropped by the flow in {where}: {flow.text}"
 
     def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query):
@@ -451,6 +468,8 @@ class Solver:
                     hop.packet = nf.packet.headers()
                     hop.changed = nf.packet.diff(pkt)
                 nb.add(hop)
+            if nf.nat is not None and nf.nat.kind == "DNAT" and nf.nat.translated:
+                nb.choose_target(self.cluster, nf.nat.translated[0])
             if len(branches) > 1:
                 nb.choices.append(f"{node} iptables {hook}: {_branch_label(nf)} "
                                   f"({nf.weight:.0%} of new connections)")
@@ -472,7 +491,8 @@ class Solver:
                            new_conn: bool, orig_tuple, nat) -> list:
         from traceflow.routing.lookup import route_lookup
         dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst, src=pkt.nw_src, iif=loc.iif,
-                           mark=pkt.mark, local_addresses=node.local_addresses)
+                           mark=pkt.mark, local_addresses=node.local_addresses,
+                           interfaces=node.interfaces or None)
         route = dec.route
         b.add(Hop(loc.node, "route", dec.table, route.text if route is not None else None,
                   dec.reason, source=route.source if route is not None else None,
@@ -557,9 +577,23 @@ class Solver:
         if dec.dev == gw:
             self._new_leg(b, pkt)
             return (b, AtOvs(loc.node, node.bridge.ports[gw].number, pkt))
-        return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, None,
-                                               f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
-                                               "outside what this trace follows")), None)
+        return (self._leaves_node(b, loc, pkt, dec, nexthop), None)
+
+    def _leaves_node(self, b: Branch, loc: AtHost, pkt: Packet, dec, nexthop: str) -> Branch:
+        """The host sends the packet out of a non-OVS device: fine for the outside world,
+        wrong for a Pod of this cluster, which must go through the overlay."""
+        owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
+        rule = dec.route.text if dec.route is not None else None
+        if owner is not None:
+            cidr = ", ".join(owner.pod_cidrs)
+            return b.finish(Verdict.DROPPED, Drop(
+                loc.node, "route", dec.table, rule,
+                f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "
+                f"it out of {dec.dev} via {nexthop}, outside the overlay: the route for {cidr} "
+                f"through the Antrea gateway is missing"))
+        return b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, rule,
+                                              f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
+                                              "outside the cluster, not followed further"))
 
     def _arp_via_ovs(self, node_name: str, node: NodeModel, dev: str, target: str) -> str | None:
         """Ask OVS's ARP responder (table ARPResponder) what MAC answers for ``target``."""
@@ -587,7 +621,7 @@ class Solver:
         b.leg.verdict = Verdict.DELIVERED
         for leg in b.legs:
             leg.verdict = Verdict.DELIVERED
-        request_pkt = getattr(b, "final_packet", None)
+        request_pkt = b.final_packet
         rb = b.fork()
         rb.end = None
         reply = request_pkt.reversed()
@@ -617,8 +651,8 @@ class Solver:
 
 def _default_route(tables):
     """The main table's default route of a pod (its gateway)."""
-    for route in tables.routes("main") if hasattr(tables, "routes") else []:
-        if str(route.prefix) in ("0.0.0.0/0", "default"):
+    for route in tables.table("main"):
+        if route.family == 4 and route.dst.length == 0 and route.type == "unicast":
             return route
     return None
 
@@ -626,9 +660,9 @@ def _default_route(tables):
 def _primary_ip(iface) -> str | None:
     if iface is None:
         return None
-    for a in iface.addresses:
-        if a.version == 4:
-            return str(a.ip)
+    for a in iface.ipv4():
+        if not a.secondary:
+            return a.address
     return None
 
 

@@ -95,14 +95,21 @@ class AntreaAnnotator(Annotator):
 
     def describe_write(self, field: str, start: int, end: int, value: int,
                        state: dict) -> str | None:
+        meaning = self._meaning(field, start, end, value)
+        if meaning is None or field in ("dl_src", "dl_dst", "tun_dst"):
+            return meaning
+        rng = "" if (start, end) == (0, 31) else (f"[{start}]" if start == end else f"[{start}..{end}]")
+        return f"{field}{rng}={hex(value)}: {meaning}"
+
+    def _meaning(self, field: str, start: int, end: int, value: int) -> str | None:
         layout = self.layout
         if field == "dl_dst" or field == "dl_src":
             return self.describe_mac(value)
         if field == "tun_dst":
             ip = str(ipaddress.IPv4Address(value))
             node = self.node_ips.get(ip)
-            return f"tunnel destination {hex(value)} = {ip}" + (f" ({node})" if node else
-                                                                " (not a known Node)")
+            return f"tun_dst {hex(value)} = {ip}" + (f" ({node})" if node else
+                                                     " (not a known Node)")
         if field == "reg1" and start == 0 and end == 31:
             port = self.ports.get(value)
             return f"output port {value}" + (f" {port.name}" if port else " (no such port)")

@@ -36,6 +36,8 @@ class Annotator:
 
     def describe_write(self, field: str, start: int, end: int, value: int,
                        state: dict) -> str | None:
+        """A note for a write of ``value`` into bits start..end of ``field``, e.g.
+        ``reg0[0..15]=0x2: from a local Pod``; None when there is nothing to say."""
         return None
 
     def describe_match(self, flow: Flow) -> list[str]:
@@ -344,7 +346,7 @@ class _Runner:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
         note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
         if note:
-            hit.notes.append(f"{dst}={hex(value)}: {note}")
+            hit.notes.append(note)
 
     def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
         fld = act.field
@@ -361,8 +363,7 @@ class _Runner:
                            if low != high else f"set {name}[{low}] = {(act.value >> low) & 1}")
         note = self.annotator.describe_write(name, low, high, act.value >> low, state)
         if note:
-            rng = f"[{low}..{high}]" if low != high else f"[{low}]"
-            hit.notes.append(f"{name}{rng}={hex(act.value >> low)}: {note}")
+            hit.notes.append(note)
 
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
         if act.reg is not None:

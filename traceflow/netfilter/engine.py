@@ -1,0 +1,394 @@
+"""Simulate one netfilter hook over a parsed Ruleset: which rules a packet hits, in order.
+
+``evaluate_hook`` runs the tables attached to a hook in kernel priority order and returns one
+``Branch`` per outcome. Branches fork only at ``-m statistic`` (kube-proxy's endpoint choice);
+their weights multiply along the way, and they come out in rule order, so output is
+deterministic. Whatever the bundle cannot decide (a match or target we do not model, an ipset
+that was not collected, an unknown interface) ends that branch as UNKNOWN with a step naming
+the rule and the reason: a rule is never silently taken as a hit or a miss.
+
+Conntrack is not simulated here: NAT rules run only for a NEW connection (later packets are
+translated by conntrack, which is the caller's job), and the caller passes the connection's
+state in ``NodeContext``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from traceflow.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo, Rule,
+                                          Ruleset, StatisticMatch, Table)
+from traceflow.packet import Packet
+
+MAX_DEPTH = 64
+
+# tables attached to each hook, in kernel priority order (raw -300, mangle -150, nat DNAT -100,
+# filter 0, security 50, nat SNAT 100)
+HOOK_TABLES: dict[str, tuple[str, ...]] = {
+    "PREROUTING": ("raw", "mangle", "nat"),
+    "INPUT": ("mangle", "filter", "security", "nat"),
+    "FORWARD": ("mangle", "filter", "security"),
+    "OUTPUT": ("raw", "mangle", "nat", "filter", "security"),
+    "POSTROUTING": ("mangle", "nat"),
+}
+
+# what well-known marking chains mean, shown next to their MARK step
+CHAIN_MEANINGS = {
+    "KUBE-MARK-MASQ": "masquerade on the way out",
+    "KUBE-MARK-DROP": "drop in the filter table",
+}
+
+
+@dataclass
+class NodeContext:
+    """What the rules may ask about besides the packet headers, on one node at one hook."""
+
+    node: str = ""
+    local_addresses: set[str] = field(default_factory=set)      # addrtype LOCAL
+    broadcast_addresses: set[str] = field(default_factory=set)  # addrtype BROADCAST
+    ipsets: dict[str, list[str]] | None = None  # set -> members ("10.0.0.0/8", "1.2.3.4,tcp:80")
+    in_iface: str | None = None
+    out_iface: str | None = None
+    ct_state: set[str] = field(default_factory=lambda: {"NEW"})
+    ct_dir: str = "ORIGINAL"
+    connmark: int = 0
+    masquerade_ip: str | None = None      # primary address of out_iface, for MASQUERADE
+    ct_orig: Packet | None = None         # the connection's original tuple (--ctorig*)
+    bridged: bool = False                 # traversing a Linux bridge (physdev matches)
+
+
+@dataclass(frozen=True)
+class NatAction:
+    """An address translation: (ip, port) before and after. ip None = not known here."""
+
+    kind: str                             # "DNAT" | "SNAT" | "MASQUERADE"
+    original: tuple[str | None, int | None]
+    translated: tuple[str | None, int | None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rule the packet hit (or a built-in chain's policy), and what it did."""
+
+    table: str
+    chain: str
+    rule: Rule | None                     # None for a policy or a table-level note
+    effect: str                           # plain English
+    unknown: bool = False
+    matched: tuple[str, ...] = ()         # the match options that decided the hit
+
+
+@dataclass
+class Branch:
+    weight: float
+    packet: Packet
+    verdict: str                          # "ACCEPT" | "DROP" | "REJECT" | "UNKNOWN"
+    steps: list[Step]
+    nat: NatAction | None = None
+    connmark: int = 0
+    ct_state: frozenset[str] = frozenset()   # conntrack state after the hook (e.g. + "DNAT")
+
+
+@dataclass
+class _Walk:
+    """The state of one branch while it runs: its own packet copy, context and steps."""
+
+    weight: float
+    packet: Packet
+    ctx: NodeContext
+    steps: list[Step] = field(default_factory=list)
+    nat: NatAction | None = None
+
+    def fork(self, share: float) -> "_Walk":
+        return _Walk(self.weight * share, self.packet.copy(), self.ctx, list(self.steps), self.nat)
+
+    def add_ct_state(self, state: str) -> None:
+        self.ctx = dataclasses.replace(self.ctx, ct_state=set(self.ctx.ct_state) | {state})
+
+
+# outcomes of running a chain for one branch
+CONTINUE = "CONTINUE"        # go on with the next rule of this chain
+RETURN = "RETURN"            # leave this chain (RETURN rule, or fell off the end)
+Outcome = tuple[_Walk, str]  # str: CONTINUE, RETURN or a verdict
+
+
+def evaluate_hook(ruleset: Ruleset, hook: str, packet: Packet, ctx: NodeContext) -> list[Branch]:
+    """Run ``packet`` through every table of ``ruleset`` attached to ``hook``."""
+    if hook not in HOOK_TABLES:
+        raise ValueError(f"unknown hook {hook!r}; expected one of {', '.join(HOOK_TABLES)}")
+    if ctx.ct_orig is None and "NEW" in ctx.ct_state and hook in ("PREROUTING", "OUTPUT"):
+        ctx = dataclasses.replace(ctx, ct_orig=packet.copy())   # first hook of a new connection
+    tables = [ruleset.tables[t] for t in HOOK_TABLES[hook]
+              if t in ruleset.tables and hook in ruleset.tables[t].chains]
+    outcomes = _run_tables(tables, hook, _Walk(1.0, packet.copy(), ctx))
+    return [Branch(w.weight, w.packet, verdict, w.steps, w.nat, w.ctx.connmark,
+                   frozenset(w.ctx.ct_state)) for w, verdict in outcomes]
+
+
+def _run_tables(tables: list[Table], hook: str, walk: _Walk) -> list[Outcome]:
+    """ACCEPT in one table hands the packet to the next table; any other verdict is final."""
+    if not tables:
+        return [(walk, "ACCEPT")]
+    table, rest = tables[0], tables[1:]
+    if table.name == "nat" and not _nat_applies(walk.ctx):
+        walk.steps.append(Step("nat", hook, None, "nat table not consulted: not the first packet "
+                               "of a connection (conntrack applies any NAT)"))
+        return _run_tables(rest, hook, walk)
+    results: list[Outcome] = []
+    for w, verdict in _run_builtin(table, hook, walk):
+        results += _run_tables(rest, hook, w) if verdict == "ACCEPT" else [(w, verdict)]
+    return results
+
+
+def _nat_applies(ctx: NodeContext) -> bool:
+    return "NEW" in ctx.ct_state and "UNTRACKED" not in ctx.ct_state
+
+
+def _run_builtin(table: Table, hook: str, walk: _Walk) -> list[Outcome]:
+    """A built-in chain: falling off its end (or RETURN) applies its policy."""
+    chain = table.chains[hook]
+    results = []
+    for w, outcome in _run_chain(table, chain, walk, 0):
+        if outcome != RETURN:
+            results.append((w, outcome))
+        elif chain.policy is None:
+            results.append(_stop(w, table, chain, None, f"the policy of built-in chain {hook} "
+                                 f"in table {table.name} is not in the bundle"))
+        else:
+            w.steps.append(Step(table.name, hook, None, f"policy {chain.policy} of chain {hook}"))
+            results.append((w, chain.policy))
+    return results
+
+
+def _run_chain(table: Table, chain: Chain, walk: _Walk, depth: int) -> list[Outcome]:
+    if depth > MAX_DEPTH:
+        return [_stop(walk, table, chain, None,
+                      f"chain loop: more than {MAX_DEPTH} nested jumps (at {chain.name})")]
+    return _run_rules(table, chain, 0, walk, depth)
+
+
+def _run_rules(table: Table, chain: Chain, start: int, walk: _Walk, depth: int) -> list[Outcome]:
+    """Rules from ``start`` on. Forks recurse; a hit that simply continues loops on."""
+    index = start
+    while index < len(chain.rules):
+        rule = chain.rules[index]
+        decision = _decide(rule, walk)
+        if decision is None:
+            index += 1
+            continue
+        if isinstance(decision, str):
+            return [_stop(walk, table, chain, rule, decision)]
+        probability, matched = decision
+        if probability >= 1.0:
+            outcomes = _apply(table, chain, rule, walk, matched, depth)
+            if len(outcomes) == 1 and outcomes[0][1] == CONTINUE:
+                walk, index = outcomes[0][0], index + 1
+                continue
+            return _then(table, chain, index, outcomes, depth)
+        taken, skipped = walk.fork(probability), walk.fork(1.0 - probability)
+        skipped.steps.append(Step(table.name, chain.name, rule,
+                                  f"probability {probability:.4g} not taken: next rule",
+                                  matched=()))
+        return (_then(table, chain, index, _apply(table, chain, rule, taken, matched, depth,
+                                                  probability), depth)
+                + _run_rules(table, chain, index + 1, skipped, depth))
+    return [(walk, RETURN)]
+
+
+def _then(table: Table, chain: Chain, index: int, outcomes: list[Outcome],
+          depth: int) -> list[Outcome]:
+    """After a hit: CONTINUE resumes this chain after the rule; anything else propagates."""
+    results = []
+    for w, outcome in outcomes:
+        results += (_run_rules(table, chain, index + 1, w, depth) if outcome == CONTINUE
+                    else [(w, outcome)])
+    return results
+
+
+def _decide(rule: Rule, walk: _Walk) -> None | str | tuple[float, tuple[str, ...]]:
+    """None: miss. str: why it cannot be decided. Else (probability of a hit, deciding matches).
+
+    A definite miss on any match wins over an undecidable one (the rule is an AND).
+    """
+    probability, matched, undecided = 1.0, [], None
+    for m in rule.matches:
+        if isinstance(m, StatisticMatch):
+            probability *= m.probability
+            matched.append(m.name)
+            continue
+        hit = m.check(walk.packet, walk.ctx)
+        if hit is False:
+            return None
+        if hit is None:
+            undecided = undecided or m.undecided(walk.packet, walk.ctx)
+        elif not isinstance(m, CommentMatch):
+            matched.append(m.name)
+    if undecided:
+        return undecided
+    if rule.unknown_target:
+        return rule.unknown_target
+    return (probability, tuple(matched)) if probability > 0.0 else None
+
+
+def _stop(walk: _Walk, table: Table, chain: Chain, rule: Rule | None, reason: str) -> Outcome:
+    where = f" {rule.source.file}:{rule.source.line} `{rule.text}`" if rule else ""
+    walk.steps.append(Step(table.name, chain.name, rule,
+                           f"cannot decide{where}: {reason}; the trace stops here", unknown=True))
+    return walk, "UNKNOWN"
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets: what a hit does to the branch
+
+
+def _apply(table: Table, chain: Chain, rule: Rule, walk: _Walk, matched: tuple[str, ...],
+           depth: int, probability: float = 1.0) -> list[Outcome]:
+    def step(effect: str) -> None:
+        if probability < 1.0:
+            effect = f"probability {probability:.4g}: take this branch, {effect}"
+        caveats = [c for c in (m.caveat() for m in rule.matches) if c]
+        walk.steps.append(Step(table.name, chain.name, rule, "; ".join([effect, *caveats]),
+                               matched=matched))
+
+    target = rule.target
+    if target is None:
+        step("no target: counted only, next rule")
+        return [(walk, CONTINUE)]
+    action = _TARGET_ACTIONS.get(target)
+    if action is not None:
+        return [(walk, action(chain, rule, walk, step))]
+    if target in PASSIVE_TARGETS:
+        step(f"{target}: no effect on the packet's path")
+        return [(walk, CONTINUE)]
+    return _jump(table, chain, rule, walk, step, depth)
+
+
+def _jump(table: Table, chain: Chain, rule: Rule, walk: _Walk, step, depth: int) -> list[Outcome]:
+    """``-j CHAIN`` returns here (CONTINUE); ``-g CHAIN`` returns to our caller (RETURN)."""
+    if rule.target not in table.chains:
+        missing = f"chain {rule.target} is not in table {table.name}"
+        return [_stop(walk, table, chain, rule, missing)]
+    why = f" ({rule.comment})" if rule.comment else ""
+    step(f"{'goto' if rule.goto else 'jump to'} {rule.target}{why}")
+    results = []
+    for w, outcome in _run_chain(table, table.chains[rule.target], walk, depth + 1):
+        if outcome == RETURN:
+            outcome = RETURN if rule.goto else CONTINUE
+        results.append((w, outcome))
+    return results
+
+
+# A target action records its step and returns the outcome (a verdict, CONTINUE or RETURN).
+# Signature: (chain, rule, walk, step) where ``step(effect)`` appends the rule's Step.
+
+
+def _verdict(name: str):
+    def act(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+        reject_with = rule.target_args.get("reject-with")
+        detail = f" with {reject_with}" if reject_with else ""
+        why = f" ({rule.comment})" if rule.comment else ""
+        step(f"{name}{detail}{why}")
+        return name
+    return act
+
+
+def _return(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    step("RETURN: back to the calling chain")
+    return RETURN
+
+
+def _dnat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    to: NatTo = rule.target_args["to"]
+    p = walk.packet
+    before = (p.nw_dst, p.tp_dst)
+    p.nw_dst = to.addr or p.nw_dst
+    p.tp_dst = to.ports.lo if to.ports else p.tp_dst
+    walk.nat = NatAction("DNAT", before, (p.nw_dst, p.tp_dst))
+    walk.add_ct_state("DNAT")
+    step(f"DNAT {_hostport(*before)} -> {_hostport(p.nw_dst, p.tp_dst)}{_range_note(to)}")
+    return "ACCEPT"
+
+
+def _snat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    to: NatTo = rule.target_args["to"]
+    p = walk.packet
+    before = (p.nw_src, p.tp_src)
+    p.nw_src = to.addr or p.nw_src
+    p.tp_src = to.ports.lo if to.ports else p.tp_src
+    walk.nat = NatAction("SNAT", before, (p.nw_src, p.tp_src))
+    walk.add_ct_state("SNAT")
+    step(f"SNAT {_hostport(*before)} -> {_hostport(p.nw_src, p.tp_src)}{_range_note(to)}"
+         f"{_port_note(rule)}")
+    return "ACCEPT"
+
+
+def _masquerade(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    """SNAT to the out interface's address; unresolved (ip None) when the caller lacks it."""
+    p, ip = walk.packet, walk.ctx.masquerade_ip
+    before = (p.nw_src, p.tp_src)
+    ports = rule.target_args.get("to_ports")
+    p.tp_src = ports.lo if ports else p.tp_src
+    if ip is None:
+        new = ("the address of the out interface" + (f" {walk.ctx.out_iface}"
+               if walk.ctx.out_iface else "") + " (not known here; source left unchanged)")
+    else:
+        p.nw_src = ip
+        new = _hostport(ip, p.tp_src)
+    walk.nat = NatAction("MASQUERADE", before, (ip, p.tp_src))
+    walk.add_ct_state("SNAT")
+    step(f"MASQUERADE {_hostport(*before)} -> {new}{_port_note(rule)}")
+    return "ACCEPT"
+
+
+def _mark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    op = rule.target_args["mark"]
+    walk.packet.mark = op.apply(walk.packet.mark)
+    meaning = CHAIN_MEANINGS.get(chain.name)
+    if meaning:
+        why = f" ({chain.name}: {meaning})"
+    else:
+        why = f" ({rule.comment})" if rule.comment else ""
+    step(f"MARK {op} -> mark {walk.packet.mark:#x}{why}")
+    return CONTINUE
+
+
+def _connmark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    op = rule.target_args["connmark"]
+    mark, connmark = op.apply(walk.packet.mark, walk.ctx.connmark)
+    walk.packet.mark = mark
+    walk.ctx = dataclasses.replace(walk.ctx, connmark=connmark)
+    step(f"CONNMARK {op} -> mark {mark:#x}, connmark {connmark:#x}")
+    return CONTINUE
+
+
+def _notrack(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    walk.ctx = dataclasses.replace(walk.ctx, ct_state={"UNTRACKED"})
+    step(f"{rule.target}: not tracked by conntrack (state UNTRACKED, no NAT from here)")
+    return CONTINUE
+
+
+_TARGET_ACTIONS = {
+    "ACCEPT": _verdict("ACCEPT"), "DROP": _verdict("DROP"), "REJECT": _verdict("REJECT"),
+    "RETURN": _return, "DNAT": _dnat, "SNAT": _snat, "MASQUERADE": _masquerade,
+    "MARK": _mark, "CONNMARK": _connmark, "NOTRACK": _notrack, "CT": _notrack,
+}
+
+
+def _hostport(ip: str | None, port: int | None) -> str:
+    ip = ip or "?"
+    if port is None:
+        return ip
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _range_note(to: NatTo) -> str:
+    ranged = to.addr_hi or (to.ports and to.ports.hi != to.ports.lo)
+    return f" (range {to}: the kernel picks one; traced with the first)" if ranged else ""
+
+
+def _port_note(rule: Rule) -> str:
+    flags = rule.target_args.get("flags", ())
+    if "random-fully" in flags or "random" in flags:
+        return " (source port randomised by --random[-fully]: shown unchanged)"
+    return ""
