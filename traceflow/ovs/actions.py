@@ -9,8 +9,9 @@ Both syntaxes Antrea dumps use are read: OpenFlow 1.0 (``load:0x2->NXM_NX_REG0[0
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from traceflow.ovs import fields as F
 
@@ -183,6 +184,8 @@ class Unknown:
 
 def split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside parentheses and brackets."""
+    if "(" not in text:   # the common case: nothing nested, a plain split will do
+        return [p.strip() for p in text.split(sep) if p.strip()]
     out, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch in "([":
@@ -196,7 +199,9 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in out if p.strip()]
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_actions(text: str) -> tuple:
+    """Actions of one flow; cached, since big dumps repeat the same action lists."""
     text = text.strip()
     if text in ("", "drop"):
         return (Drop(),)
@@ -356,6 +361,7 @@ def _conjunction(arg: str) -> Conjunction:
     return Conjunction(int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
 
+_ACTION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\)|:(.*))?$", re.S)
 _SPECIAL_PORTS = {"IN_PORT", "NORMAL", "LOCAL", "FLOOD", "ALL", "CONTROLLER", "NONE"}
 
 # keyword -> decoder of the text after "keyword:" or inside "keyword(...)"
@@ -405,7 +411,7 @@ def parse_action(text: str):
         return _BARE[text]
     if text.upper() in _SPECIAL_PORTS and text.isupper():
         return SpecialPort(text.upper())
-    m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\)|:(.*))?$", text, re.S)
+    m = _ACTION.match(text)
     if m:
         keyword, paren, colon = m.groups()
         arg = paren if paren is not None else colon

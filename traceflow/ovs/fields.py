@@ -116,14 +116,27 @@ def parse_int(text: str) -> int:
 
 
 def parse_mac(text: str) -> int:
+    if len(text) == 17 and text[2::3] == ":::::":   # the usual zero-padded form: fast path
+        try:
+            return int(text.replace(":", ""), 16)
+        except ValueError:
+            raise ValueError(f"bad MAC address {text!r}") from None
     parts = text.split(":")
     if len(parts) != 6 or not all(1 <= len(p) <= 2 for p in parts):
         raise ValueError(f"bad MAC address {text!r}")
-    return int("".join(p.zfill(2) for p in parts), 16)
+    try:
+        return int("".join(p.zfill(2) for p in parts), 16)
+    except ValueError:
+        raise ValueError(f"bad MAC address {text!r}") from None
 
 
 def parse_ipv4(text: str) -> int:
-    return int(ipaddress.IPv4Address(text))
+    parts = text.split(".")
+    if len(parts) == 4 and all(p.isdigit() and len(p) <= 3 for p in parts):
+        a, b, c, d = (int(p) for p in parts)
+        if a < 256 and b < 256 and c < 256 and d < 256:
+            return (a << 24) | (b << 16) | (c << 8) | d
+    raise ValueError(f"bad IPv4 address {text!r}")
 
 
 def parse_value(field: Field, text: str) -> tuple[int, int]:

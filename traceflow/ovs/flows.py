@@ -11,8 +11,9 @@ Variants read: with or without statistics, ``--names`` (quoted or bare port name
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from traceflow.errors import InputError, Source
 from traceflow.ovs import actions as A
@@ -37,17 +38,22 @@ class MatchField:
     port_name: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Flow:
     table: int | str
     priority: int
     matches: tuple          # of MatchField
-    actions: tuple
+    action_text: str
     source: Source
     text: str               # the flow as it reads in the bundle
     cookie: int = 0
     conj_id: int | None = None
     protocol: str | None = None   # "ip", "tcp", "arp" ... as written
+
+    @functools.cached_property
+    def actions(self) -> tuple:
+        """Parsed on first use: a lookup reads only matches, and most flows never match."""
+        return A.parse_actions(self.action_text)
 
     def match_texts(self) -> tuple:
         out = tuple(m.text for m in self.matches)
@@ -95,8 +101,8 @@ def parse_flow(line: str, source: Source) -> Flow:
             conj_id = int(value, 0)
         else:
             matches.append(_match(key, value.strip(), token, source))
-    acts = A.parse_actions(action_text)
-    return Flow(table, priority, tuple(matches), acts, source, text, cookie, conj_id, protocol)
+    return Flow(table, priority, tuple(matches), action_text, source, text, cookie, conj_id,
+                protocol)
 
 
 def _table_id(value: str) -> int | str:
@@ -107,21 +113,34 @@ def _table_id(value: str) -> int | str:
 
 
 def _match(key: str, value: str, token: str, source: Source) -> MatchField:
+    try:
+        return _match_cached(key, value, token)
+    except _BadMatch as bad:
+        raise InputError.at(source, str(bad)) from None
+
+
+class _BadMatch(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=131072)
+def _match_cached(key: str, value: str, token: str) -> MatchField:
+    """A match field from its text; cached, since dumps repeat the same matches a lot."""
     fld = F.lookup(key)
     if fld is None:
-        raise InputError.at(source, f"unknown match field {key!r}")
+        raise _BadMatch(f"unknown match field {key!r}")
     if fld.name == "in_port" and not value[:1].isdigit():
         return MatchField(fld, None, F.full_mask(fld), token, port_name=value.strip('"'))
     if fld.name == "nw_frag":
         frag = {"no": (0, 3), "yes": (1, 1), "first": (1, 3), "later": (3, 3), "not_later": (0, 2)}
         v, m = frag.get(value, (None, None))
         if v is None:
-            raise InputError.at(source, f"bad nw_frag value {value!r}")
+            raise _BadMatch(f"bad nw_frag value {value!r}")
         return MatchField(fld, v, m, token)
     try:
         v, m = F.parse_value(fld, value)
     except ValueError as exc:
-        raise InputError.at(source, f"bad value for {key}: {exc}") from None
+        raise _BadMatch(f"bad value for {key}: {exc}") from None
     return MatchField(fld, v, m, token)
 
 
