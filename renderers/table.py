@@ -135,9 +135,10 @@ def _print_leg(console: Console, leg: Leg) -> None:
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("node", overflow="fold", max_width=14)
     table.add_column("component / table", overflow="fold", max_width=29)
-    table.add_column("matched rule", overflow="fold")
-    table.add_column("what it did", overflow="fold")
-    table.add_column("packet after", overflow="fold")
+    # the rule and what it did carry the explanation: give them most of the width
+    table.add_column("matched rule", overflow="fold", ratio=5)
+    table.add_column("what it did", overflow="fold", ratio=5)
+    table.add_column("packet after", overflow="fold", ratio=3)
     for number, hop in enumerate(leg.hops, 1):
         table.add_row(Text(str(number)), Text(hop.node), component_label(hop), rule_cell(hop),
                       effect_cell(hop), packet_cell(hop, first=number == 1),
