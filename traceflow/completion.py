@@ -57,7 +57,7 @@ def bash() -> str:
     for name, info in cmds.items():
         lines.append(f"        {name})")
         lines.append('            case "$prev" in')
-        for flags, _, choices, is_flag in info["options"]:
+        for flags, _, choices, _ in info["options"]:
             if choices:
                 lines.append(f'                {"|".join(flags)}) COMPREPLY=($(compgen -W '
                              f'"{" ".join(choices)}" -- "$cur")); return;;')

@@ -406,13 +406,15 @@ class Solver:
 
     # ---- host stack --------------------------------------------------------------------------
     def _host(self, b: Branch, loc: AtHost, q: Query) -> list:
-        from traceflow.netfilter.engine import NodeContext, evaluate_hook
+        from traceflow.netfilter.engine import NodeContext
         node = self.snap.node(loc.node)
         pkt = loc.packet.copy()
         ct = b.ct(loc.node)
         tup = _tuple(pkt)
         entry, is_reply = ct.lookup(HOST_ZONE, tup)
         rs = node.netfilter
+        for caveat in getattr(rs, "caveats", ()):
+            self.warnings.append(f"{loc.node}: {caveat}")
         if entry is not None:
             new_conn = False
             entry.seen_reply = entry.seen_reply or is_reply
@@ -455,9 +457,7 @@ class Solver:
         for nf in branches:
             nb = b.fork() if len(branches) > 1 else b
             nb.weight *= nf.weight
-            before = pkt
             for step in nf.steps:
-                after = nf.packet if step is nf.steps[-1] else before
                 hop = Hop(node, "iptables", step.table,
                           step.rule.text if step.rule is not None else None, step.effect,
                           chain=step.chain,
@@ -515,7 +515,7 @@ class Solver:
                 continue
             iface = node.interface(dec.dev)
             ctx.masquerade_ip = _primary_ip(iface)
-            for pb, ppkt, pnat in self._netfilter(fb, node.netfilter, "POSTROUTING", fpkt, ctx,
+            for pb, ppkt, _ in self._netfilter(fb, node.netfilter, "POSTROUTING", fpkt, ctx,
                                                   loc.node):
                 outcomes.append((pb, ppkt))
         results = []

@@ -114,7 +114,7 @@ class AntreaAnnotator(Annotator):
             port = self.ports.get(value)
             return f"output port {value}" + (f" {port.name}" if port else " (no such port)")
         if layout == "unknown":
-            return f"meaning unknown (Antrea version not given in manifest.yaml)"
+            return "meaning unknown (Antrea version not given in manifest.yaml)"
         if layout in ("legacy", "proxy"):
             if field == "reg0" and (start, end) in ((0, 15), (0, 3)):
                 return _LEGACY_SOURCE.get(value, "unknown traffic source")

@@ -123,15 +123,23 @@ class _Stop(Exception):
 
 
 def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int = 0,
-             annotator: Annotator | None = None, pinned: dict[int, int] | None = None) -> list[OvsRun]:
-    """Every way a packet can go through ``bridge``, one OvsRun per select-group choice."""
+             annotator: Annotator | None = None, pinned: dict[int, int] | None = None,
+             ct_next: list[int] | None = None) -> list[OvsRun]:
+    """Every way a packet can go through ``bridge``, one OvsRun per select-group choice.
+
+    ``ct_next`` (ct_state bit values, e.g. ``trk|est``) makes every ``ct(table=...)`` take the
+    next state from the list instead of looking the packet up in ``conntrack``, exactly as
+    ``ofproto/trace --ct-next`` does (see ``_Runner._ct_as_told``); None (the default) uses
+    ``conntrack``.
+    """
     annotator = annotator or Annotator()
     runs: list[OvsRun] = []
     pending: list[tuple[dict, float, list]] = [(dict(pinned or {}), 1.0, [])]
     while pending:
         choices, weight, chosen = pending.pop(0)
         ct = conntrack.copy()
-        runner = _Runner(bridge, annotator, ct, choices)
+        runner = _Runner(bridge, annotator, ct, choices,
+                         None if ct_next is None else list(ct_next))
         try:
             runner.run(dict(state), start_table)
         except _Fork as fork:
@@ -150,8 +158,10 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
 
 
 class _Runner:
-    def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict):
+    def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
+                 ct_next: list[int] | None = None):
         self.bridge = bridge
+        self.ct_next = ct_next          # states still to hand out, or None: use self.ct
         self.annotator = annotator
         self.ct = ct
         self.choices = choices
@@ -244,7 +254,10 @@ class _Runner:
                     continue
                 if self.matches(flow, second) and (flow.conj_id is None or flow.conj_id == cid):
                     if flow.conj_id is None:
-                        break  # the conjunction has no conj_id flow above the ordinary hit
+                        # No conj_id flow above the ordinary hit: OVS's classifier returns
+                        # the result of this second lookup as is; it does not go on to try a
+                        # lower-priority conjunction (classifier_lookup__).
+                        return flow, []
                     notes = [f"conjunction {cid}: all {n_clauses[cid]} clauses matched"]
                     for k in sorted(clauses[cid]):
                         f0 = clauses[cid][k]
@@ -293,6 +306,10 @@ class _Runner:
                 hit.effects.append(f"copy {act.src} ({hex(value)}) to {act.dst}")
                 self._write(state, act.dst, value, hit, quiet=True)
             elif isinstance(act, A.DecTtl):
+                if state.get("dl_type") not in (0x0800, 0x86DD):
+                    # OVS: dec_ttl does nothing to a non-IP packet (no TTL, no exception)
+                    hit.effects.append("dec_ttl: not an IP packet, no effect")
+                    continue
                 ttl = state.get("nw_ttl", 64)
                 if ttl <= 1:
                     hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
@@ -455,6 +472,29 @@ class _Runner:
         if state.get("dl_type") != 0x0800:
             hit.effects.append(f"conntrack zone {zone}: not IPv4, untracked")
             return
+        if self.ct_next is None:
+            tracked, phrases = self._ct_lookup(act, state, hit, depth, zone)
+        else:
+            tracked, phrases = self._ct_as_told(act, state, hit, depth, zone)
+        # As in OVS (xlate's flow_clear_conntrack after a ct action): the ct_* fields exist
+        # only in the recirculated pass; the rest of this pass sees an untracked packet.
+        for key in CT_FIELDS:
+            state.pop(key, None)
+        if act.table is not None:
+            target = self.bridge.table_id(act.table)
+            mark = tracked["ct_mark"]
+            phrases.append(f"then continue in table {self._table_label(target)} with "
+                           f"ct_state={F.format_ct_state(tracked['ct_state'])}"
+                           + (f", ct_mark={hex(mark)}" if mark else ""))
+            if hit.state_after is None:
+                hit.state_after = dict(state)
+            self.recirc.append((target, tracked))
+        hit.effects.append(": ".join([phrases[0], "; ".join(phrases[1:])]) if len(phrases) > 1
+                           else phrases[0])
+
+    def _ct_lookup(self, act: A.Ct, state: dict, hit: TableHit, depth: int,
+                   zone: int) -> tuple[dict, list]:
+        """ct() against the simulated conntrack table: find, NAT, commit."""
         tracked = dict(state)
         tup = _tuple(tracked)
         entry, is_reply = self.ct.lookup(zone, tup)
@@ -507,25 +547,58 @@ class _Runner:
                                        where=f"{self.bridge.node} OVS table {hit.table}",
                                        nat=nat_kind)
             phrases.append("commit the connection")
-            ct_fields = {"ct_mark": entry.mark, "ct_label": entry.label}
-            sub_hit = TableHit(hit.table, None)
-            self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
-            entry.mark, entry.label = ct_fields["ct_mark"], ct_fields["ct_label"]
+            entry.mark, entry.label = self._ct_exec(act, entry.mark, entry.label, hit, depth,
+                                                    phrases)
             mark, label = entry.mark, entry.label
-            if act.exec_actions:
-                phrases.append("with " + ", ".join(sub_hit.effects))
-                hit.notes.extend(sub_hit.notes)
         tracked.update(ct_state=ct_state, ct_zone=zone, ct_mark=mark, ct_label=label)
-        if act.table is not None:
-            target = self.bridge.table_id(act.table)
-            phrases.append(f"then continue in table {self._table_label(target)} with "
-                           f"ct_state={F.format_ct_state(ct_state)}"
-                           + (f", ct_mark={hex(mark)}" if mark else ""))
-            if hit.state_after is None:
-                hit.state_after = dict(state)
-            self.recirc.append((target, tracked))
-        hit.effects.append(": ".join([phrases[0], "; ".join(phrases[1:])]) if len(phrases) > 1
-                           else phrases[0])
+        return tracked, phrases
+
+    def _ct_as_told(self, act: A.Ct, state: dict, hit: TableHit, depth: int,
+                    zone: int) -> tuple[dict, list]:
+        """ct() with the state the caller chose, as ``ofproto/trace --ct-next`` does it.
+
+        Conntrack is neither consulted nor changed. A recirculation (``table=``) takes the
+        next state of ``ct_next``, or trk|new once the list has run out (OVS does not reuse
+        the last one); a ct() without ``table=`` takes none. ct_mark/ct_label are those the
+        packet carries at this point, as a commit's exec() changes them; a NAT range moves
+        the address (and port) to the range's first value, as ofproto/trace simulates NAT.
+        """
+        bits = F.CT_STATE_BITS
+        ct_state = bits["trk"] | bits["new"]
+        if act.table is not None and self.ct_next:
+            ct_state = self.ct_next.pop(0)
+        tracked = dict(state)
+        mark, label = state.get("ct_mark", 0), state.get("ct_label", 0)
+        phrases = [f"conntrack zone {zone} (state given: {F.format_ct_state(ct_state)})"]
+        if act.commit:
+            phrases.append("commit the connection")
+            mark, label = self._ct_exec(act, mark, label, hit, depth, phrases)
+        if act.nat is not None and act.nat.kind and act.nat.ip_min:
+            before = _tuple(tracked)
+            side = "src" if act.nat.kind == "src" else "dst"
+            tracked[f"nw_{side}"] = _ip(act.nat.ip_min)
+            if act.nat.port_min is not None:
+                tracked[f"tp_{side}"] = act.nat.port_min
+            phrases.append(f"{'SNAT' if side == 'src' else 'DNAT'} "
+                           f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
+        tracked.update(ct_state=ct_state, ct_zone=zone, ct_mark=mark, ct_label=label)
+        return tracked, phrases
+
+    def _ct_exec(self, act: A.Ct, mark: int, label: int, hit: TableHit, depth: int,
+                 phrases: list) -> tuple[int, int]:
+        """A commit's exec(...) actions: they may only write the connection's mark and label."""
+        ct_fields = {"ct_mark": mark, "ct_label": label}
+        sub_hit = TableHit(hit.table, None)
+        self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
+        if act.exec_actions:
+            phrases.append("with " + ", ".join(sub_hit.effects))
+            hit.notes.extend(sub_hit.notes)
+        return ct_fields["ct_mark"], ct_fields["ct_label"]
+
+
+# The conntrack fields OVS clears from a pass after its ct() action.
+CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",
+             "ct_nw_proto", "ct_tp_src", "ct_tp_dst")
 
 
 def reverse_tuple(t: tuple) -> tuple:
