@@ -1,0 +1,1 @@
+"""Cilium: parsers of the agent's `cilium-dbg` outputs (the maps its BPF programs consult)."""
