@@ -108,6 +108,8 @@ class OvsRun:
     conntrack: Conntrack
     unknown: str | None = None
     dropped_by: TableHit | None = None
+    # the fields as each pass (stage) ends, what ofproto/trace prints as "Final flow"
+    finals: list = field(default_factory=list)
 
 
 class _Fork(Exception):
@@ -153,7 +155,7 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
         seen = {c[0] for c in chosen}
         explicit = [c for c in runner.choice_log if c[0] not in seen]
         runs.append(OvsRun(runner.hits, runner.outputs, weight, chosen + explicit, ct,
-                           runner.unknown, runner.dropped_by))
+                           runner.unknown, runner.dropped_by, runner.finals))
     return runs
 
 
@@ -173,6 +175,7 @@ class _Runner:
         self.visits = 0
         self.recirc: list[tuple[int | str, dict]] = []
         self.stage = 0
+        self.finals: list[dict] = []
 
     # ---- driver ---------------------------------------------------------------------
     def run(self, state: dict, table: int | str) -> None:
@@ -187,6 +190,7 @@ class _Runner:
             except _Stop as stop:
                 self.unknown = stop.reason
                 return
+            self.finals.append(dict(st))   # actions change `st` in place, resubmits included
             self.stage += 1
 
     # ---- one table ------------------------------------------------------------------
@@ -206,7 +210,12 @@ class _Runner:
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
-            hit.effects.append("no flow matched: table miss, packet dropped")
+            # Reached by resubmit/goto from another table (depth > 0), a miss only ends that
+            # lookup: OVS goes on with the calling flow's remaining actions (Antrea's ServiceLB
+            # chain resubmits to tables that have no table-miss flow).
+            hit.effects.append("no flow matched: table miss, packet dropped" if depth == 0 else
+                               "no flow matched (table miss): nothing done here, the calling "
+                               "flow's remaining actions go on")
             hit.state_after = dict(state)
             self.dropped_by = hit
             return
@@ -569,7 +578,7 @@ class _Runner:
             ct_state = self.ct_next.pop(0)
         tracked = dict(state)
         mark, label = state.get("ct_mark", 0), state.get("ct_label", 0)
-        phrases = [f"conntrack zone {zone} (state given: {F.format_ct_state(ct_state)})"]
+        phrases = [f"conntrack zone {zone} (state chosen by the caller, as --ct-next)"]
         if act.commit:
             phrases.append("commit the connection")
             mark, label = self._ct_exec(act, mark, label, hit, depth, phrases)
