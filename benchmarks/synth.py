@@ -18,9 +18,8 @@ def _pod_flows(i: int) -> list[str]:
     ip = ipaddress.IPv4Address("10.128.0.0") + i
     mac = f"0a:{(i >> 24) & 255:02x}:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}:01"
     port = 1000 + i
-    name = f"pod{i:06d}-abcdef"
     return [
-        f"cookie=0x1030000000000, table=10, priority=200,ip,in_port=\"{name}\",dl_src={mac},"
+        f"cookie=0x1030000000000, table=10, priority=200,ip,in_port={port},dl_src={mac},"
         f"nw_src={ip} actions=resubmit(,30)",
         f"cookie=0x1030000000000, table=70, priority=200,ip,dl_dst=aa:bb:cc:dd:ee:ff,"
         f"nw_dst={ip} actions=mod_dl_src:4e:99:08:c1:53:be,mod_dl_dst:{mac},dec_ttl,resubmit(,80)",

@@ -12,6 +12,7 @@ Variants read: with or without statistics, ``--names`` (quoted or bare port name
 from __future__ import annotations
 
 import functools
+import heapq
 import re
 from dataclasses import dataclass
 
@@ -177,6 +178,7 @@ class FlowDump:
         self.name = name
         self._raw: dict[int | str, list[tuple[int, str]]] = {}
         self._parsed: dict[int | str, list[Flow]] = {}
+        self._indexes: dict = {}
         for lineno, line in logical_lines(text):
             if _SKIP_LINE.match(line) or line.lstrip().startswith("#"):
                 continue
@@ -206,5 +208,48 @@ class FlowDump:
             self._parsed[table] = flows
         return self._parsed[table]
 
+    def candidates(self, table: int | str, state: dict) -> list[Flow]:
+        """The flows of a table that can match ``state``, in priority order: every flow for
+        small tables; for big ones, the flows an exact-match index on their most common
+        exact field cannot rule out (a superset of the matching flows, so lookups are exact)."""
+        flows = self.table(table)
+        if len(flows) < _INDEX_MIN:
+            return flows
+        index = self._indexes.get(table)
+        if index is None:
+            index = self._indexes[table] = _TableIndex(flows)
+        return index.candidates(state)
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._raw.values())
+
+
+_INDEX_MIN = 64
+
+
+class _TableIndex:
+    """flows keyed by the value of one field they all (mostly) match exactly, e.g. nw_dst in
+    L3Forwarding or dl_dst in L2ForwardingCalc; flows without it stay in ``rest``."""
+
+    def __init__(self, flows: list[Flow]):
+        counts: dict = {}
+        for f in flows:
+            for m in f.matches:
+                if m.value is not None and m.mask == F.full_mask(m.field) and m.field.name != "dl_type":
+                    counts[m.field.name] = counts.get(m.field.name, 0) + 1
+        self.field = max(counts, key=counts.get) if counts else None
+        self.by_value: dict[int, list] = {}
+        self.rest: list = []
+        for pos, f in enumerate(flows):
+            key = next((m.value for m in f.matches if self.field and m.field.name == self.field
+                        and m.value is not None and m.mask == F.full_mask(m.field)), None)
+            if key is None:
+                self.rest.append((pos, f))
+            else:
+                self.by_value.setdefault(key, []).append((pos, f))
+
+    def candidates(self, state: dict) -> list[Flow]:
+        if self.field is None:
+            return [f for _, f in self.rest]
+        hits = self.by_value.get(state.get(self.field, 0), [])
+        return [f for _, f in heapq.merge(hits, self.rest, key=lambda pf: pf[0])]

@@ -234,7 +234,7 @@ class _Runner:
         matches at a priority above the best ordinary flow, OVS looks the packet up again
         with ``conj_id=id`` set, and that second lookup's result is the hit.
         """
-        flows = self.bridge.flows.table(table)
+        flows = self.bridge.flows.candidates(table, state)
         hard: Flow | None = None
         clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
         conj_priority: dict[int, int] = {}
@@ -557,7 +557,7 @@ class _Runner:
                                        nat=nat_kind)
             phrases.append("commit the connection")
             entry.mark, entry.label = self._ct_exec(act, entry.mark, entry.label, hit, depth,
-                                                    phrases)
+                                                    phrases, state)
             mark, label = entry.mark, entry.label
         tracked.update(ct_state=ct_state, ct_zone=zone, ct_mark=mark, ct_label=label)
         return tracked, phrases
@@ -581,7 +581,7 @@ class _Runner:
         phrases = [f"conntrack zone {zone} (state chosen by the caller, as --ct-next)"]
         if act.commit:
             phrases.append("commit the connection")
-            mark, label = self._ct_exec(act, mark, label, hit, depth, phrases)
+            mark, label = self._ct_exec(act, mark, label, hit, depth, phrases, state)
         if act.nat is not None and act.nat.kind and act.nat.ip_min:
             before = _tuple(tracked)
             side = "src" if act.nat.kind == "src" else "dst"
@@ -594,9 +594,10 @@ class _Runner:
         return tracked, phrases
 
     def _ct_exec(self, act: A.Ct, mark: int, label: int, hit: TableHit, depth: int,
-                 phrases: list) -> tuple[int, int]:
-        """A commit's exec(...) actions: they may only write the connection's mark and label."""
-        ct_fields = {"ct_mark": mark, "ct_label": label}
+                 phrases: list, state: dict | None = None) -> tuple[int, int]:
+        """A commit's exec(...) actions: they may only write the connection's mark and label,
+        but may read the packet's fields (Antrea v2: ``move:NXM_NX_REG0[0..3]->NXM_NX_CT_MARK[0..3]``)."""
+        ct_fields = dict(state or {}, ct_mark=mark, ct_label=label)
         sub_hit = TableHit(hit.table, None)
         self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
         if act.exec_actions:
