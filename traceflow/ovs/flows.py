@@ -57,7 +57,8 @@ class Flow:
         return A.parse_actions(self.action_text)
 
     def match_texts(self) -> tuple:
-        out = tuple(m.text for m in self.matches)
+        # a protocol keyword ("tcp") stands for several implied fields: name it once
+        out = tuple(m.text for m in self.matches if m.text not in F.PROTOCOLS)
         return ((self.protocol,) if self.protocol else ()) + out
 
 
@@ -179,6 +180,7 @@ class FlowDump:
         self._raw: dict[int | str, list[tuple[int, str]]] = {}
         self._parsed: dict[int | str, list[Flow]] = {}
         self._indexes: dict = {}
+        self._one: dict = {}       # (table, line number) -> Flow parsed from a big table
         for lineno, line in logical_lines(text):
             if _SKIP_LINE.match(line) or line.lstrip().startswith("#"):
                 continue
@@ -209,47 +211,82 @@ class FlowDump:
         return self._parsed[table]
 
     def candidates(self, table: int | str, state: dict) -> list[Flow]:
-        """The flows of a table that can match ``state``, in priority order: every flow for
-        small tables; for big ones, the flows an exact-match index on their most common
-        exact field cannot rule out (a superset of the matching flows, so lookups are exact)."""
-        flows = self.table(table)
-        if len(flows) < _INDEX_MIN:
-            return flows
+        """The flows of a table that can match ``state``, highest priority first.
+
+        Small tables: every flow. Big ones (a 100k-flow dump puts thousands of per-Pod flows
+        in one table): an index on the raw lines by the value of their most common exact
+        field (nw_dst in L3Forwarding, dl_dst in L2ForwardingCalc ...) narrows the lines to
+        those that can match, and only those are parsed. The result is a superset of the
+        matching flows in the same order, so a lookup gives the same answer either way.
+        """
+        raw = self._raw.get(table, [])
+        if len(raw) < _INDEX_MIN or table in self._parsed:
+            return self.table(table)
         index = self._indexes.get(table)
         if index is None:
-            index = self._indexes[table] = _TableIndex(flows)
-        return index.candidates(state)
+            index = self._indexes[table] = _RawIndex(raw)
+        return [self._flow(table, n, line) for n, line in index.candidates(state)]
+
+    def _flow(self, table, lineno: int, line: str) -> Flow:
+        key = (table, lineno)
+        flow = self._one.get(key)
+        if flow is None:
+            flow = self._one[key] = parse_flow(line, Source(self.name, lineno, line.strip()))
+        return flow
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._raw.values())
 
 
 _INDEX_MIN = 64
+_PRIORITY = re.compile(r"(?:^|[\s,])priority=(\d+)")
+_KEY_VALUE = re.compile(r"(?:^|[\s,])([a-z_][a-z0-9_]*)=([^,\s]+)")
+_NOT_KEYS = _HEADER_KEYS | {"priority", "dl_type", "eth_type", "conj_id"}
 
 
-class _TableIndex:
-    """flows keyed by the value of one field they all (mostly) match exactly, e.g. nw_dst in
-    L3Forwarding or dl_dst in L2ForwardingCalc; flows without it stay in ``rest``."""
+class _RawIndex:
+    """Raw lines of one big table keyed by one field's exact value, read with a regex.
 
-    def __init__(self, flows: list[Flow]):
-        counts: dict = {}
-        for f in flows:
-            for m in f.matches:
-                if m.value is not None and m.mask == F.full_mask(m.field) and m.field.name != "dl_type":
-                    counts[m.field.name] = counts.get(m.field.name, 0) + 1
-        self.field = max(counts, key=counts.get) if counts else None
+    Lines without that field exact (or that the regex cannot read) stay in ``rest`` and are
+    always candidates, so a malformed line is still parsed, and reported, when the table is
+    used.
+    """
+
+    def __init__(self, raw: list[tuple[int, str]]):
+        lines = []
+        distinct: dict[str, set] = {}
+        for n, line in raw:
+            head = line.split("actions=", 1)[0]
+            exact = {k: v for k, v in _KEY_VALUE.findall(head)
+                     if k not in _NOT_KEYS and "/" not in v}
+            for key, value in exact.items():
+                distinct.setdefault(key, set()).add(value)
+            m = _PRIORITY.search(head)
+            lines.append(((-int(m.group(1)) if m else -32768, n), n, line, exact))
+        # the most selective field: the one with the most distinct values
+        name = max(distinct, key=lambda k: len(distinct[k])) if distinct else None
+        self.field = F.lookup(name) if name else None
         self.by_value: dict[int, list] = {}
         self.rest: list = []
-        for pos, f in enumerate(flows):
-            key = next((m.value for m in f.matches if self.field and m.field.name == self.field
-                        and m.value is not None and m.mask == F.full_mask(m.field)), None)
-            if key is None:
-                self.rest.append((pos, f))
+        for order, n, line, exact in lines:
+            value = self._value(exact.get(name)) if self.field else None
+            if value is None:
+                self.rest.append((order, n, line))
             else:
-                self.by_value.setdefault(key, []).append((pos, f))
+                self.by_value.setdefault(value, []).append((order, n, line))
+        self.rest.sort()
+        for entries in self.by_value.values():
+            entries.sort()
 
-    def candidates(self, state: dict) -> list[Flow]:
-        if self.field is None:
-            return [f for _, f in self.rest]
-        hits = self.by_value.get(state.get(self.field, 0), [])
-        return [f for _, f in heapq.merge(hits, self.rest, key=lambda pf: pf[0])]
+    def _value(self, text: str | None) -> int | None:
+        if text is None:
+            return None
+        try:
+            value, mask = F.parse_value(self.field, text.strip('"'))
+        except ValueError:
+            return None    # left in ``rest``: parsed, and reported, with the table
+        return value if mask == F.full_mask(self.field) else None
+
+    def candidates(self, state: dict) -> list[tuple[int, str]]:
+        hits = self.by_value.get(state.get(self.field.name, 0), []) if self.field else []
+        return [(n, line) for _, n, line in heapq.merge(hits, self.rest)]
