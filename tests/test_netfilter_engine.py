@@ -428,3 +428,38 @@ def test_builtin_chain_without_a_known_policy_is_unknown():
 def test_unknown_hook_is_a_caller_error(kube):
     with pytest.raises(ValueError):
         evaluate_hook(kube, "INGRESS", tcp("10.0.0.1", "10.0.0.2"), node())
+
+
+SESSION_AFFINITY = """*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-X - [0:0]
+:KUBE-SEP-A - [0:0]
+:KUBE-SEP-B - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.5/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-X
+-A KUBE-SVC-X -m comment --comment "ns/svc -> 10.0.0.1:80" -m recent --name KUBE-SEP-A --mask 255.255.255.255 --rsource --rcheck --seconds 10800 --reap -j KUBE-SEP-A
+-A KUBE-SVC-X -m comment --comment "ns/svc -> 10.0.0.2:80" -m recent --name KUBE-SEP-B --mask 255.255.255.255 --rsource --rcheck --seconds 10800 --reap -j KUBE-SEP-B
+-A KUBE-SVC-X -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-A
+-A KUBE-SVC-X -j KUBE-SEP-B
+-A KUBE-SEP-A -p tcp -m recent --name KUBE-SEP-A --mask 255.255.255.255 --rsource --set -m tcp -j DNAT --to-destination 10.0.0.1:80
+-A KUBE-SEP-B -p tcp -m recent --name KUBE-SEP-B --mask 255.255.255.255 --rsource --set -m tcp -j DNAT --to-destination 10.0.0.2:80
+COMMIT
+"""
+
+
+def test_session_affinity_first_connection_is_said_and_known_clients_stick():
+    from traceflow.netfilter.engine import NodeContext, evaluate_hook
+    from traceflow.netfilter.iptables import parse_iptables_save
+    from traceflow.packet import Packet
+    rs = parse_iptables_save(SESSION_AFFINITY, "iptables-save.txt")
+    rs.raise_for_errors()
+    pkt = Packet(nw_src="10.1.1.1", nw_dst="10.96.0.5", nw_proto=6, tp_src=1234, tp_dst=80)
+    fresh = evaluate_hook(rs, "PREROUTING", pkt, NodeContext(node="n", local_addresses=set()))
+    assert sorted((b.weight, b.nat.translated[0]) for b in fresh) == [(0.5, "10.0.0.1"), (0.5, "10.0.0.2")]
+    effects = [s.effect for s in fresh[0].steps]
+    assert any("assumed a first connection" in e for e in effects)
+    assert any("remember this client in KUBE-SEP-A" in e for e in effects)
+    known = evaluate_hook(rs, "PREROUTING", pkt, NodeContext(node="n", local_addresses=set(),
+                                                             recent={"KUBE-SEP-B": {"10.1.1.1"}}))
+    assert [(b.weight, b.nat.translated[0]) for b in known] == [(1.0, "10.0.0.2")]

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from traceflow.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo, Rule,
-                                          Ruleset, StatisticMatch, Table)
+from traceflow.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo,
+                                          RecentMatch, Rule, Ruleset, StatisticMatch, Table)
 from traceflow.packet import Packet
 
 MAX_DEPTH = 64
@@ -56,6 +56,7 @@ class NodeContext:
     masquerade_ip: str | None = None      # primary address of out_iface, for MASQUERADE
     ct_orig: Packet | None = None         # the connection's original tuple (--ctorig*)
     bridged: bool = False                 # traversing a Linux bridge (physdev matches)
+    recent: dict | None = None            # xt_recent lists (name -> client IPs); None: unknown
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,9 @@ def _run_rules(table: Table, chain: Chain, start: int, walk: _Walk, depth: int) 
         rule = chain.rules[index]
         decision = _decide(rule, walk)
         if decision is None:
+            assumption = _assumed_miss(rule, walk)
+            if assumption:
+                walk.steps.append(Step(table.name, chain.name, rule, assumption))
             index += 1
             continue
         if isinstance(decision, str):
@@ -229,6 +233,19 @@ def _decide(rule: Rule, walk: _Walk) -> None | str | tuple[float, tuple[str, ...
     if rule.unknown_target:
         return rule.unknown_target
     return (probability, tuple(matched)) if probability > 0.0 else None
+
+
+def _assumed_miss(rule: Rule, walk: _Walk) -> str | None:
+    """The caveat of a rule missed only because of state the bundle lacks (session affinity's
+    recent lists): the trace must say what it assumed, not skip the rule silently."""
+    assumed = [m for m in rule.matches if isinstance(m, RecentMatch) and m.action != "set"
+               and not walk.ctx.recent]
+    if not assumed:
+        return None
+    others = [m for m in rule.matches if m not in assumed and not isinstance(m, StatisticMatch)]
+    if any(m.check(walk.packet, walk.ctx) is not True for m in others if not isinstance(m, CommentMatch)):
+        return None
+    return assumed[0].caveat() + ": rule not taken"
 
 
 def _stop(walk: _Walk, table: Table, chain: Chain, rule: Rule | None, reason: str) -> Outcome:

@@ -571,6 +571,37 @@ class LimitMatch(Match):
         return f"-m limit --limit {self.rate}{burst}"
 
 
+@dataclass(frozen=True)
+class RecentMatch(Match):
+    """recent: kube-proxy's ClientIP session affinity (``--set`` in KUBE-SEP, ``--rcheck`` in
+    KUBE-SVC). The kernel's lists (/proc/net/xt_recent) are not in a bundle, so the trace is
+    of a client with no entry yet: a first connection, which the statistic rules place and
+    ``--set`` then pins. ``ctx.recent`` (list name -> addresses) decides it when known."""
+
+    list_name: str
+    action: str                      # set | rcheck | update | remove
+    side: str = "source"             # source | dest
+    seconds: int | None = None
+
+    def _test(self, packet, ctx):
+        if self.action == "set":
+            return True
+        known = ctx.recent
+        addr = packet.nw_src if self.side == "source" else packet.nw_dst
+        return bool(known) and addr in known.get(self.list_name, ())
+
+    def caveat(self):
+        if self.action == "set":
+            return (f"session affinity: remember this client in {self.list_name}"
+                    + (f" for {self.seconds} s" if self.seconds else ""))
+        return (f"session affinity: assumed a first connection (no {self.list_name} entry for "
+                "this client); later connections within the timeout stick to its backend")
+
+    def __str__(self):
+        secs = f" --seconds {self.seconds}" if self.seconds else ""
+        return f"-m recent --name {self.list_name} --{self.action}{secs}"
+
+
 ICMP_TYPES = {"echo-reply": (0, None), "destination-unreachable": (3, None),
               "network-unreachable": (3, 0), "host-unreachable": (3, 1),
               "protocol-unreachable": (3, 2), "port-unreachable": (3, 3),
@@ -1012,6 +1043,19 @@ def _physdev(opts: list[Opt]) -> list[Match]:
                                           for o in opts))]
 
 
+def _recent(opts: list[Opt]) -> list[Match]:
+    by_name = {o.name: (o.args[0] if o.args else None) for o in opts}
+    action = next((a for a in ("set", "rcheck", "update", "remove") if f"--{a}" in by_name), None)
+    if action is None:
+        return [UnknownMatch("recent", "-m recent",
+                             "recent without --set/--rcheck/--update/--remove")]
+    side = "dest" if "--rdest" in by_name else "source"
+    secs = by_name.get("--seconds")
+    neg = any(o.negated for o in opts if o.name == f"--{action}")
+    return [RecentMatch("recent", by_name.get("--name") or "DEFAULT", action, side,
+                        int(secs) if secs else None, negated=neg)]
+
+
 def _limit(opts: list[Opt]) -> list[Match]:
     by_name = {o.name: o.args[0] for o in opts}
     burst = by_name.get("--limit-burst")
@@ -1069,6 +1113,9 @@ MODULES: dict[str, ModuleSpec] = {
     "physdev": ModuleSpec({"--physdev-in": 1, "--physdev-out": 1, "--physdev-is-in": 0,
                            "--physdev-is-out": 0, "--physdev-is-bridged": 0}, _physdev),
     "limit": ModuleSpec({"--limit": 1, "--limit-burst": 1}, _limit),
+    "recent": ModuleSpec({"--name": 1, "--set": 0, "--rcheck": 0, "--update": 0, "--remove": 0,
+                          "--seconds": 1, "--reap": 0, "--hitcount": 1, "--rttl": 0,
+                          "--rsource": 0, "--rdest": 0, "--mask": 1}, _recent),
 }
 
 # -p tcp lets tcp's options be used without -m tcp (iptables loads the module implicitly)
@@ -1695,6 +1742,27 @@ def _l_limit(words: _Words, negated: bool) -> None:
     words.matches.append(LimitMatch("--limit", rate, burst))
 
 
+def _l_recent(words: _Words, negated: bool) -> None:
+    """``recent: CHECK seconds: 10800 reap name: KUBE-SEP-X side: source mask: 255.255.255.255``."""
+    action = {"SET": "set", "CHECK": "rcheck", "UPDATE": "update", "REMOVE": "remove"}.get(
+        words.take() or "", None)
+    name, side, secs = "DEFAULT", "source", None
+    while words.peek() in ("seconds:", "reap", "name:", "side:", "mask:", "hit_count:", "TTL-Match"):
+        key = words.take()
+        if key == "seconds:":
+            secs = int(words.take())
+        elif key == "name:":
+            name = words.take()
+        elif key == "side:":
+            side = words.take()
+        elif key in ("mask:", "hit_count:"):
+            words.take()
+    if action is None:
+        words.matches.append(UnknownMatch("recent", "recent:", "unreadable recent match"))
+        return
+    words.matches.append(RecentMatch("recent", name, action, side, secs, negated=negated))
+
+
 def _l_icmp(words: _Words, negated: bool) -> None:
     """``icmptype 8 [code 0]`` (with -n), ``icmp !type 8`` or ``icmp echo-request``."""
     neg, word = words.take_negatable()
@@ -1796,6 +1864,7 @@ LIST_WORDS: dict[str, ListDecoder] = {
     "MAC": _l_mac,
     "length": _l_length,
     "limit:": _l_limit,
+    "recent:": _l_recent,
     "icmp": _l_icmp, "icmptype": _l_icmptype,
     "to:": _l_nat_to,
     "random": _l_flag, "random-fully": _l_flag, "persistent": _l_flag,
