@@ -60,13 +60,28 @@ class NodeModel:
 
     @cached_property
     def pod_ports(self) -> dict:
-        self.bridge  # noqa: B018 - loads flow_text
-        return antrea.pod_ports(self.flow_text)
+        """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
+        (``in_port=5``); it is turned into the port's name from ovs-show.txt."""
+        bridge = self.bridge
+        out = {}
+        for ip, (port, mac) in antrea.pod_ports(self.flow_text).items():
+            if port.isdigit() and int(port) in bridge.port_by_number:
+                port = bridge.port_by_number[int(port)].name
+            out[ip] = (port, mac)
+        return out
 
     # ---- host networking ---------------------------------------------------------------
     @cached_property
     def netfilter(self):
+        """The node's packet filter: `nft list ruleset` when kube-proxy runs in nftables mode
+        (that listing holds every table, iptables-nft's too), else the iptables rules."""
         from traceflow.netfilter.iptables import parse_iptables_list, parse_iptables_save
+        nft = self._file("nft.txt")
+        if nft is not None and self.snapshot.kube_proxy == "nftables":
+            from traceflow.netfilter.nft import parse_nft_ruleset
+            rs = parse_nft_ruleset(*nft)
+            rs.raise_for_errors()
+            return rs
         got = self._file("iptables-save.txt")
         if got is not None:
             rs = parse_iptables_save(*got)
@@ -77,6 +92,17 @@ class NodeModel:
             rs = parse_iptables_list(*got, table="nat")
         rs.raise_for_errors()
         return rs
+
+    @cached_property
+    def ipvs(self):
+        """IPVS virtual servers (`ipvsadm -Ln`), when the node has them."""
+        got = self._file("ipvs.txt")
+        if got is None:
+            return None
+        from traceflow.netfilter.ipvs import parse_ipvsadm
+        table = parse_ipvsadm(*got)
+        table.raise_for_errors()
+        return table
 
     @cached_property
     def ipsets(self):

@@ -415,23 +415,22 @@ class Solver:
         rs = node.netfilter
         for caveat in getattr(rs, "caveats", ()):
             self.warnings.append(f"{loc.node}: {caveat}")
+        late_src = None
         if entry is not None:
             new_conn = False
             entry.seen_reply = entry.seen_reply or is_reply
             if entry.nat:
-                before = pkt.copy()
+                # the kernel rewrites destinations before routing (PREROUTING) and sources
+                # after it (POSTROUTING): a reply's un-DNAT is a source rewrite, done late
                 target = entry.orig if is_reply else reverse(entry.reply)
-                if is_reply:
-                    pkt.nw_src, pkt.tp_src, pkt.nw_dst, pkt.tp_dst = target[3], target[4], target[1], target[2]
-                else:
-                    pkt.nw_src, pkt.tp_src, pkt.nw_dst, pkt.tp_dst = target[1], target[2], target[3], target[4]
-                b.add(Hop(loc.node, "iptables", "nat", _ct_text(entry),
-                          f"{'reply of' if is_reply else 'packet of'} a NAT-ed connection: conntrack "
-                          f"{'restores' if is_reply else 'applies'} the translation "
-                          f"{_fmt(before)} -> {_fmt(pkt)}"
-                          + (" (un-DNAT)" if is_reply and "dst" in entry.nat else ""),
-                          chain="conntrack", packet=pkt.headers(), changed=pkt.diff(before),
-                          notes=[f"connection committed by {entry.where}"]))
+                want_src = (target[3], target[4]) if is_reply else (target[1], target[2])
+                want_dst = (target[1], target[2]) if is_reply else (target[3], target[4])
+                if (pkt.nw_dst, pkt.tp_dst) != want_dst:
+                    before = pkt.copy()
+                    pkt.nw_dst, pkt.tp_dst = want_dst
+                    b.add(_ct_hop(loc.node, entry, is_reply, before, pkt, "PREROUTING"))
+                if (pkt.nw_src, pkt.tp_src) != want_src:
+                    late_src = (entry, is_reply, want_src)
         else:
             new_conn = True
         ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
@@ -444,85 +443,112 @@ class Solver:
             if nb.end:
                 results.append((nb, None))
                 continue
-            results.extend(self._route_and_forward(nb, loc, node, npkt, ctx, new_conn, tup, nat))
+            results.extend(self._route_and_forward(nb, loc, node, npkt, ctx, new_conn, tup,
+                                                   late_src))
         return results
 
     def _netfilter(self, b: Branch, rs, hook: str, pkt: Packet, ctx, node: str) -> list:
-        """Run one netfilter hook; returns [(branch, packet, nat)] per outcome."""
-        from traceflow.netfilter.engine import evaluate_hook
+        """Run one netfilter hook (iptables or nft); returns [(branch, packet, nat)]."""
         if rs is None:
             return [(b, pkt, None)]
-        branches = evaluate_hook(rs, hook, pkt, ctx)
+        if hasattr(rs, "evaluate_hook"):          # nftables
+            branches, component = rs.evaluate_hook(hook, pkt, ctx), "nft"
+        else:
+            from traceflow.netfilter.engine import evaluate_hook
+            branches, component = evaluate_hook(rs, hook, pkt, ctx), "iptables"
         out = []
         for nf in branches:
             nb = b.fork() if len(branches) > 1 else b
             nb.weight *= nf.weight
             for step in nf.steps:
-                hop = Hop(node, "iptables", step.table,
-                          step.rule.text if step.rule is not None else None, step.effect,
-                          chain=step.chain,
-                          source=step.rule.source if step.rule is not None else None,
-                          matched=tuple(step.matched), unknown=step.unknown)
-                if "DNAT" in step.effect or "SNAT" in step.effect or "MASQUERADE" in step.effect \
-                        or "MARK" in step.effect.upper():
-                    hop.packet = nf.packet.headers()
-                    hop.changed = nf.packet.diff(pkt)
-                nb.add(hop)
+                nb.add(self._nf_hop(node, component, step, nf, pkt))
             if nf.nat is not None and nf.nat.kind == "DNAT" and nf.nat.translated:
                 nb.choose_target(self.cluster, nf.nat.translated[0])
             if len(branches) > 1:
-                nb.choices.append(f"{node} iptables {hook}: {_branch_label(nf)} "
+                nb.choices.append(f"{node} {component} {hook}: {_branch_label(nf)} "
                                   f"({nf.weight:.0%} of new connections)")
-            if nf.verdict == "UNKNOWN":
-                last = nf.steps[-1] if nf.steps else None
-                nb.finish(Verdict.UNKNOWN, Drop(node, "iptables", last.table if last else None,
-                                                last.rule.text if last and last.rule else None,
-                                                last.effect if last else "unknown"))
-            elif nf.verdict in ("DROP", "REJECT"):
-                last = nf.steps[-1] if nf.steps else None
-                nb.finish(Verdict.DROPPED, Drop(node, "iptables", last.table if last else None,
-                                                last.rule.text if last and last.rule else None,
-                                                f"{nf.verdict} in {last.table}/{last.chain}: "
-                                                f"{last.effect}" if last else nf.verdict))
+            if nf.verdict != "ACCEPT":
+                self._nf_end(nb, node, component, nf)
             out.append((nb, nf.packet, nf.nat))
         return out
 
+    @staticmethod
+    def _nf_hop(node: str, component: str, step, nf, before: Packet) -> Hop:
+        hop = Hop(node, component, step.table, step.rule.text if step.rule is not None else None,
+                  step.effect, chain=step.chain,
+                  source=step.rule.source if step.rule is not None else None,
+                  matched=tuple(step.matched), unknown=step.unknown)
+        if any(word in step.effect.upper() for word in ("DNAT", "SNAT", "MASQUERADE", "MARK")):
+            hop.packet = nf.packet.headers()
+            hop.changed = nf.packet.diff(before)
+        return hop
+
+    @staticmethod
+    def _nf_end(b: Branch, node: str, component: str, nf) -> Branch:
+        """A branch the hook did not accept: dropped, rejected, or not decidable."""
+        last = nf.steps[-1] if nf.steps else None
+        rule = last.rule.text if last is not None and last.rule is not None else None
+        table = last.table if last is not None else None
+        if nf.verdict == "UNKNOWN":
+            return b.finish(Verdict.UNKNOWN, Drop(node, component, table, rule,
+                                                  last.effect if last else "unknown"))
+        reason = f"{nf.verdict} in {last.table}/{last.chain}: {last.effect}" if last else nf.verdict
+        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason))
+
     def _route_and_forward(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
-                           new_conn: bool, orig_tuple, nat) -> list:
-        from traceflow.routing.lookup import route_lookup
-        dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst, src=pkt.nw_src, iif=loc.iif,
-                           mark=pkt.mark, local_addresses=node.local_addresses,
-                           interfaces=node.interfaces or None)
-        route = dec.route
-        b.add(Hop(loc.node, "route", dec.table, route.text if route is not None else None,
-                  dec.reason, source=route.source if route is not None else None,
-                  notes=list(dec.steps)))
+                           new_conn: bool, orig_tuple, late_src) -> list:
+        """Routing decision, then FORWARD and POSTROUTING; a local destination that IPVS
+        serves is load-balanced at INPUT and leaves again as a locally sent packet."""
+        dec = self._route(b, loc.node, node, pkt, iif=loc.iif)
         if dec.kind == "local":
-            return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
-                                                    route.text if route else None,
-                                                    f"{pkt.nw_dst} is local to {loc.node}: the "
-                                                    "packet goes up to the host's own sockets")),
-                     None)]
+            return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec)
         if dec.kind != "unicast":
-            return [(b.finish(Verdict.DROPPED, Drop(loc.node, "route", dec.table,
-                                                    route.text if route else None,
-                                                    f"no usable route: {dec.reason}")), None)]
+            return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
         outcomes = []
         for fb, fpkt, _ in self._netfilter(b, node.netfilter, "FORWARD", pkt, ctx, loc.node):
-            if fb.end:
-                outcomes.append((fb, fpkt))
-                continue
-            iface = node.interface(dec.dev)
-            ctx.masquerade_ip = _primary_ip(iface)
-            for pb, ppkt, _ in self._netfilter(fb, node.netfilter, "POSTROUTING", fpkt, ctx,
-                                                  loc.node):
-                outcomes.append((pb, ppkt))
+            outcomes.extend(self._postrouting(fb, loc.node, node, fpkt, ctx, dec)
+                            if not fb.end else [(fb, fpkt, dec)])
+        return self._send_all(outcomes, loc, node, new_conn, orig_tuple, late_src)
+
+    def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
+               use_src: bool = True):
+        from traceflow.routing.lookup import route_lookup
+        dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst,
+                           src=pkt.nw_src if use_src else None, iif=iif,
+                           mark=pkt.mark, local_addresses=node.local_addresses,
+                           interfaces=node.interfaces or None)
+        route = dec.route
+        b.add(Hop(node_name, "route", dec.table, route.text if route is not None else None,
+                  dec.reason, source=route.source if route is not None else None,
+                  notes=list(dec.steps)))
+        return dec
+
+    @staticmethod
+    def _no_route(b: Branch, node_name: str, dec) -> Branch:
+        return b.finish(Verdict.DROPPED, Drop(node_name, "route", dec.table,
+                                              dec.route.text if dec.route else None,
+                                              f"no usable route: {dec.reason}"))
+
+    def _postrouting(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, ctx, dec):
+        ctx.masquerade_ip = _primary_ip(node.interface(dec.dev))
+        return [(pb, ppkt, dec) for pb, ppkt, _ in
+                self._netfilter(b, node.netfilter, "POSTROUTING", pkt, ctx, node_name)]
+
+    def _send_all(self, outcomes, loc: AtHost, node: NodeModel, new_conn: bool, orig_tuple,
+                  late_src=None):
+        """Commit the kernel's conntrack entry (with the NAT it did), or apply an existing
+        connection's source rewrite (a reply's un-DNAT), then resolve and send."""
         results = []
-        for ob, opkt in outcomes:
+        for ob, opkt, dec in outcomes:
             if ob.end:
                 results.append((ob, None))
                 continue
+            if late_src is not None:
+                entry, is_reply, (ip, port) = late_src
+                before, opkt = opkt, opkt.copy()
+                opkt.nw_src, opkt.tp_src = ip, port
+                ob.add(_ct_hop(loc.node, entry, is_reply, before, opkt, "POSTROUTING"))
             if new_conn and _tuple(opkt) != orig_tuple:
                 nat_kind = "+".join(k for k, changed in
                                     (("dst", (opkt.nw_dst, opkt.tp_dst) != (orig_tuple[3], orig_tuple[4])),
@@ -532,6 +558,41 @@ class Solver:
                                        where=f"{loc.node} kernel conntrack", nat=nat_kind)
             results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
         return results
+
+    def _local_input(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
+                     new_conn: bool, orig_tuple, dec) -> list:
+        ipvs = node.ipvs
+        branches = ipvs.evaluate(pkt) if ipvs is not None and new_conn else None
+        if branches is None:
+            why = ("the packet goes up to the host's own sockets" if ipvs is None or new_conn
+                   else "a reply to an IPVS connection is un-NAT-ed by conntrack before this")
+            return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
+                                                    dec.route.text if dec.route else None,
+                                                    f"{pkt.nw_dst} is local to {loc.node}: {why}")),
+                     None)]
+        outcomes = []
+        for nf in branches:
+            nb = b.fork() if len(branches) > 1 else b
+            nb.weight *= nf.weight
+            for step in nf.steps:
+                nb.add(self._nf_hop(loc.node, "ipvs", step, nf, pkt))
+            if nf.nat is not None and nf.nat.translated and nf.nat.translated[0]:
+                nb.choose_target(self.cluster, nf.nat.translated[0])
+                if len(branches) > 1:
+                    nb.choices.append(f"{loc.node} IPVS: real server {nf.nat.translated[0]}:"
+                                      f"{nf.nat.translated[1]} ({nf.weight:.0%} of new connections)")
+            if nf.verdict != "ACCEPT":
+                outcomes.append((self._nf_end(nb, loc.node, "ipvs", nf), nf.packet, dec))
+                continue
+            # IPVS sends the translated packet out itself: an output route lookup for the real
+            # server, by destination only (the client's source address is kept, not checked)
+            odec = self._route(nb, loc.node, node, nf.packet, iif=None, use_src=False)
+            if odec.kind != "unicast":
+                outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
+                continue
+            ctx.out_iface = odec.dev
+            outcomes.extend(self._postrouting(nb, loc.node, node, nf.packet, ctx, odec))
+        return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
         from traceflow.neigh import resolve
@@ -709,6 +770,18 @@ def _tuple(pkt: Packet) -> tuple:
 
 def _fmt(pkt: Packet) -> str:
     return f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}"
+
+
+def _ct_hop(node: str, entry, is_reply: bool, before: Packet, after: Packet, hook: str) -> Hop:
+    """The kernel's conntrack translating a packet of a connection it already NAT-ed."""
+    undnat = is_reply and "dst" in (entry.nat or "") and after.nw_src != before.nw_src
+    what = " (un-DNAT)" if undnat else (" (un-SNAT)" if is_reply else "")
+    return Hop(node, "iptables", "nat", _ct_text(entry),
+               f"{'reply of' if is_reply else 'packet of'} a NAT-ed connection: conntrack "
+               f"{'restores' if is_reply else 'applies'} the translation at {hook}: "
+               f"{_fmt(before)} -> {_fmt(after)}{what}",
+               chain="conntrack", packet=after.headers(), changed=after.diff(before),
+               notes=[f"connection committed by {entry.where}"])
 
 
 def _ct_text(entry) -> str:
