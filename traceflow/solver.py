@@ -439,7 +439,7 @@ class Solver:
                           ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=loc.node)
         pre = self._netfilter(b, rs, "PREROUTING", pkt, ctx, loc.node)
         results = []
-        for nb, npkt, nat in pre:
+        for nb, npkt, _ in pre:
             if nb.end:
                 results.append((nb, None))
                 continue

@@ -1,0 +1,618 @@
+"""The real kernel is the reference for kube-proxy's NAT: what it does must be what traceflow says.
+
+A private "node" namespace gets node1's address (192.168.10.11 on ens192, a veth to a "client"
+namespace) and one veth per backend subnet into a "sink" namespace (10.244.1.0/24 is local, as
+behind antrea-gw0; 10.244.2/3.0/24 are routed to sinks that stand in for the other nodes). The
+generated kube-proxy rules of node1 are loaded there: ``iptables-restore`` of the iptables-mode
+``iptables-save.txt``, then ``nft -f`` of the nftables-mode ``nft.txt``. Crafted TCP SYNs and
+UDP datagrams (scapy, from the client namespace or from a pod address in the local sink) hit a
+ClusterIP, a NodePort, a LoadBalancer IP, an externalIP, externalTrafficPolicy Local NodePorts
+with and without a local endpoint, a session-affinity service, loadBalancerSourceRanges and
+services without endpoints. ``conntrack -L`` in the node namespace says what the kernel did:
+the reply tuple gives the DNAT target and whether the source was masqueraded; a missing entry
+plus an ICMP port-unreachable seen by the client is a REJECT, with no answer a DROP.
+
+traceflow's prediction (``evaluate_hook`` over PREROUTING, then INPUT or FORWARD and
+POSTROUTING) must contain every kernel outcome among its branches with non-zero weight, the
+empirical endpoint distribution must fit traceflow's weights (chi-square, p = 1e-4) and the
+masquerade decision must be the same. The nftables-mode kernel is compared with the
+iptables-mode prediction (same cluster), and with ``traceflow.netfilter.nft`` when present.
+
+Also checked: the kernel prints the generated files back unchanged (iptables-save, nft list,
+ipset list), so the bundles are what real tools print. IPVS needs the ip_vs module, which this
+kernel does not have: that test says so when it skips.
+
+Only the namespaces created here get traffic; they are deleted at teardown.
+TRACEFLOW_KERNEL_PACKETS (default 200) sets the number of connections per distribution case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from traceflow.examples import generate_kube_proxy as gen
+from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+from traceflow.packet import Packet
+
+PACKETS = int(os.environ.get("TRACEFLOW_KERNEL_PACKETS", "200"))
+NODE = "node1"
+CLIENT_IP = "192.168.10.100"
+POD_IP = "10.244.1.77"                 # a pod on node1 (the local sink namespace)
+REPLY_WAIT = 1.5                       # seconds scapy waits for ICMP errors after sending
+# chi-square critical values at p = 1e-4 by degrees of freedom
+CHI2_CRITICAL = {1: 15.137, 2: 18.421, 3: 21.108, 4: 23.513, 5: 25.745, 6: 27.856}
+
+# the node namespace: interface -> (node address, subnet behind it, its sink's address)
+LINKS = {"gw1": ("10.244.1.1/24", "10.244.1.0/24", f"{POD_IP}/24"),
+         "gw2": ("172.31.2.1/30", "10.244.2.0/24", "172.31.2.2/30"),
+         "gw3": ("172.31.3.1/30", "10.244.3.0/24", "172.31.3.2/30")}
+NODE_ADDRESSES = {"192.168.10.11", "10.244.1.1", "172.31.2.1", "172.31.3.1", "127.0.0.1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Namespaces and commands
+
+
+def _run(*args: str, ns: str | None = None, stdin: str | None = None, check: bool = True,
+         timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _why_not_runnable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "iptables-restore", "iptables-save", "nft", "conntrack", "ipset"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    try:
+        import scapy  # noqa: F401
+    except ImportError:
+        return "scapy is not installed"
+    probe = f"tfk-probe-{uuid.uuid4().hex[:8]}"
+    made = _run("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"'ip netns add' fails here: {made.stderr.strip()}"
+    _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+@dataclass(frozen=True)
+class Lab:
+    node: str
+    client: str
+    sinks: dict                                 # interface -> sink namespace
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = _why_not_runnable()
+    if reason:
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:8]
+    lab = Lab(f"tfk-{tag}-node", f"tfk-{tag}-client",
+              {dev: f"tfk-{tag}-sink{dev[-1]}" for dev in LINKS})
+    made = []
+    try:
+        for ns in (lab.node, lab.client, *lab.sinks.values()):
+            _run("ip", "netns", "add", ns)
+            made.append(ns)
+        _build(lab)
+        yield lab
+    finally:
+        for ns in made:
+            _run("ip", "netns", "del", ns, check=False)
+
+
+def _build(lab: Lab) -> None:
+    node = [f"link add ens192 type veth peer name eth0 netns {lab.client}",
+            "addr add 192.168.10.11/24 dev ens192", "link set lo up", "link set ens192 up"]
+    for dev, (address, subnet, _) in LINKS.items():
+        node += [f"link add {dev} type veth peer name eth0 netns {lab.sinks[dev]}",
+                 f"addr add {address} dev {dev}", f"link set {dev} up"]
+    for dev, (address, subnet, sink) in LINKS.items():
+        if dev != "gw1":
+            node.append(f"route add {subnet} via {sink.split('/')[0]} dev {dev}")
+    node.append(f"route add default via {CLIENT_IP} dev ens192")   # answers reach the client
+    _run("ip", "-n", lab.node, "-batch", "-", stdin="\n".join(node) + "\n")
+    _run("ip", "-n", lab.client, "-batch", "-", stdin=(
+        f"addr add {CLIENT_IP}/24 dev eth0\nlink set lo up\nlink set eth0 up\n"
+        "route add default via 192.168.10.11\n"))
+    for dev, (address, _, sink) in LINKS.items():
+        gateway = address.split("/")[0]
+        _run("ip", "-n", lab.sinks[dev], "-batch", "-", stdin=(
+            f"addr add {sink} dev eth0\nlink set lo up\nlink set eth0 up\n"
+            f"route add default via {gateway}\n"))
+    # no ICMP redirects (the default route points back at the client) and no ICMP rate
+    # limit: both would eat the port-unreachable answers that show a REJECT
+    writes = ["net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0",
+              *(f"net.ipv4.conf.{dev}.{key}=0" for dev in ("all", "default", "ens192", *LINKS)
+                for key in ("rp_filter", "send_redirects"))]
+    _run("sysctl", "-q", "-w", *writes, ns=lab.node)
+
+
+def _route(dst: str) -> tuple[str | None, str | None]:
+    """The lab node's routing: (out interface, its address for MASQUERADE); None = local."""
+    if dst in NODE_ADDRESSES:
+        return None, None
+    addr = ipaddress.ip_address(dst)
+    for dev, (address, subnet, _) in LINKS.items():
+        if addr in ipaddress.ip_network(subnet):
+            return dev, address.split("/")[0]
+    return "ens192", "192.168.10.11"
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases
+
+
+@cache
+def cluster() -> gen.Cluster:
+    return gen.build_cluster()
+
+
+# what one packet came to: (verdict, DNAT target "ip:port" or None, masqueraded?)
+Outcome = tuple[str, str | None, bool]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    role: str                      # the scenario service (generate_kube_proxy.SCENARIOS)
+    target: str                    # "cluster" | "nodeport" | "lb" | "external"
+    count: int
+    sources: tuple[str, ...] = (CLIENT_IP,)
+    sender: str = "client"         # "client", "pod" (the local sink namespace) or "node"
+    port_index: int = 0
+    distribution: bool = False     # compare the endpoint distribution with the weights
+    # where kube-proxy's nftables rules (v1.29) do something else than its iptables rules:
+    # what the nftables-mode kernel does instead, and why
+    nftables_differs: tuple[Outcome, str] | None = None
+
+    @property
+    def service(self) -> gen.Service:
+        return gen.scenario(cluster(), self.role)
+
+    @property
+    def port(self) -> gen.Port:
+        return self.service.ports[self.port_index]
+
+    @property
+    def proto(self) -> str:
+        return self.port.protocol.lower()
+
+    @property
+    def destination(self) -> tuple[str, int]:
+        svc, port = self.service, self.port
+        return {"cluster": (svc.cluster_ip, port.port),
+                "nodeport": ("192.168.10.11", port.node_port or 0),
+                "lb": (svc.lb_ips[0] if svc.lb_ips else "", port.port),
+                "external": (svc.external_ips[0] if svc.external_ips else "", port.port)
+                }[self.target]
+
+
+SMALL = max(20, PACKETS // 5)
+# a pod of shop/checkout on node1: its own connections to the service may come back to it
+HAIRPIN_POD = next(e.ip for e in gen.scenario(cluster(), "clusterip-3-endpoints").endpoints
+                   if e.node == NODE)
+CASES = [
+    Case("clusterip-3-endpoints", "clusterip-3-endpoints", "cluster", PACKETS, distribution=True),
+    Case("clusterip-from-a-pod", "clusterip-3-endpoints", "cluster", SMALL, sources=(POD_IP,),
+         sender="pod"),
+    Case("hairpin-from-an-endpoint", "clusterip-3-endpoints", "cluster", PACKETS // 2,
+         sources=(HAIRPIN_POD,), sender="pod", distribution=True),
+    Case("udp-dns", "udp-dns", "cluster", PACKETS // 2, distribution=True),
+    Case("nodeport-5-endpoints", "nodeport", "nodeport", PACKETS, distribution=True),
+    Case("loadbalancer-ip", "loadbalancer", "lb", SMALL),
+    Case("external-ip", "external-ip", "external", SMALL),
+    Case("etp-local-nodeport-with-local-endpoint", "etp-local-with-local-endpoint", "nodeport",
+         SMALL),
+    Case("etp-local-nodeport-without-local-endpoint", "etp-local-without-local-endpoint",
+         "nodeport", 10),
+    Case("etp-local-lb-ip-without-local-endpoint", "loadbalancer-etp-local", "lb", 10),
+    Case("etp-local-lb-ip-from-a-pod", "loadbalancer-etp-local", "lb", SMALL, sources=(POD_IP,),
+         sender="pod"),
+    Case("lb-source-range-allowed", "lb-source-ranges", "lb", SMALL, sources=("203.0.113.77",)),
+    Case("lb-source-range-denied", "lb-source-ranges", "lb", 10),
+    Case("clusterip-from-the-node", "clusterip-3-endpoints", "cluster", SMALL,
+         sources=("192.168.10.11",), sender="node"),
+    Case("etp-local-nodeport-from-the-node", "loadbalancer-etp-local", "nodeport", SMALL,
+         sources=("192.168.10.11",), sender="node", nftables_differs=(
+             ("DROP", None, False),
+             ("nftables mode checks @no-endpoint-nodeports in filter-output (priority -110, "
+              "before DNAT), so the node's own connection to an ETP Local NodePort without a "
+              "local endpoint is dropped; iptables mode short-circuits it to the cluster-wide "
+              "endpoints (KUBE-EXT --src-type LOCAL). Later kube-proxy versions split "
+              "nodeport-endpoints-check out of filter-output."))),
+    Case("session-affinity", "session-affinity", "cluster", 48,
+         sources=tuple(f"192.168.10.{101 + i}" for i in range(6))),
+    Case("no-endpoints-cluster-ip", "no-endpoints", "cluster", 5),
+    Case("no-endpoints-nodeport", "nodeport-no-endpoints", "nodeport", 5),
+]
+
+
+@dataclass(frozen=True)
+class Probe:
+    case: str
+    src: str
+    dst: str
+    proto: str
+    sport: int
+    dport: int
+
+
+def probes() -> dict[str, list[Probe]]:
+    """Every case's packets: sources round-robin, a distinct source port per packet."""
+    out, sport = {}, 20000
+    for case in CASES:
+        dst, dport = case.destination
+        out[case.name] = []
+        for i in range(case.count):
+            out[case.name].append(Probe(case.name, case.sources[i % len(case.sources)], dst,
+                                        case.proto, sport, dport))
+            sport += 1
+    return out
+
+
+_SENDER = r"""
+import json, sys
+from scapy.all import ICMP, IP, TCP, UDP, conf, sr
+from scapy.supersocket import L3RawSocket
+conf.L3socket = L3RawSocket            # the kernel routes, the node namespace answers
+conf.verb = 0
+probes, wait = json.load(sys.stdin)
+packets = []
+for p in probes:
+    l4 = (TCP(sport=p["sport"], dport=p["dport"], flags="S", seq=1000) if p["proto"] == "tcp"
+          else UDP(sport=p["sport"], dport=p["dport"]) / b"traceflow")
+    packets.append(IP(src=p["src"], dst=p["dst"], ttl=64) / l4)
+answered, _ = sr(packets, timeout=wait, verbose=0)
+out = {}
+for sent, got in answered:
+    key = "%s:%d" % (sent[IP].src, sent.sport)
+    if ICMP in got:
+        out[key] = "icmp %d/%d" % (got[ICMP].type, got[ICMP].code)
+    elif TCP in got:
+        out[key] = "tcp " + str(got[TCP].flags)
+    else:
+        out[key] = "other"
+print(json.dumps(out))
+"""
+
+
+def _send(ns: str, batch: list[Probe]) -> dict[str, str]:
+    if not batch:
+        return {}
+    done = _run("python3", "-c", _SENDER, ns=ns, timeout=120,
+                stdin=json.dumps([[dataclasses.asdict(p) for p in batch], REPLY_WAIT]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_TUPLE = re.compile(r"src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)")
+
+
+def _conntrack(ns: str) -> dict[tuple, tuple]:
+    """(proto, src, sport, dst, dport) of the original direction -> the reply tuple."""
+    entries = {}
+    for line in _run("conntrack", "-L", "-o", "extended", ns=ns, check=False).stdout.splitlines():
+        fields = line.split()
+        tuples = _TUPLE.findall(line)
+        if len(fields) < 3 or len(tuples) < 2:
+            continue
+        (src, dst, sport, dport), reply = tuples[0], tuples[1]
+        entries[(fields[2], src, int(sport), dst, int(dport))] = (
+            reply[0], reply[1], int(reply[2]), int(reply[3]))
+    return entries
+
+
+def _kernel_outcome(p: Probe, entries: dict, answers: dict) -> Outcome:
+    reply = entries.get((p.proto, p.src, p.sport, p.dst, p.dport))
+    if reply is not None:
+        rsrc, rdst, rsport, _ = reply
+        dnat = None if (rsrc, rsport) == (p.dst, p.dport) else f"{rsrc}:{rsport}"
+        return "ACCEPT", dnat, rdst != p.src
+    answer = answers.get(f"{p.src}:{p.sport}")
+    if answer == "icmp 3/3":
+        return "REJECT", None, False
+    assert answer is None, f"{p}: unexpected answer {answer}"
+    return "DROP", None, False
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a mode and observing the kernel
+
+
+def _bundle_file(mode: str, name: str) -> str:
+    return (Path(gen.__file__).resolve().parent / f"kube-proxy-{mode}" / "nodes" / NODE
+            / name).read_text()
+
+
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def observed(request, lab):
+    """Load one mode's rules into the node namespace, send every case, read conntrack."""
+    mode = request.param
+    _run("nft", "flush", "ruleset", ns=lab.node)
+    _run("conntrack", "-F", ns=lab.node, check=False)
+    if mode == "iptables":
+        _run("iptables-restore", ns=lab.node, stdin=_bundle_file("iptables", "iptables-save.txt"))
+    else:
+        _run("nft", "-f", "-", ns=lab.node, stdin=_bundle_file("nftables", "nft.txt"))
+    batches = probes()
+    answers = {}
+    for sender, ns in (("client", lab.client), ("pod", lab.sinks["gw1"]), ("node", lab.node)):
+        answers.update(_send(ns, [p for c in CASES if c.sender == sender
+                                  for p in batches[c.name]]))
+    entries = _conntrack(lab.node)
+    outcomes = {name: [_kernel_outcome(p, entries, answers) for p in batch]
+                for name, batch in batches.items()}
+    yield mode, outcomes
+    _run("nft", "flush", "ruleset", ns=lab.node)
+
+
+# ---------------------------------------------------------------------------------------------
+# traceflow's prediction
+
+
+@cache
+def _iptables_ruleset():
+    return parse_iptables_save(_bundle_file("iptables", "iptables-save.txt"),
+                               f"nodes/{NODE}/iptables-save.txt")
+
+
+@cache
+def _nft_ruleset():
+    try:
+        from traceflow.netfilter.nft import parse_nft_ruleset
+    except ImportError:
+        return None
+    return parse_nft_ruleset(_bundle_file("nftables", "nft.txt"), f"nodes/{NODE}/nft.txt")
+
+
+def _engines(mode: str) -> dict:
+    """The predictions the kernel's result in ``mode`` is compared with."""
+    engines = {"iptables engine on iptables-save.txt":
+               lambda hook, pkt, ctx: evaluate_hook(_iptables_ruleset(), hook, pkt, ctx)}
+    if mode == "nftables" and _nft_ruleset() is not None:
+        engines["nft engine on nft.txt"] = (
+            lambda hook, pkt, ctx: _nft_ruleset().evaluate_hook(hook, pkt, ctx))
+    return engines
+
+
+def predict(evaluate, case: Case, src: str) -> dict[Outcome, float]:
+    """PREROUTING (OUTPUT when the node sends); then INPUT (local) or FORWARD (not for the
+    node's own packets) and POSTROUTING, per the lab's routes."""
+    dst, dport = case.destination
+    pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=6 if case.proto == "tcp" else 17,
+                 tp_src=40000, tp_dst=dport, tcp_flags="syn" if case.proto == "tcp" else None)
+    base = NodeContext(node=NODE, local_addresses=set(NODE_ADDRESSES),
+                       in_iface={"pod": "gw1", "client": "ens192"}.get(case.sender))
+    outcomes: dict[Outcome, float] = defaultdict(float)
+    local_out = case.sender == "node"
+    for pre in evaluate("OUTPUT" if local_out else "PREROUTING", pkt, base):
+        if pre.verdict != "ACCEPT":
+            outcomes[(pre.verdict, None, False)] += pre.weight
+            continue
+        after = pre.packet
+        dnat = (f"{after.nw_dst}:{after.tp_dst}" if pre.nat and pre.nat.kind == "DNAT"
+                else None)
+        out_iface, masq_ip = _route(after.nw_dst)
+        ctx = dataclasses.replace(base, ct_state=set(pre.ct_state), ct_orig=pkt,
+                                  out_iface=out_iface, masquerade_ip=masq_ip)
+        if out_iface is None:
+            for inp in evaluate("INPUT", after, ctx):
+                outcomes[(inp.verdict, dnat, False)] += pre.weight * inp.weight
+            continue
+        forwarded = ([dataclasses.replace(pre, weight=1.0)] if local_out
+                     else evaluate("FORWARD", after, ctx))
+        for fwd in forwarded:
+            if fwd.verdict != "ACCEPT":
+                outcomes[(fwd.verdict, dnat, False)] += pre.weight * fwd.weight
+                continue
+            post_ctx = dataclasses.replace(ctx, ct_state=set(fwd.ct_state))
+            for post in evaluate("POSTROUTING", fwd.packet, post_ctx):
+                masq = post.nat is not None and post.nat.kind in ("MASQUERADE", "SNAT")
+                outcomes[(post.verdict, dnat, masq)] += pre.weight * fwd.weight * post.weight
+    return dict(outcomes)
+
+
+def _unknown(outcomes: dict) -> bool:
+    return any(verdict == "UNKNOWN" for verdict, _, _ in outcomes)
+
+
+def _chi_square(counts: Counter, weights: dict) -> tuple[float, int]:
+    total = sum(counts.values())
+    stat = sum((counts.get(o, 0) - total * w) ** 2 / (total * w) for o, w in weights.items())
+    return stat, len(weights) - 1
+
+
+def _show(outcomes) -> str:
+    return ", ".join(f"{v} {d or '-'}{' masq' if m else ''}: {w:.3g}"
+                     for (v, d, m), w in sorted(outcomes.items(), key=lambda i: str(i[0])))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.role != "session-affinity"],
+                         ids=lambda c: c.name)
+def test_kernel_nat_matches_traceflow(observed, case):
+    mode, outcomes = observed
+    kernel = Counter(outcomes[case.name])
+    assert sum(kernel.values()) == case.count
+    engines = _engines(mode)
+    if mode == "nftables" and case.nftables_differs:
+        outcome, why = case.nftables_differs
+        assert set(kernel) == {outcome}, f"expected {outcome} in nftables mode: {why}"
+        iptables_view = predict(engines.pop("iptables engine on iptables-save.txt"), case,
+                                case.sources[0])
+        assert outcome not in iptables_view, "the documented divergence is gone"
+    for engine, evaluate in engines.items():
+        predicted = predict(evaluate, case, case.sources[0])
+        assert not _unknown(predicted), f"{engine}: {_show(predicted)}"
+        assert abs(sum(predicted.values()) - 1.0) < 1e-9, f"{engine}: {_show(predicted)}"
+        possible = {o for o, w in predicted.items() if w > 0}
+        strays = {o: n for o, n in kernel.items() if o not in possible}
+        assert not strays, (f"{mode} kernel did {strays}, which {engine} does not predict "
+                            f"({_show(predicted)})")
+        if case.distribution and len(possible) > 1:
+            stat, df = _chi_square(kernel, predicted)
+            assert stat < CHI2_CRITICAL[df], (
+                f"{mode} kernel distribution {dict(kernel)} does not fit {engine}'s weights "
+                f"{_show(predicted)} (chi-square {stat:.1f}, df {df})")
+        if case.count >= 20 and len(possible) > 1:
+            assert len(kernel) > 1, f"all {case.count} packets took one of {len(possible)} paths"
+
+
+def test_kernel_session_affinity_matches_traceflow(observed):
+    """Each client sticks to the endpoint of its first connection; traceflow must say which
+    endpoints a first connection can take (its later ones are decided by the recent list)."""
+    mode, outcomes = observed
+    case = next(c for c in CASES if c.role == "session-affinity")
+    by_source: dict[str, set] = defaultdict(set)
+    for probe, outcome in zip(probes()[case.name], outcomes[case.name]):
+        by_source[probe.src].add(outcome)
+    endpoints = {f"{e.ip}:{case.port.target_port}" for e in case.service.endpoints}
+    for src, seen in by_source.items():
+        assert len(seen) == 1, f"{mode}: client {src} was sent to {seen}: no affinity"
+        verdict, dnat, masq = next(iter(seen))
+        assert verdict == "ACCEPT" and dnat in endpoints and masq
+    gaps = []
+    for engine, evaluate in _engines(mode).items():
+        predicted = predict(evaluate, case, case.sources[0])
+        if _unknown(predicted):
+            gaps.append(engine)
+            continue
+        possible = {o for o, w in predicted.items() if w > 0}
+        assert {o for seen in by_source.values() for o in seen} <= possible, _show(predicted)
+        assert {d for _, d, _ in possible} == endpoints, _show(predicted)
+    if gaps:
+        pytest.xfail(f"engine gap: {', '.join(gaps)} cannot decide session affinity "
+                     "(`-m recent --rcheck` is not modelled); the kernel's stickiness was checked")
+
+
+def test_kernel_prints_the_generated_rules_back(lab):
+    """iptables-save / nft list of what was loaded equals the bundle files (modulo counters,
+    timestamps and hash order): the generator writes what the tools print."""
+    _run("nft", "flush", "ruleset", ns=lab.node)
+    text = _bundle_file("iptables", "iptables-save.txt")
+    _run("iptables-restore", ns=lab.node, stdin=text)
+    printed = _run("iptables-save", ns=lab.node).stdout
+    assert _normalise_save(printed) == _normalise_save(text)
+    _run("nft", "flush", "ruleset", ns=lab.node)
+    text = _bundle_file("nftables", "nft.txt")
+    _run("nft", "-f", "-", ns=lab.node, stdin=text)
+    printed = _run("nft", "list", "table", "ip", "kube-proxy", ns=lab.node).stdout
+    assert _normalise_nft(printed) == _normalise_nft(text)
+    _run("nft", "flush", "ruleset", ns=lab.node)
+
+
+def test_ipvs_mode_iptables_rules_and_ipsets_load():
+    """IPVS mode's ipset.txt and iptables-save.txt load and print back unchanged. The IPVS
+    virtual servers themselves need the ip_vs module: see test_ipvs_virtual_servers."""
+    reason = _why_not_runnable()
+    if reason:
+        pytest.skip(reason)
+    ns = f"tfk-{uuid.uuid4().hex[:8]}-ipvs"
+    _run("ip", "netns", "add", ns)
+    try:
+        sets = _bundle_file("ipvs", "ipset.txt")
+        _run("ipset", "restore", ns=ns, stdin=_ipset_restore(sets))
+        text = _bundle_file("ipvs", "iptables-save.txt")
+        _run("iptables-restore", ns=ns, stdin=text)
+        assert _normalise_save(_run("iptables-save", ns=ns).stdout) == _normalise_save(text)
+        assert _normalise_ipset(_run("ipset", "list", ns=ns).stdout) == _normalise_ipset(sets)
+    finally:
+        _run("ip", "netns", "del", ns, check=False)
+
+
+def test_ipvs_virtual_servers():
+    reason = _why_not_runnable()
+    if reason:
+        pytest.skip(reason)
+    if shutil.which("ipvsadm") is None:
+        pytest.skip("ipvsadm is not installed")
+    ns = f"tfk-{uuid.uuid4().hex[:8]}-ipvs"
+    _run("ip", "netns", "add", ns)
+    try:
+        done = _run("ipvsadm", "-Ln", ns=ns, check=False)
+        if done.returncode != 0:
+            pytest.skip("IPVS cannot run in this kernel, so the IPVS bundle is not loaded: "
+                        f"`ipvsadm -Ln` says {done.stderr.strip()!r}")
+        pytest.skip("ipvsadm works here, but loading IPVS virtual servers is not written yet")
+    finally:
+        _run("ip", "netns", "del", ns, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalising tool output for comparison
+
+
+def _normalise_save(text: str) -> list[str]:
+    return [re.sub(r"\[\d+:\d+\]", "[0:0]", line) for line in text.splitlines()
+            if not line.startswith("#")]
+
+
+def _normalise_nft(text: str) -> list[str]:
+    """One line per map element (the kernel lists them in hash order), sorted within a map."""
+    out, elements = [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("elements = {"):
+            elements, stripped = [], stripped[len("elements = {"):]
+        if elements is not None:
+            done = stripped.endswith("}")
+            elements += [e.strip() for e in stripped.rstrip("}").split(",") if e.strip()]
+            if done:
+                out += sorted(elements)
+                elements = None
+            continue
+        out.append(stripped)
+    return out
+
+
+def _normalise_ipset(text: str) -> list[str]:
+    """Sets in order, members sorted; without the per-boot hash seed and the memory size."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        head, _, members = block.partition("Members:")
+        head = re.sub(r" initval 0x[0-9a-f]+|Size in memory: \d+\n", "", head)
+        out.append(head + "Members:" + "\n".join(sorted(members.split())))
+    return out
+
+
+def _ipset_restore(text: str) -> str:
+    """`ipset list` output -> `ipset restore` input (create with the same header, add each)."""
+    lines = []
+    for block in text.strip().split("\n\n"):
+        fields, members = {}, []
+        in_members = False
+        for line in block.splitlines():
+            if in_members:
+                members.append(line)
+            elif line == "Members:":
+                in_members = True
+            else:
+                key, _, value = line.partition(": ")
+                fields[key] = value
+        header = re.sub(r" bucketsize \d+| initval 0x[0-9a-f]+", "", fields["Header"])
+        lines.append(f"create {fields['Name']} {fields['Type']} {header}")
+        lines += [f"add {fields['Name']} {m}" for m in members]
+    return "\n".join(lines) + "\n"
