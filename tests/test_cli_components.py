@@ -95,3 +95,23 @@ def test_help_is_fast_and_imports_nothing_heavy():
 def test_version():
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("traceflow ")
+
+
+def test_route_get_honours_rp_filter_from_sysctl_txt(tmp_path):
+    import shutil
+    bundle = tmp_path / "b"
+    shutil.copytree(example_path(), bundle)
+    args = ["route-get", "worker1", "10.222.1.48", "--from", "10.99.0.5", "--iif", "antrea-gw0",
+            "--bundle", str(bundle), "-o", "json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0                       # no sysctls: rp_filter off, forwarded
+    (bundle / "nodes/worker1/sysctl.txt").write_text(
+        "net.ipv4.conf.all.rp_filter = 1\nnet.ipv4.conf.antrea-gw0.rp_filter = 0\n"
+        "net.ipv4.conf.antrea-gw0.forwarding = 1\nnet.ipv4.ip_forward = 1\n")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1
+    drop = json.loads(r.stdout)["paths"][0]["drop"]
+    assert "10.99.0.5" in drop["reason"] and "rp_filter" in drop["reason"]
+    (bundle / "nodes/worker1/sysctl.txt").write_text("this is not sysctl output\n")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "sysctl.txt" in r.stderr and "line 1" in r.stderr

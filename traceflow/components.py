@@ -151,7 +151,8 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
     dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
-                       local_addresses=model.local_addresses, interfaces=model.interfaces or None)
+                       local_addresses=model.local_addresses, interfaces=model.interfaces or None,
+                       sysctls=model.sysctls)
     route = dec.route
     hop = Hop(node, "route", dec.table, route.text if route is not None else None, dec.reason,
               source=route.source if route is not None else None, notes=list(dec.steps))

@@ -135,6 +135,15 @@ class NodeModel:
         return parse_ip_neigh(*got) if got else None
 
     @cached_property
+    def sysctls(self):
+        """Per-device routing sysctls (rp_filter, forwarding ...) when the bundle has them."""
+        got = self._file("sysctl.txt")
+        if got is None:
+            return None
+        from traceflow.routing.sysctl import parse_sysctls
+        return parse_sysctls(*got)
+
+    @cached_property
     def interfaces(self):
         from traceflow.routing.parse import parse_ip_addr
         got = self._file("ip-addr.txt")

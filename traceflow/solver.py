@@ -517,7 +517,7 @@ class Solver:
         dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst,
                            src=pkt.nw_src if use_src else None, iif=iif,
                            mark=pkt.mark, local_addresses=node.local_addresses,
-                           interfaces=node.interfaces or None)
+                           interfaces=node.interfaces or None, sysctls=node.sysctls)
         route = dec.route
         b.add(Hop(node_name, "route", dec.table, route.text if route is not None else None,
                   dec.reason, source=route.source if route is not None else None,
