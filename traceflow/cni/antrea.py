@@ -4,6 +4,19 @@ Meanings changed across Antrea versions (the "output port found" bit moved from 
 reg0[8] to reg0[21..22]), so a meaning is attached only when the bundle's ``cni_version``
 is one whose layout is known; otherwise the note says "unknown meaning" instead of guessing.
 Matching itself never depends on this module: values and masks are matched literally.
+
+Layouts vouched for, and the sources they come from:
+
+- ``legacy`` (v0.x): docs/design/ovs-pipeline.md of that time (seed 001) and the seed walk.
+- ``proxy`` (v1.4.x): the AntreaProxy pipeline doc (seed 003, written for proxyAll in v1.4)
+  and pkg/agent/openflow/pipeline.go + fields.go of v1.4 (ct_mark 0x20/0x21/0x22 values).
+- ``named`` (v1.15 - v2.7): the "OVS Registers and Conntrack" tables of
+  docs/design/ovs-pipeline.md, which states it describes v1.15 and ships unchanged in the
+  v2.5.0 - v2.7.0 tags. Table numbers are not fixed in this layout (Antrea numbers the tables
+  of the enabled features), so names come from the bundle's ovs-tables.txt.
+
+Any other version (v1.0 - v1.3, v1.5 - v1.14, v2.8+) gets table names from ovs-tables.txt
+only and "unknown meaning" for registers and marks.
 """
 
 from __future__ import annotations
@@ -11,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Port
 from traceflow.ovs.flows import Flow
 from traceflow.ovs.pipeline import Annotator
@@ -25,25 +39,108 @@ LEGACY_TABLES = {
     85: "AntreaPolicyIngressRule", 90: "IngressRule", 100: "IngressDefaultRule",
     105: "ConntrackCommit", 110: "L2ForwardingOut",
 }
-# The numbered pipeline with AntreaProxy (seed 003), v1.0 - v1.5.
+# The numbered pipeline with AntreaProxy (seed 003; table ids of pipeline.go v1.4, named as
+# the doc names them), v1.4.
 PROXY_TABLES = {
-    0: "Classifier", 5: "Uplink", 10: "SpoofGuard", 20: "ARPResponder", 23: "ServiceHairpin",
-    24: "ServiceConntrack", 29: "ServiceMark?", 30: "ConntrackZone", 31: "ConntrackState",
+    0: "Classifier", 5: "Uplink", 10: "SpoofGuard", 20: "ARPResponder", 21: "IPv6",
+    23: "ServiceHairpin", 24: "ServiceConntrack", 30: "ConntrackZone", 31: "ConntrackState",
     35: "ServiceClassifier", 40: "SessionAffinity", 41: "ServiceLB", 42: "EndpointDNAT",
     45: "AntreaPolicyEgressRule", 50: "EgressRule", 60: "EgressDefaultRule",
-    61: "EgressMetric", 70: "L3Forwarding", 71: "SNATConntrack?", 72: "L3DecTTL",
+    61: "EgressMetric", 70: "L3Forwarding", 71: "SNAT", 72: "L3DecTTL",
     80: "L2ForwardingCalc", 85: "AntreaPolicyIngressRule", 90: "IngressRule",
     100: "IngressDefaultRule", 101: "IngressMetric", 105: "ConntrackCommit",
     106: "ServiceConntrackCommit", 108: "HairpinSNAT", 110: "L2ForwardingOut",
 }
-PROXY_TABLES = {k: v for k, v in PROXY_TABLES.items() if not v.endswith("?")}
 
 _LEGACY_SOURCE = {0: "from the tunnel (another Node)", 1: "from the local gateway (antrea-gw0)",
                   2: "from a local Pod"}
 _LEGACY_CT_MARK = {0x20: "connection entered via the gateway (antrea-gw0): replies must go "
                          "back through it"}
 _PROXY_CT_MARK = {0x20: "connection entered via the gateway (antrea-gw0)",
-                  0x21: "Service connection DNAT-ed in OVS (AntreaProxy)"}
+                  0x21: "Service connection DNAT-ed in OVS (AntreaProxy)",
+                  0x22: "connection entered via the bridge's local port (AntreaIPAM)"}
+# v1.4 register bits beyond the legacy ones (fields.go of v1.4)
+_PROXY_BITS = {
+    ("reg0", 18, 18): {1: "hairpin: output with IN_PORT (same port in and out)"},
+    ("reg0", 20, 20): {1: "denied by an Antrea-native policy rule (drop/reject)"},
+    ("reg0", 21, 22): {0: "Antrea policy disposition: allow", 1: "Antrea policy disposition: drop",
+                       2: "Antrea policy disposition: reject"},
+    ("reg4", 19, 19): {1: "Service: destination is a NodePort address"},
+    ("reg4", 20, 20): {1: "Service (NodePort/LoadBalancer from the gateway): needs SNAT"},
+}
+
+# The named pipeline, v1.15 - v2.7: register and mark bits (docs/design/ovs-pipeline.md,
+# "OVS Registers and Conntrack"). (field, first bit, last bit) -> {value: meaning}, or None for
+# a field whose value is a number (a port, an IP, a rule id) explained by _named_number.
+_NAMED_SOURCE = {1: "from the tunnel (another Node)", 2: "from the local gateway (antrea-gw0)",
+                 3: "from a local Pod", 4: "from the uplink", 5: "from the bridge's local port",
+                 6: "from a TrafficControl return port"}
+_NAMED_DEST = {1: "to the tunnel", 2: "to the local gateway (antrea-gw0)", 3: "to a local Pod",
+               4: "to the uplink", 5: "to the bridge's local port"}
+_NAMED_BITS = {
+    ("reg0", 0, 3): _NAMED_SOURCE,
+    ("reg0", 4, 7): _NAMED_DEST,
+    ("reg0", 9, 9): {0: "MACs need not be rewritten", 1: "MACs must be rewritten (routed packet)"},
+    ("reg0", 10, 10): {1: "denied by an Antrea-native policy rule (drop/reject)"},
+    ("reg0", 11, 12): {0: "Antrea policy disposition: allow", 1: "Antrea policy disposition: drop",
+                       3: "Antrea policy disposition: pass"},
+    ("reg0", 13, 13): {1: "a reject response generated by the agent (packet-out)"},
+    ("reg0", 14, 14): {1: "Service without Endpoints (SvcNoEpRegMark): sent to the agent"},
+    ("reg0", 19, 19): {1: "needs SNAT on a remote Node (Egress)"},
+    ("reg0", 21, 22): {1: "output port found: output to the OVS port in reg1 (OutputToOFPortRegMark)",
+                       2: "send to the agent (OutputToControllerRegMark)"},
+    ("reg1", 0, 31): None,
+    ("reg3", 0, 31): None,
+    ("reg4", 0, 15): None,
+    ("reg4", 16, 18): {1: "Service: needs endpoint selection", 2: "Service: endpoint selected",
+                       3: "Service: endpoint selected, cache it (session affinity)"},
+    ("reg4", 19, 19): {1: "Service: destination is a NodePort address"},
+    ("reg4", 20, 20): {0: "not from a local AntreaIPAM Pod", 1: "from a local AntreaIPAM Pod"},
+    ("reg4", 21, 21): {1: "Service: destination is an external IP"},
+    ("reg4", 22, 23): {1: "TrafficControl: mirror", 2: "TrafficControl: redirect"},
+    ("reg4", 24, 24): {1: "nested Service (Endpoints are Services)"},
+    ("reg4", 25, 25): {0: "Service in non-DSR mode", 1: "Service in DSR mode"},
+    ("reg4", 26, 26): {1: "Service: the selected Endpoint is a remote (non-hostNetwork) Pod"},
+    ("reg4", 27, 27): {1: "from the gateway with a source IP other than the gateway's (external)"},
+    ("reg4", 28, 28): {1: "from a local Pod or the Node itself (FromLocalRegMark)"},
+    ("reg5", 0, 31): None,
+    ("reg6", 0, 31): None,
+    ("reg7", 0, 31): None,
+    ("reg9", 0, 31): None,
+    # ConntrackCommit copies reg0[0..3] (the packet source) here; 2 and 5 are the named marks
+    ("ct_mark", 0, 3): {**{k: f"connection source: {v.removeprefix('from ')}"
+                           for k, v in _NAMED_SOURCE.items()},
+                        2: "connection source: the local gateway (FromGatewayCTMark)",
+                        5: "connection source: the bridge's local port (FromBridgeCTMark)"},
+    ("ct_mark", 4, 4): {0: "not a Service connection", 1: "Service connection (ServiceCTMark)"},
+    ("ct_mark", 5, 5): {1: "Service connection SNAT-ed (ConnSNATCTMark)"},
+    ("ct_mark", 6, 6): {1: "hairpin connection (HairpinCTMark)"},
+    ("ct_mark", 7, 7): {1: "redirect to the L7 engine (L7NPRedirectCTMark)"},
+    ("ct_label", 0, 31): None,
+    ("ct_label", 32, 63): None,
+}
+
+
+def _named_number(field: str, start: int, value: int, ports: dict) -> str:
+    if field == "reg1":
+        port = ports.get(value)
+        return f"output port {value}" + (f" {port.name}" if port else " (no such port)")
+    if field == "reg3":
+        return f"selected Service endpoint IP {ipaddress.IPv4Address(value)}"
+    if field == "reg4":
+        return f"selected Service endpoint port {value}"
+    if field == "reg5":
+        return f"egress NetworkPolicy rule (conjunction id) that allowed the packet = {value}"
+    if field == "reg6":
+        return f"ingress NetworkPolicy rule (conjunction id) that allowed the packet = {value}"
+    if field == "reg7":
+        return f"Service group id {value}"
+    if field == "reg9":
+        return f"TrafficControl target port {value}"
+    if field == "ct_label":
+        return (f"{'egress' if start == 32 else 'ingress'} NetworkPolicy rule id {value} "
+                "(allowed the connection)")
+    return str(value)
 _POLICY_CONJ = {"reg5": "egress NetworkPolicy rule (conjunction id) that allowed the packet",
                 "reg6": "ingress NetworkPolicy rule (conjunction id) that allowed the packet"}
 
@@ -75,9 +172,11 @@ class AntreaAnnotator(Annotator):
             return "unknown"
         if self.version < (1, 0):
             return "legacy"
-        if self.version < (1, 6):
+        if (1, 4) <= self.version < (1, 5):
             return "proxy"
-        return "named"
+        if (1, 15) <= self.version < (2, 8):
+            return "named"
+        return "unvouched"
 
     # ---- Annotator interface ------------------------------------------------------------
     def table_name(self, table: int) -> str | None:
@@ -114,7 +213,12 @@ class AntreaAnnotator(Annotator):
             port = self.ports.get(value)
             return f"output port {value}" + (f" {port.name}" if port else " (no such port)")
         if layout == "unknown":
-            return "meaning unknown (Antrea version not given in manifest.yaml)"
+            return "unknown meaning (Antrea version not given in manifest.yaml)"
+        if layout == "unvouched":
+            return (f"unknown meaning for Antrea v{self.version[0]}.{self.version[1]} (register "
+                    "layouts known: v0.x, v1.4, v1.15 - v2.7)")
+        if layout == "named":
+            return self._named_meaning(field, start, end, value)
         if layout in ("legacy", "proxy"):
             if field == "reg0" and (start, end) in ((0, 15), (0, 3)):
                 return _LEGACY_SOURCE.get(value, "unknown traffic source")
@@ -132,6 +236,9 @@ class AntreaAnnotator(Annotator):
                 table = _LEGACY_CT_MARK if layout == "legacy" else _PROXY_CT_MARK
                 return table.get(value, "unknown ct_mark meaning")
             if layout == "proxy":
+                bits = _PROXY_BITS.get((field, start, end))
+                if bits is not None and value in bits:
+                    return bits[value]
                 if field == "reg3" and start == 0 and end == 31:
                     return f"selected Service endpoint IP {ipaddress.IPv4Address(value)}"
                 if field == "reg4" and (start, end) == (0, 15):
@@ -144,6 +251,15 @@ class AntreaAnnotator(Annotator):
             return "unknown meaning for this Antrea version"
         return "meaning not mapped for this Antrea version"
 
+    def _named_meaning(self, field: str, start: int, end: int, value: int) -> str:
+        key = (field, start, end)
+        if key not in _NAMED_BITS:
+            return "unknown meaning for this Antrea version"
+        meanings = _NAMED_BITS[key]
+        if meanings is None:
+            return _named_number(field, start, value, self.ports)
+        return meanings.get(value, "unknown value for this Antrea version")
+
     def describe_mac(self, value: int) -> str | None:
         raw = f"{value:012x}"
         mac = ":".join(raw[i:i + 2] for i in range(0, 12, 2))
@@ -153,6 +269,16 @@ class AntreaAnnotator(Annotator):
     def describe_match(self, flow: Flow) -> list[str]:
         notes = []
         for m in flow.matches:
+            if self.layout == "named" and m.field.name.startswith(("reg", "ct_mark")) \
+                    and m.value is not None and m.mask and m.mask != F.full_mask(m.field):
+                low = (m.mask & -m.mask).bit_length() - 1
+                high = m.mask.bit_length() - 1
+                if m.mask == ((1 << (high + 1)) - 1) ^ ((1 << low) - 1):   # one contiguous range
+                    bits = _NAMED_BITS.get((m.field.name, low, high))
+                    meaning = bits.get(m.value >> low) if bits else None
+                    if meaning:
+                        notes.append(f"{m.text}: {meaning}")
+                continue
             if m.field.name == "ct_mark" and self.layout in ("legacy", "proxy"):
                 table = _LEGACY_CT_MARK if self.layout == "legacy" else _PROXY_CT_MARK
                 meaning = table.get(m.value)
@@ -185,7 +311,9 @@ def pod_ports(flow_text: str) -> dict[str, tuple[str, str | None]]:
         if "nw_src=" not in line or "in_port=" not in line or ",ip," not in line.replace(" ", ","):
             continue
         m = _SPOOFGUARD_IP.search(line)
-        if m:
+        # a SpoofGuard flow always pins the Pod's MAC too; v2's Classifier flow
+        # `ip,in_port="antrea-gw0",nw_src=<gateway IP>` has no dl_src and is not a Pod
+        if m and m.group(2):
             out[m.group(3)] = (m.group(1), m.group(2))
     return out
 

@@ -175,6 +175,11 @@ class _Runner:
         self.visits = 0
         self.recirc: list[tuple[int | str, dict]] = []
         self.stage = 0
+        # zone -> the connection this packet is already associated with in that zone: after
+        # ct(nat) or ct(commit,nat(...)) the packet keeps its connection across recirculations
+        # (skb->_nfct / packet md.conn), so a later ct() in the same zone finds it even though
+        # the NAT-ed headers no longer equal either of the connection's tuples.
+        self.ct_assoc: dict = {}
         self.finals: list[dict] = []
 
     # ---- driver ---------------------------------------------------------------------
@@ -507,6 +512,10 @@ class _Runner:
         tracked = dict(state)
         tup = _tuple(tracked)
         entry, is_reply = self.ct.lookup(zone, tup)
+        if entry is None and zone in self.ct_assoc:
+            cached, cached_reply = self.ct_assoc[zone]
+            if tup in (reverse_tuple(cached.reply), reverse_tuple(cached.orig)):
+                entry, is_reply = cached, cached_reply
         bits = F.CT_STATE_BITS
         if entry is None:
             ct_state = bits["trk"] | bits["new"]
@@ -559,6 +568,8 @@ class _Runner:
             entry.mark, entry.label = self._ct_exec(act, entry.mark, entry.label, hit, depth,
                                                     phrases, state)
             mark, label = entry.mark, entry.label
+        if entry is not None:
+            self.ct_assoc[zone] = (entry, is_reply)
         tracked.update(ct_state=ct_state, ct_zone=zone, ct_mark=mark, ct_label=label)
         return tracked, phrases
 
