@@ -47,18 +47,32 @@ class Bundle:
             for f in sorted(path.rglob("*")):
                 if f.is_file():
                     files[f.relative_to(path).as_posix()] = f.read_bytes()
-            return cls(files, str(path))
+            return cls._from_files(files, str(path))
         if path.is_file() and tarfile.is_tarfile(path):
-            return cls(_read_tar(path.read_bytes()), str(path))
+            return cls._from_files(_read_tar(path.read_bytes()), str(path))
         if not path.exists():
             raise InputError("bundle not found", str(path))
         raise InputError("a bundle is a folder or a .tar.gz of one", str(path))
+
+    @classmethod
+    def _from_files(cls, files: dict[str, bytes], origin: str) -> "Bundle":
+        """An Antrea support bundle (no manifest.yaml, agent_<node>.tar.gz inside) is mapped
+        onto the bundle layout in memory; anything else is read as it is."""
+        if "manifest.yaml" not in files:
+            from collectors import supportbundle
+            if supportbundle.detect(files, origin):
+                files = supportbundle.to_bundle_files(files, origin)
+        return cls(files, origin)
 
     def names(self) -> list[str]:
         return sorted(self._files)
 
     def has(self, name: str) -> bool:
         return name in self._files
+
+    def raw(self, name: str) -> bytes | None:
+        """A file's bytes, as stored (for writing the bundle back out)."""
+        return self._files.get(name)
 
     def text(self, name: str) -> str | None:
         data = self._files.get(name)

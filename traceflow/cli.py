@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from traceflow import __version__
-from traceflow.errors import ExitCode, InputError
+from traceflow.errors import CollectionError, ExitCode, InputError
 
 app = typer.Typer(
     name="traceflow",
@@ -52,6 +52,25 @@ EndpointOpt = typer.Option(None, "--endpoint", help="Keep only the paths ending 
                                                     "(pod name, namespace/pod or IP).")
 WidthOpt = typer.Option(None, "--width", help="Terminal width for the table output.")
 
+LIVE = "Live collection"
+ContextOpt = typer.Option(None, "--context", help="Kubeconfig context to collect from.",
+                          rich_help_panel=LIVE)
+KubeconfigOpt = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, "
+                             "~/.kube/config, else the in-cluster service account).",
+                             rich_help_panel=LIVE)
+SaveBundleOpt = typer.Option(None, "--save-bundle", help="Also write the collected bundle there "
+                             "(a folder, or a .tar.gz).", rich_help_panel=LIVE)
+TimeoutOpt = typer.Option(60.0, "--timeout", help="Time limit per node, in seconds.",
+                          rich_help_panel=LIVE)
+DeadlineOpt = typer.Option(300.0, "--deadline", help="Time limit for the whole collection, in "
+                           "seconds.", rich_help_panel=LIVE)
+SshConfigOpt = typer.Option(None, "--ssh-config", help="Config file with an ssh: section "
+                            "(default: ~/.config/traceflow/config.yaml).", rich_help_panel=LIVE)
+InsecureHostKeysOpt = typer.Option(False, "--insecure-accept-host-keys",
+                                   help="Accept unknown SSH host keys, with a warning, instead of "
+                                        "refusing them. A changed key is still refused.",
+                                   rich_help_panel=LIVE)
+
 
 def example_path() -> Path:
     """The bundled example, inside the installed package."""
@@ -65,13 +84,58 @@ def _fail(err: Exception, code: ExitCode = ExitCode.BAD_INPUT) -> None:
 
 def _open_snapshot(bundle: Optional[Path]):
     from collectors.bundle import Bundle
-    from traceflow.snapshot import Snapshot, check_supported
     if bundle is None:
-        raise InputError("no --bundle given: live collection from a cluster is not available "
-                         "in this version; pass --bundle PATH (try `traceflow demo`)", "--bundle")
-    snap = Snapshot(Bundle.open(bundle))
+        raise InputError("no --bundle given: pass --bundle PATH (collect one from a cluster with "
+                         "`traceflow collect -o bundle.tar.gz`; try `traceflow demo`)", "--bundle")
+    return _snapshot(Bundle.open(bundle))
+
+
+def _snapshot(bundle):
+    from traceflow.snapshot import Snapshot, check_supported
+    snap = Snapshot(bundle)
     check_supported(snap)
     return snap
+
+
+class _Live:
+    """Live-collection settings of a trace command, and what the collection reported."""
+
+    def __init__(self, context, kubeconfig, save_bundle, timeout, deadline, ssh_config,
+                 insecure):
+        self.context, self.kubeconfig, self.save_bundle = context, kubeconfig, save_bundle
+        self.timeout, self.deadline = timeout, deadline
+        self.ssh_config, self.insecure = ssh_config, insecure
+        self.errors: list = []
+
+    def collect(self, kind: str, source: str, destination: str, namespace: str,
+                port: Optional[str]):
+        """Collect the nodes this query touches: (snapshot, source ref, destination ref)."""
+        from collectors.live import CollectOptions, collect, write_bundle
+        bundle = collect(CollectOptions(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
+            namespace=namespace, kind=kind, source=source, destination=destination, port=port,
+            ssh_config=str(self.ssh_config) if self.ssh_config else None,
+            insecure_accept_host_keys=self.insecure, timeout=self.timeout,
+            deadline=self.deadline))
+        if self.save_bundle is not None:
+            write_bundle(bundle, self.save_bundle)
+            typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
+        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        q = bundle.manifest["query"]
+        return _snapshot(bundle), q["source"], q["destination"]
+
+
+def _collection_summary(errors: list) -> str:
+    nodes = sorted({e["node"] for e in errors if "file" not in e})
+    files = [e["file"] for e in errors if "file" in e]
+    parts = []
+    if nodes:
+        parts.append(f"node(s) {', '.join(nodes)} could not be collected")
+    if files:
+        parts.append(f"{len(files)} needed file(s) missing ({', '.join(files[:4])}"
+                     + (", ..." if len(files) > 4 else "") + ")")
+    return "collection failed: " + "; ".join(parts) + " (details above; the trace went as " \
+        "far as the collected state allows)"
 
 
 def _emit(trace, output: Output, width: Optional[int]) -> None:
@@ -86,8 +150,11 @@ def _emit(trace, output: Output, width: Optional[int]) -> None:
         render_table(trace, make_console(width=width))
 
 
-def _exit_for(trace) -> None:
+def _exit_for(trace, live: "_Live | None" = None) -> None:
     from traceflow.trace import Verdict
+    if live is not None and live.errors:
+        typer.echo(f"traceflow: error: {_collection_summary(live.errors)}", err=True)
+        raise typer.Exit(int(ExitCode.COLLECTION))
     raise typer.Exit(int(ExitCode.OK if trace.verdict == Verdict.DELIVERED
                          else ExitCode.NOT_DELIVERED))
 
@@ -98,6 +165,8 @@ def _run(build):
         return build()
     except InputError as err:
         _fail(err)
+    except CollectionError as err:
+        _fail(err, ExitCode.COLLECTION)
     except (OSError, ValueError) as err:  # unreadable files, bad values from the user
         _fail(err)
 
@@ -120,7 +189,8 @@ def _service_port(svc, port: Optional[str]):
 
 @app.command("pod-to-svc")
 def pod_to_svc(
-    source: str = typer.Argument(..., help="Client pod (name or namespace/name)."),
+    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
+                                           "deploy/NAME)."),
     service: str = typer.Argument(..., help="Service (name or namespace/name)."),
     namespace: str = NamespaceOpt,
     port: Optional[str] = typer.Option(None, "--port", "-p", help="Service port (number or name)."),
@@ -132,13 +202,29 @@ def pod_to_svc(
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
 ):
-    """Trace a pod's connection to a Service: every load-balancer branch, request and reply."""
+    """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
+
+    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys)
+
     def build():
         from traceflow.solver import Query, Solver
-        snap = _open_snapshot(bundle)
-        pod = snap.cluster.pod(source, namespace)
-        svc = snap.cluster.service(service, namespace)
+        src_ref, svc_ref = source, service
+        if live is not None:
+            snap, src_ref, svc_ref = live.collect("pod-to-svc", source, service, namespace, port)
+        else:
+            snap = _open_snapshot(bundle)
+        pod = snap.cluster.pod(src_ref, namespace)
+        svc = snap.cluster.service(svc_ref, namespace)
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
         sp = _service_port(svc, port)
@@ -149,12 +235,13 @@ def pod_to_svc(
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width)
-    _exit_for(trace)
+    _exit_for(trace, live)
 
 
 @app.command("pod-to-pod")
 def pod_to_pod(
-    source: str = typer.Argument(..., help="Client pod (name or namespace/name)."),
+    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
+                                           "deploy/NAME)."),
     destination: str = typer.Argument(..., help="Server pod (name or namespace/name)."),
     namespace: str = NamespaceOpt,
     port: int = typer.Option(80, "--port", "-p", help="Destination port."),
@@ -164,13 +251,30 @@ def pod_to_pod(
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
 ):
-    """Trace a connection from one pod to another pod's IP, request and reply."""
+    """Trace a connection from one pod to another pod's IP, request and reply.
+
+    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys)
+
     def build():
         from traceflow.solver import Query, Solver
-        snap = _open_snapshot(bundle)
-        src = snap.cluster.pod(source, namespace)
-        dst = snap.cluster.pod(destination, namespace)
+        src_ref, dst_ref = source, destination
+        if live is not None:
+            snap, src_ref, dst_ref = live.collect("pod-to-pod", source, destination, namespace,
+                                                  None)
+        else:
+            snap = _open_snapshot(bundle)
+        src = snap.cluster.pod(src_ref, namespace)
+        dst = snap.cluster.pod(dst_ref, namespace)
         _check_pod(src)
         _check_pod(dst)
         q = Query("pod-to-pod", src, dst.ip, port, protocol.value.upper(), src_port, dst.key,
@@ -178,7 +282,7 @@ def pod_to_pod(
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width)
-    _exit_for(trace)
+    _exit_for(trace, live)
 
 
 def _check_pod(pod) -> None:
@@ -197,7 +301,71 @@ def demo(
 ):
     """Trace `frontend -> backendsvc` on the bundled example (no cluster needed)."""
     pod_to_svc("frontend", "backendsvc", "default", None, None, 54321, None, False,
-               example_path(), output, width)
+               example_path(), output, width, None, None, None, 60.0, 300.0, None, False)
+
+
+class Via(str, enum.Enum):
+    auto = "auto"
+    exec = "exec"
+    ssh = "ssh"
+
+
+@app.command("collect")
+def collect_cmd(
+    source: Optional[str] = typer.Argument(None, help="Client pod of the trace to prepare for "
+                                                      "(name, namespace/name, deploy/NAME)."),
+    destination: Optional[str] = typer.Argument(None, help="Its destination: svc/NAME, "
+                                                           "pod/NAME, or a name."),
+    out: Path = typer.Option(..., "--output", "-o", help="Where to write the bundle: a folder, "
+                                                         "or a .tar.gz."),
+    namespace: str = NamespaceOpt,
+    selector: Optional[str] = typer.Option(None, "--selector", "-l",
+                                           help="Pick the client pod by label instead."),
+    port: Optional[str] = typer.Option(None, "--port", "-p",
+                                       help="Service port (number or name), checked now."),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="Also collect these nodes "
+                                                              "(comma-separated)."),
+    all_nodes: bool = typer.Option(False, "--all-nodes", help="Collect every node, not only "
+                                                              "those the trace can touch."),
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    via: Via = typer.Option(Via.auto, "--via", help="auto: exec into the CNI agents, SSH for "
+                                                    "what they lack; exec; ssh.",
+                            rich_help_panel=LIVE),
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    parallel: int = typer.Option(10, "--parallel", help="Nodes collected at once.",
+                                 rich_help_panel=LIVE),
+):
+    """Collect a bundle from the cluster (read-only): the nodes a trace can touch, or all."""
+    from collectors.live import CollectOptions, collect, write_bundle
+
+    def build():
+        node_list = [n.strip() for n in (nodes or "").split(",") if n.strip()]
+        if destination is not None and source is None and selector is None:
+            raise InputError("a destination needs a source pod (or -l)", "SOURCE")
+        if parallel < 1:
+            raise InputError("--parallel must be at least 1", "--parallel")
+        b = collect(CollectOptions(
+            kubeconfig=str(kubeconfig) if kubeconfig else None, context=context,
+            namespace=namespace, source=source, selector=selector, destination=destination,
+            port=port, nodes=node_list, all_nodes=all_nodes, via=via.value,
+            ssh_config=str(ssh_config) if ssh_config else None,
+            insecure_accept_host_keys=insecure_accept_host_keys, timeout=timeout,
+            deadline=deadline, parallel=parallel))
+        write_bundle(b, out)
+        return b
+    b = _run(build)
+    errors = b.manifest.get("collection_errors") or []
+    n_nodes = len(b.node_names())
+    typer.echo(f"wrote {out}: {n_nodes} node(s), {len(b.names())} files")
+    if errors:
+        typer.echo(f"traceflow: error: {_collection_summary(errors)}".replace(
+            "; the trace went as far as the collected state allows", "; the bundle records it"),
+            err=True)
+        raise typer.Exit(int(ExitCode.COLLECTION))
 
 
 @app.command("example-path")

@@ -48,3 +48,17 @@ class InputError(Exception):
         if self.text is not None:
             msg += f"\n    {self.text.rstrip()}"
         return msg
+
+
+class CollectionError(Exception):
+    """Collecting from a live cluster failed (exit code 3): the API server could not be read,
+    a node's agent or SSH session failed, or the overall deadline passed. ``node`` names the
+    node when the failure is one node's."""
+
+    def __init__(self, reason: str, node: str | None = None):
+        self.reason = reason
+        self.node = node
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"node {self.node}: {self.reason}" if self.node else self.reason

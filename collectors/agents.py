@@ -1,0 +1,415 @@
+"""Node outputs from the CNI agent pods: one batched, read-only command per container.
+
+Every node file comes from ONE fixed POSIX shell script (``SCRIPT``) run as
+``sh -c SCRIPT traceflow TOKEN ITEM...``: the token is random per run (hex), the items are
+bundle file names from ``ITEMS`` (constants). Nothing a user types, nor any name read from the
+cluster, is ever interpolated into a command: node, pod and container names only travel as
+API parameters (validated as Kubernetes names first). The same script runs over SSH
+(``collectors/ssh.py``), so both paths produce byte-identical files.
+
+For each item the script prints, on stdout and on stderr alike::
+
+    ### traceflow <token> begin <file>
+    <the command's output, verbatim>
+    \\n### traceflow <token> end <file> rc=<exit code>
+
+The newline before the end marker is always added by the script, so the output between the
+markers is exactly what the command printed, trailing newline or not. A command the image
+does not have is reported as rc=127 (``command -v`` fails) without running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from traceflow.errors import CollectionError
+
+
+@dataclass(frozen=True)
+class Item:
+    file: str          # bundle file name under nodes/<node>/ or pods/<ns>/<pod>/
+    command: str       # the command, for manifest.yaml `files:` (the script runs exactly this)
+    binary: str        # what must exist in the image (rc=127 otherwise)
+    required: bool     # a trace of this CNI needs it: missing = a collection error
+
+
+# Antrea: OVS (antrea-ovs container) and the host's network state (antrea-agent container,
+# hostNetwork). -O OpenFlow15 as Antrea's own antctl/supportbundle dumps; --names prints port
+# and table names; --no-stats keeps the dump small and stable.
+OVS_ITEMS = (
+    Item("ovs-flows.txt", "ovs-ofctl -O OpenFlow15 dump-flows br-int --no-stats --names",
+         "ovs-ofctl", True),
+    Item("ovs-groups.txt", "ovs-ofctl -O OpenFlow15 dump-groups br-int", "ovs-ofctl", True),
+    Item("ovs-show.txt", "ovs-ofctl show br-int", "ovs-ofctl", True),
+    Item("ovs-tables.txt", "ovs-ofctl -O OpenFlow15 dump-tables br-int", "ovs-ofctl", False),
+)
+HOST_ITEMS = (
+    Item("iptables-save.txt", "iptables-save", "iptables-save", True),
+    Item("ip-rule.txt", "ip rule list", "ip", True),
+    Item("ip-route.txt", "ip route show table all", "ip", True),
+    Item("ip-neigh.txt", "ip neigh show", "ip", True),
+    Item("ip-addr.txt", "ip addr show", "ip", True),
+    Item("ip-link.txt", "ip -d link show", "ip", False),
+    Item("ipset.txt", "ipset list", "ipset", False),
+    Item("nft.txt", "nft list ruleset", "nft", False),
+    Item("ipvs.txt", "ipvsadm -Ln", "ipvsadm", False),
+    Item("tc.txt", "for each device in /sys/class/net: ### tc filter show dev DEV ingress|egress "
+                   "header, then tc filter show dev DEV ingress|egress", "tc", False),
+)
+# Only when iptables-save fails: the list format the bundle contract also accepts.
+FALLBACK_ITEMS = (
+    Item("iptables-nat-list.txt", "iptables -t nat -L -n", "iptables", False),
+)
+CILIUM_ITEMS = (
+    Item("cilium-bpf-lb-list.txt", "cilium-dbg bpf lb list", "cilium-dbg", True),
+    Item("cilium-bpf-endpoint-list.txt", "cilium-dbg bpf endpoint list", "cilium-dbg", True),
+    Item("cilium-bpf-ipcache-list.txt", "cilium-dbg bpf ipcache list", "cilium-dbg", True),
+    Item("cilium-bpf-policy-get.txt", "cilium-dbg bpf policy get --all", "cilium-dbg", False),
+    Item("cilium-bpf-ct-list-global.txt", "cilium-dbg bpf ct list global", "cilium-dbg", False),
+    Item("cilium-service-list.txt", "cilium-dbg service list", "cilium-dbg", True),
+)
+# Inside a workload pod (its own network namespace): the first hop.
+POD_ITEMS = (
+    Item("pod:ip-route.txt", "ip route show", "ip", False),
+    Item("pod:ip-neigh.txt", "ip neigh show", "ip", False),
+    Item("pod:ip-addr.txt", "ip addr show", "ip", False),
+)
+ITEMS = {i.file: i for i in OVS_ITEMS + HOST_ITEMS + FALLBACK_ITEMS + CILIUM_ITEMS + POD_ITEMS}
+
+
+# The whole script. FIXED: it takes the token and item names as positional parameters and
+# compares them with constants; it never evaluates them. Read-only commands only.
+SCRIPT = r"""T="$1"; shift
+has() { command -v "$1" >/dev/null 2>&1; }
+mark() {
+  printf '### traceflow %s %s %s\n' "$T" "$1" "$2"
+  printf '### traceflow %s %s %s\n' "$T" "$1" "$2" >&2
+}
+endmark() {
+  printf '\n### traceflow %s end %s rc=%s\n' "$T" "$1" "$2"
+  printf '\n### traceflow %s end %s rc=%s\n' "$T" "$1" "$2" >&2
+}
+cil() {
+  if has cilium-dbg; then cilium-dbg "$@"; elif has cilium; then cilium "$@"; else return 127; fi
+}
+tc_all() {
+  has tc || return 127
+  for d in /sys/class/net/*; do
+    dev="${d##*/}"
+    [ -e "$d" ] || continue
+    for dir in ingress egress; do
+      printf '### tc filter show dev %s %s\n' "$dev" "$dir"
+      tc filter show dev "$dev" "$dir" 2>/dev/null
+    done
+  done
+  return 0
+}
+item() {
+  case "$1" in
+  ovs-flows.txt) has ovs-ofctl || return 127
+    ovs-ofctl -O OpenFlow15 dump-flows br-int --no-stats --names ;;
+  ovs-groups.txt) has ovs-ofctl || return 127; ovs-ofctl -O OpenFlow15 dump-groups br-int ;;
+  ovs-show.txt) has ovs-ofctl || return 127; ovs-ofctl show br-int ;;
+  ovs-tables.txt) has ovs-ofctl || return 127; ovs-ofctl -O OpenFlow15 dump-tables br-int ;;
+  iptables-save.txt) has iptables-save || return 127; iptables-save ;;
+  iptables-nat-list.txt) has iptables || return 127; iptables -t nat -L -n ;;
+  ip-rule.txt) has ip || return 127; ip rule list ;;
+  ip-route.txt) has ip || return 127; ip route show table all ;;
+  ip-neigh.txt) has ip || return 127; ip neigh show ;;
+  ip-addr.txt) has ip || return 127; ip addr show ;;
+  ip-link.txt) has ip || return 127; ip -d link show ;;
+  ipset.txt) has ipset || return 127; ipset list ;;
+  nft.txt) has nft || return 127; nft list ruleset ;;
+  ipvs.txt) has ipvsadm || return 127; ipvsadm -Ln ;;
+  tc.txt) tc_all ;;
+  cilium-bpf-lb-list.txt) cil bpf lb list ;;
+  cilium-bpf-endpoint-list.txt) cil bpf endpoint list ;;
+  cilium-bpf-ipcache-list.txt) cil bpf ipcache list ;;
+  cilium-bpf-policy-get.txt) cil bpf policy get --all ;;
+  cilium-bpf-ct-list-global.txt) cil bpf ct list global ;;
+  cilium-service-list.txt) cil service list ;;
+  pod:ip-route.txt) has ip || return 127; ip route show ;;
+  pod:ip-neigh.txt) has ip || return 127; ip neigh show ;;
+  pod:ip-addr.txt) has ip || return 127; ip addr show ;;
+  *) echo "traceflow: unknown item $1" >&2; return 2 ;;
+  esac
+}
+run() { mark begin "$1"; item "$1" </dev/null; rc=$?; endmark "$1" "$rc"; }
+for f in "$@"; do
+  run "$f"
+  if [ "$f" = iptables-save.txt ] && [ "$rc" != 0 ]; then run iptables-nat-list.txt; fi
+done
+exit 0
+"""
+
+
+def new_token() -> str:
+    return secrets.token_hex(12)
+
+
+def script_argv(token: str, items: list[str]) -> list[str]:
+    """The exec argv. The token is ours (hex) and the items are ITEMS keys: checked anyway."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", token):
+        raise ValueError("bad token")
+    unknown = [i for i in items if i not in ITEMS]
+    if unknown:
+        raise ValueError(f"unknown items {unknown}")
+    return ["sh", "-c", SCRIPT, "traceflow", token, *items]
+
+
+@dataclass
+class Result:
+    """One item's outcome. ``rc`` None: the output was cut off (timeout, lost connection)."""
+
+    file: str
+    rc: int | None
+    stdout: bytes
+    stderr: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def error_text(self, where: str = "") -> str:
+        """Why it failed; ``where`` says where it ran (`the agent container ...`)."""
+        if self.rc is None:
+            return "output cut off before the command finished"
+        if self.rc == 127:
+            return f"{ITEMS[self.file].binary} is not installed in {where or 'that image'}"
+        err = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"exit code {self.rc}" + (f": {err[-1][:200]}" if err else "")
+
+
+def split_output(stdout: bytes, stderr: bytes, token: str) -> dict[str, Result]:
+    """Cut the batched stdout/stderr back into one Result per item."""
+    outs = _sections(stdout, token)
+    errs = _sections(stderr, token)
+    results = {}
+    for file, (data, rc) in outs.items():
+        err = errs.get(file, (b"", rc))[0]
+        results[file] = Result(file, rc, data, err)
+    return results
+
+
+def _sections(data: bytes, token: str) -> dict[str, tuple[bytes, int | None]]:
+    begin = re.compile(rb"^### traceflow " + re.escape(token.encode()) + rb" begin (\S+)\n",
+                       re.M)
+    out: dict[str, tuple[bytes, int | None]] = {}
+    pos = 0
+    while True:
+        m = begin.search(data, pos)
+        if not m:
+            return out
+        file = m.group(1).decode()
+        end_marker = b"\n### traceflow " + token.encode() + b" end " + m.group(1) + b" rc="
+        j = data.find(end_marker, m.end())
+        if j < 0:
+            out[file] = (data[m.end():], None)
+            return out
+        k = data.find(b"\n", j + len(end_marker))
+        rc_text = data[j + len(end_marker): k if k >= 0 else len(data)]
+        try:
+            rc: int | None = int(rc_text)
+        except ValueError:
+            rc = None
+        out[file] = (data[m.end():j], rc)
+        pos = k + 1 if k >= 0 else len(data)
+
+
+# ---- finding the agents ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Agent:
+    cni: str                      # antrea | cilium
+    namespace: str
+    pod: str
+    node: str
+    containers: tuple[str, ...]
+    image: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        """(container, items) per exec: OVS in antrea-ovs (antrea-agent when OVS runs in
+        the agent container), host state in antrea-agent; Cilium all in cilium-agent."""
+        host = [i.file for i in HOST_ITEMS]
+        if self.cni == "antrea":
+            main = "antrea-agent" if "antrea-agent" in self.containers else self.containers[0]
+            ovs = "antrea-ovs" if "antrea-ovs" in self.containers else main
+            ovs_items = [i.file for i in OVS_ITEMS]
+            if ovs == main:
+                return [(main, ovs_items + host)]
+            return [(ovs, ovs_items), (main, host)]
+        main = "cilium-agent" if "cilium-agent" in self.containers else self.containers[0]
+        return [(main, [i.file for i in CILIUM_ITEMS] + host)]
+
+
+AGENT_SELECTORS = (("antrea", "component=antrea-agent"), ("cilium", "k8s-app=cilium"))
+AGENT_NAMESPACE = "kube-system"
+
+
+def find_agents(kube, warn) -> tuple[str | None, dict[str, Agent]]:
+    """(cni, node -> agent pod): antrea-agent / cilium DaemonSet pods in kube-system, by label.
+    A node with several (a rollout) keeps the Running one."""
+    from collectors.kube import pod_phase, validate_name
+    for cni, sel in AGENT_SELECTORS:
+        pods = kube.list_pods(AGENT_NAMESPACE, sel)
+        if not pods:
+            continue
+        agents: dict[str, Agent] = {}
+        for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            node = (p.get("spec") or {}).get("nodeName")
+            if not node or pod_phase(p) != "Running":
+                continue
+            try:
+                validate_name("node", node)
+                validate_name("pod", p["metadata"]["name"])
+            except Exception:  # noqa: BLE001 - a name we will not use in a path
+                warn(f"skipping agent pod with an invalid name or node: {p['metadata']['name']!r}")
+                continue
+            containers = tuple(c["name"] for c in (p.get("spec") or {}).get("containers") or [])
+            image = next((c.get("image", "") for c in (p.get("spec") or {}).get("containers") or []
+                          if c["name"] in ("antrea-agent", "cilium-agent")),
+                         ((p.get("spec") or {}).get("containers") or [{}])[0].get("image", ""))
+            agents.setdefault(node, Agent(cni, AGENT_NAMESPACE, p["metadata"]["name"], node,
+                                          containers, image))
+        return cni, agents
+    return None, {}
+
+
+def image_version(image: str) -> str | None:
+    """`antrea/antrea-ubuntu:v2.1.0` -> v2.1.0 (None for latest / digests only)."""
+    ref = image.split("@", 1)[0]
+    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else None
+    if tag and re.match(r"^v?\d+\.\d+", tag):
+        return tag if tag.startswith("v") else "v" + tag
+    return None
+
+
+# ---- exec -------------------------------------------------------------------------------------
+
+class TimeLimit(CollectionError):
+    """The node's time limit passed: no fallback is tried (there is no time left for one)."""
+
+
+@dataclass
+class ExecOutcome:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    status: dict = field(default_factory=dict)
+
+
+def _handshake_error(reason: str) -> tuple[int, str]:
+    """(HTTP status, API message) from the websocket-client handshake failure text."""
+    m = re.search(r"Handshake status (\d+)", reason)
+    status = int(m.group(1)) if m else 0
+    msg = ""
+    body = reason.rsplit(" -+-+- ", 1)[-1].strip() if " -+-+- " in reason else ""
+    if body[:2] in ("b'", 'b"') and body[-1:] == body[1]:
+        body = body[2:-1].encode().decode("unicode_escape", "replace")
+    try:
+        doc = json.loads(body) if body else {}
+        msg = doc.get("message", "") if isinstance(doc, dict) else ""
+    except ValueError:
+        msg = body[:300]
+    return status, msg
+
+
+def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str], token: str,
+               deadline: float, node: str) -> ExecOutcome:
+    """Run the script in one container through the API's exec websocket, bounded by
+    ``deadline`` (time.monotonic()). CollectionError with a clear reason otherwise."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    from kubernetes.stream import stream
+    from collectors.kube import validate_name
+    validate_name("namespace", namespace)
+    validate_name("pod", pod)
+    validate_name("container", container)
+    api_client = kube.new_api_client()
+    where = f"{namespace}/{pod} -c {container}"
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeLimit(f"no time left to exec into {where}", node)
+    _set_socket_timeout(remaining)
+    try:
+        try:
+            ws = stream(client.CoreV1Api(api_client).connect_get_namespaced_pod_exec, pod,
+                        namespace, command=script_argv(token, items), container=container,
+                        stderr=True, stdin=False, stdout=True, tty=False,
+                        _preload_content=False, binary=True)
+        except ApiException as exc:
+            status, msg = _handshake_error(str(exc.reason or exc))
+            if status == 403:
+                raise CollectionError(
+                    f"forbidden to exec into {where}: {msg or 'pods/exec denied'} (grant "
+                    f"`create` on pods/exec in {namespace}: see deploy/rbac.yaml)", node) from None
+            if status:
+                raise CollectionError(f"exec into {where} refused ({status}): "
+                                      f"{msg or exc.reason}", node) from None
+            raise CollectionError(f"exec into {where} failed: {_short(exc.reason or exc)}",
+                                  node) from None
+        out = ExecOutcome()
+        chunks_out, chunks_err = [], []
+        try:
+            while ws.is_open():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeLimit(f"exec into {where} did not finish within the time limit "
+                                    "(per-node --timeout / --deadline)", node)
+                ws.update(timeout=min(left, 1.0))
+                chunks_out.append(ws.read_channel(1) or b"")
+                chunks_err.append(ws.read_channel(2) or b"")
+            chunks_out.append(ws.read_channel(1) or b"")
+            chunks_err.append(ws.read_channel(2) or b"")
+            status = ws.read_channel(3) or b""
+        except CollectionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken stream, named
+            raise CollectionError(f"exec stream from {where} broke: {_short(exc)}", node) from None
+        finally:
+            try:
+                ws.close()
+            except Exception:  # noqa: BLE001
+                pass
+        out.stdout = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_out)
+        out.stderr = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_err)
+        try:
+            out.status = json.loads(status) if status else {}
+        except ValueError:
+            out.status = {"status": "Failure", "message": status.decode("utf-8", "replace")}
+        if out.status.get("status") == "Failure" and f"### traceflow {token} begin" not in \
+                out.stdout.decode("utf-8", "replace"):
+            raise CollectionError(f"exec into {where} failed: "
+                                  f"{out.status.get('message', 'unknown error')}", node)
+        return out
+    finally:
+        try:
+            api_client.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_timeout_lock = __import__("threading").Lock()
+
+
+def _set_socket_timeout(seconds: float) -> None:
+    """websocket-client connects without a timeout unless a default is set: set one (the
+    largest still needed), so a handshake against a silent server cannot hang."""
+    import websocket
+    with _timeout_lock:
+        cur = websocket.getdefaulttimeout()
+        want = max(1.0, seconds)
+        if cur is None or cur < want:
+            websocket.setdefaulttimeout(want)
+
+
+def _short(exc) -> str:
+    text = str(exc)
+    return text if len(text) < 300 else text[:300] + "..."

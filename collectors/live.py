@@ -1,0 +1,681 @@
+"""Live collection: the cluster -> a bundle in memory (``collect``), and bundles -> disk
+(``write_bundle``).
+
+``collect(options)`` lists the Kubernetes objects (never Secrets; env values and
+last-applied annotations stripped), resolves the query, picks the nodes the trace can touch
+(the source pod's node and every endpoint's node, unless ``all_nodes``), and collects those
+nodes in parallel (a bounded pool of daemon threads): one batched exec per agent container,
+SSH for commands the image lacks, the pod-side first hop from inside the pods. Every node has
+its own time limit and the whole run an overall deadline, so nothing hangs. A failed node is
+recorded in ``manifest.yaml`` (``collection_errors:``) and the bundle still holds everything
+else: the trace goes as far as it can and the CLI exits 3.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import re
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+import yaml
+
+from collectors import agents as A
+from collectors.bundle import FORMAT, Bundle
+from traceflow.errors import CollectionError, InputError
+
+VIAS = ("auto", "exec", "ssh")
+
+
+@dataclass
+class CollectOptions:
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str = "default"
+    kind: str | None = None            # pod-to-svc | pod-to-pod | None (no query)
+    source: str | None = None          # NAME, ns/NAME, pod/NAME, deploy/NAME
+    selector: str | None = None        # -l: the source pod by label
+    destination: str | None = None     # svc/NAME, pod/NAME, or a bare name
+    port: str | None = None            # service port name or number
+    nodes: list[str] = field(default_factory=list)
+    all_nodes: bool = False
+    via: str = "auto"                  # auto: exec, SSH as fallback | exec | ssh
+    ssh_config: str | None = None
+    insecure_accept_host_keys: bool = False
+    timeout: float = 60.0              # per node (seconds)
+    deadline: float = 300.0            # the whole collection (seconds)
+    parallel: int = 10                 # nodes collected at once
+    pod_facts: bool = True             # exec `ip route/neigh/addr` in the query's pods
+    progress: bool | None = None       # None: when stderr is a terminal
+    log: Callable[[str], None] | None = None   # warnings/notes (default: stderr)
+
+
+# ---- progress and messages ------------------------------------------------------------------
+
+class _Display:
+    """A Rich progress line per node on a terminal; nothing but plain messages when piped."""
+
+    def __init__(self, enabled: bool, log: Callable[[str], None] | None):
+        self._log = log
+        self._p = None
+        self._tasks: dict[str, int] = {}
+        if enabled:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            self._p = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[node]}"),
+                               TextColumn("{task.description}"), TimeElapsedColumn(),
+                               console=Console(stderr=True), transient=False)
+
+    def __enter__(self):
+        if self._p:
+            self._p.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._p:
+            self._p.stop()
+
+    def message(self, text: str) -> None:
+        if self._log:
+            self._log(text)
+        elif self._p:
+            self._p.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def add(self, node: str) -> None:
+        if self._p:
+            self._tasks[node] = self._p.add_task("waiting", node=node, total=1)
+
+    def update(self, node: str, text: str) -> None:
+        if self._p and node in self._tasks:
+            self._p.update(self._tasks[node], description=text)
+
+    def done(self, node: str, text: str) -> None:
+        if self._p and node in self._tasks:
+            self._p.update(self._tasks[node], description=text, completed=1)
+
+
+def _run_parallel(jobs: dict[str, Callable], workers: int, deadline: float,
+                  display: _Display) -> dict[str, object]:
+    """name -> job(status) result or CollectionError, on at most ``workers`` daemon threads.
+    Returns by ``deadline`` whatever happens: a job still running then is reported as such
+    (daemon threads never keep the process alive)."""
+    todo: queue.Queue = queue.Queue()
+    for name in jobs:
+        todo.put(name)
+        display.add(name)
+    results: dict[str, object] = {}
+    lock = threading.Lock()
+    all_done = threading.Event()
+
+    def worker():
+        while True:
+            try:
+                name = todo.get_nowait()
+            except queue.Empty:
+                return
+            t0 = time.monotonic()
+            if t0 >= deadline:
+                res: object = CollectionError("the overall --deadline passed before this node "
+                                              "was started", name)
+            else:
+                display.update(name, "starting")
+                try:
+                    res = jobs[name](lambda text, n=name: display.update(n, text))
+                except CollectionError as exc:
+                    res = exc if exc.node else CollectionError(exc.reason, name)
+                except Exception as exc:  # noqa: BLE001 - one node never stops the others
+                    res = CollectionError(f"unexpected {type(exc).__name__}: {exc}", name)
+            took = time.monotonic() - t0
+            display.done(name, (f"[red]failed[/red] ({took:.1f}s)" if isinstance(res, Exception)
+                                else f"[green]done[/green] ({took:.1f}s)"))
+            with lock:
+                results[name] = res
+                if len(results) == len(jobs):
+                    all_done.set()
+
+    threads = [threading.Thread(target=worker, name=f"traceflow-collect-{i}", daemon=True)
+               for i in range(max(1, min(workers, len(jobs))))]
+    for t in threads:
+        t.start()
+    if jobs:
+        all_done.wait(timeout=max(0.0, deadline - time.monotonic()) + 2.0)
+    with lock:
+        out = dict(results)
+    for name in jobs:
+        if name not in out:
+            out[name] = CollectionError("still running when the overall --deadline passed", name)
+    return out
+
+
+# ---- one node ----------------------------------------------------------------------------------
+
+@dataclass
+class NodeOutcome:
+    node: str
+    files: dict[str, bytes] = field(default_factory=dict)      # bundle path -> bytes
+    commands: dict[str, str] = field(default_factory=dict)     # bundle path -> how
+    errors: list[dict] = field(default_factory=list)           # {node, file?, reason}
+    notes: list[str] = field(default_factory=list)             # shown and recorded
+    quiet: list[str] = field(default_factory=list)             # recorded only
+    failed: bool = False
+
+
+@dataclass
+class _Context:
+    options: CollectOptions
+    kube: object
+    cni: str | None
+    agents: dict
+    ssh: object | None            # SshConfig or None
+    node_ips: dict
+    pods_by_node: dict            # node -> [(ns, pod, container)]
+    deadline: float
+    token: str
+    display: _Display
+    kube_proxy_pods: bool
+
+
+SUBSTITUTES = {"iptables-save.txt": "iptables-nat-list.txt"}
+
+
+def _node_items(cni: str | None) -> list[A.Item]:
+    if cni == "cilium":
+        return list(A.CILIUM_ITEMS) + list(A.HOST_ITEMS)
+    return list(A.OVS_ITEMS) + list(A.HOST_ITEMS)
+
+
+def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> NodeOutcome:
+    from collectors import ssh as S
+    opts = ctx.options
+    out = NodeOutcome(node)
+    deadline = min(ctx.deadline, time.monotonic() + opts.timeout)
+    agent = ctx.agents.get(node)
+    target = S.ssh_target_for(ctx.ssh, node, ctx.node_ips.get(node))
+    results: dict[str, tuple[A.Result, str]] = {}
+    exec_error: CollectionError | None = None
+
+    def ssh_run(items: list[str], why: str) -> CollectionError | None:
+        status(f"ssh {target.describe()} ({why})")
+        try:
+            stdout, stderr, _rc = S.run_script(target, items, ctx.token, deadline,
+                                                opts.insecure_accept_host_keys,
+                                                warn=ctx.display.message)
+        except CollectionError as exc:
+            return exc
+        for f, r in A.split_output(stdout, stderr, ctx.token).items():
+            prev = results.get(f)
+            if prev is None or not prev[0].ok:
+                results[f] = (r, f"ssh {target.describe()}" + (" with sudo -n" if target.sudo
+                                                                 else ""))
+        return None
+
+    if opts.via != "ssh":
+        if agent is None:
+            exec_error = CollectionError(f"no Running {ctx.cni or 'CNI'} agent pod on this node",
+                                         node)
+        else:
+            status(f"exec {agent.pod}")
+            for container, items, got in _exec_plan(ctx, agent, deadline, node):
+                if isinstance(got, CollectionError):
+                    exec_error = exec_error or got
+                    continue
+                how = f"exec {agent.key} -c {container}"
+                for f in items:
+                    results[f] = (got.get(f) or A.Result(f, None, b""), how)
+                for f, r in got.items():     # the iptables list-format fallback
+                    results.setdefault(f, (r, how))
+    wanted = [i.file for i in _node_items(ctx.cni)]
+    if opts.via == "ssh" or (exec_error is not None and opts.via == "auto" and target
+                             and not isinstance(exec_error, A.TimeLimit)):
+        if target is None:
+            target = S.SshConfig.empty().target(node, ctx.node_ips.get(node))
+        if exec_error is not None:
+            out.notes.append(f"node {node}: {exec_error.reason}; collecting over SSH instead")
+        todo = [f for f in wanted if not (f in results and results[f][0].ok)]
+        err = ssh_run(todo, "all commands" if len(todo) == len(wanted) else "what exec missed")
+        if err is not None:
+            reason = err.reason if exec_error is None else \
+                f"{exec_error.reason}; SSH fallback failed too: {err.reason}"
+            return _node_failed(out, node, reason, results)
+    elif exec_error is not None:
+        hint = "" if ctx.ssh or isinstance(exec_error, A.TimeLimit) else \
+            " (no SSH configured for a fallback: see docs/collection.md)"
+        return _node_failed(out, node, exec_error.reason + hint, results)
+    else:
+        missing = [f for f, (r, _) in results.items() if r.rc == 127]
+        if missing and target is not None and opts.via == "auto":
+            err = ssh_run(missing, "commands missing from the agent image")
+            for f in missing:
+                r, how = results[f]
+                if r.ok:
+                    out.notes.append(f"nodes/{node}/{f}: {A.ITEMS[f].binary} is not in the agent "
+                                     f"image; collected over SSH instead ({how})")
+                elif err is not None:
+                    out.notes.append(f"nodes/{node}/{f}: {A.ITEMS[f].binary} is not in the agent "
+                                     f"image and the SSH fallback failed: {err.reason}")
+    _record_node_results(ctx, node, results, out)
+    return out
+
+
+def _node_failed(out: NodeOutcome, node: str, reason: str, results: dict) -> NodeOutcome:
+    """The node counts as failed; whatever did come back is kept (the trace uses it)."""
+    out.errors.append({"node": node, "reason": reason})
+    out.failed = True
+    for f, (r, how) in results.items():
+        if r.ok and f in A.ITEMS:
+            out.files[f"nodes/{node}/{f}"] = r.stdout
+            out.commands[f"nodes/{node}/{f}"] = f"{A.ITEMS[f].command}  ({how})"
+    return out
+
+
+def _exec_plan(ctx: _Context, agent: A.Agent, deadline: float, node: str) -> list:
+    """[(container, items, {file: Result} or CollectionError)]: the agent's containers are
+    exec'd concurrently (each exec is bounded by ``deadline``)."""
+    plan = agent.plan()
+    got: dict[str, object] = {}
+
+    def one(container: str, items: list[str]) -> None:
+        try:
+            o = A.exec_batch(ctx.kube, agent.namespace, agent.pod, container, items, ctx.token,
+                             deadline, node)
+            got[container] = A.split_output(o.stdout, o.stderr, ctx.token)
+        except CollectionError as exc:
+            got[container] = exc
+        except Exception as exc:  # noqa: BLE001 - reported as this node's failure
+            got[container] = CollectionError(f"exec into {agent.key} -c {container}: "
+                                             f"{type(exc).__name__}: {exc}", node)
+
+    threads = [threading.Thread(target=one, args=(c, i), daemon=True) for c, i in plan[1:]]
+    for t in threads:
+        t.start()
+    one(*plan[0])
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+    return [(c, i, got.get(c, A.TimeLimit(f"exec into {agent.key} -c {c} did not finish "
+                                          "within the time limit", node)))
+            for c, i in plan]
+
+
+def _collect_pod_job(ctx: _Context, node: str, ns: str, pod: str, container: str,
+                     status: Callable[[str], None]) -> NodeOutcome:
+    out = NodeOutcome(node)
+    status(f"exec {ns}/{pod} (pod-side routes)")
+    _collect_pod(ctx, node, ns, pod, container,
+                 min(ctx.deadline, time.monotonic() + ctx.options.timeout), out)
+    return out
+
+
+def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutcome) -> None:
+    for f, (r, how) in results.items():
+        path = f"nodes/{node}/{f}"
+        item = A.ITEMS.get(f)
+        if item is None:
+            continue
+        where = (f"the node ({how})" if how.startswith("ssh") else
+                 f"the agent container ({how.removeprefix('exec ')})")
+        if r.ok:
+            out.files[path] = r.stdout
+            out.commands[path] = f"{item.command}  ({how})"
+            continue
+        sub = SUBSTITUTES.get(f)
+        if sub and sub in results and results[sub][0].ok:
+            out.notes.append(f"{path}: {r.error_text(where)}; `{A.ITEMS[sub].command}` output kept "
+                             f"as nodes/{node}/{sub} instead")
+            continue
+        if f in SUBSTITUTES.values() and not r.ok:
+            continue   # the fallback of a fallback: the original item is reported
+        required = item.required
+        if f == "ipvs.txt" and r.rc != 127:
+            required = False
+        text = f"{path} not collected: {r.error_text(where)}"
+        if r.rc == 127 and ctx.ssh is None:
+            text += " (no SSH configured for a fallback)"
+        if required:
+            out.errors.append({"node": node, "file": path, "reason": text})
+        elif r.rc == 127:
+            out.quiet.append(text)     # an optional tool the image does not ship: normal
+        else:
+            out.notes.append(text)
+
+
+def _collect_pod(ctx: _Context, node: str, ns: str, pod: str, container: str, deadline: float,
+                 out: NodeOutcome) -> None:
+    items = [i.file for i in A.POD_ITEMS]
+    try:
+        o = A.exec_batch(ctx.kube, ns, pod, container, items, ctx.token, deadline, node)
+    except CollectionError as exc:
+        out.notes.append(f"pods/{ns}/{pod}: no pod-side facts ({exc.reason}); the first hop is "
+                         "derived from the CNI's conventions")
+        return
+    got = A.split_output(o.stdout, o.stderr, ctx.token)
+    for f in items:
+        r = got.get(f)
+        name = f.removeprefix("pod:")
+        if r is not None and r.ok:
+            path = f"pods/{ns}/{pod}/{name}"
+            out.files[path] = r.stdout
+            out.commands[path] = f"{A.ITEMS[f].command}  (exec {ns}/{pod} -c {container})"
+        else:
+            out.notes.append(f"pods/{ns}/{pod}/{name} not collected: "
+                             f"{r.error_text() if r else 'no output'}; the first hop is derived "
+                             "from the CNI's conventions")
+            return
+
+
+# ---- the whole run -----------------------------------------------------------------------------
+
+def collect(options: CollectOptions) -> Bundle:
+    """Collect a bundle from the live cluster, in memory. InputError (exit 2) for a bad
+    query, CollectionError (exit 3) when the API cannot be read; node failures are recorded
+    in the manifest's ``collection_errors`` instead of raised."""
+    from collectors import kube as K
+    from collectors import ssh as S
+    opts = options
+    if opts.via not in VIAS:
+        raise InputError(f"--via must be one of {', '.join(VIAS)}", "--via")
+    if opts.timeout <= 0 or opts.deadline <= 0:
+        raise InputError("--timeout and --deadline must be positive", "--timeout")
+    started = time.monotonic()
+    deadline = started + opts.deadline
+    K.validate_name("namespace", opts.namespace, "--namespace")
+    for n in opts.nodes:
+        K.validate_name("node", n, "--nodes")
+    ssh_cfg = S.SshConfig.load(Path(opts.ssh_config) if opts.ssh_config else None)
+    if opts.via == "ssh" and ssh_cfg is None:
+        ssh_cfg = S.SshConfig.empty()
+    enabled = sys.stderr.isatty() if opts.progress is None else opts.progress
+    display = _Display(enabled, opts.log)
+    kube = K.Kube(opts.kubeconfig, opts.context, timeout=min(30.0, opts.timeout))
+    try:
+        return _collect(opts, kube, ssh_cfg, deadline, started, display)
+    finally:
+        kube.close()
+
+
+def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
+    from collectors import kube as K
+    warn = display.message
+    state = K.ClusterState()
+    for res in K.CORE_RESOURCES:
+        try:
+            state.objects[res.file] = kube.list_kind(res)
+        except K.ApiError as err:
+            if res.file == "networkpolicies.yaml" and err.status in (403, 404):
+                warn(f"traceflow: warning: {err.reason}; drops cannot be explained by policy name")
+                continue
+            raise
+    state.objects.update(kube.list_crds(lambda m: warn("traceflow: warning: " + m)))
+    if time.monotonic() > deadline:
+        raise CollectionError("the overall --deadline passed while reading the API")
+
+    notes: list[str] = []
+    query, touched, pod_targets = _resolve(opts, kube, state, notes, warn)
+    for n in notes:
+        warn(f"traceflow: {n}")
+    all_nodes = state.node_names()
+    for n in opts.nodes:
+        if n not in all_nodes:
+            raise InputError(K._suggest("node", "cluster", n, all_nodes).replace(
+                "node cluster/", "node "), "--nodes")
+    if opts.all_nodes:
+        nodes = all_nodes
+    elif query is not None or opts.nodes:
+        nodes = sorted(set(touched) | set(opts.nodes))
+    else:
+        nodes = all_nodes
+        warn(f"traceflow: no query and no --nodes: collecting all {len(nodes)} nodes")
+    bad = [n for n in nodes if not K._DNS1123_SUBDOMAIN.match(n)]
+    if bad:
+        raise CollectionError(f"the API returned node names that are not valid Kubernetes "
+                              f"names: {bad}")
+
+    cni, agents = A.find_agents(kube, lambda m: warn("traceflow: warning: " + m))
+    if cni is None:
+        warn("traceflow: warning: no antrea-agent (component=antrea-agent) or cilium "
+             "(k8s-app=cilium) pods in kube-system: node state can only come over SSH")
+    if opts.via != "ssh":
+        A._set_socket_timeout(min(opts.timeout, opts.deadline))
+    node_ips = {n: state.node_ip(n) for n in nodes}
+    pods_by_node: dict[str, list] = {}
+    for p in pod_targets:
+        node = K.pod_node(p)
+        if node in nodes and not (p.get("spec") or {}).get("hostNetwork"):
+            c = ((p.get("spec") or {}).get("containers") or [{}])[0].get("name")
+            if c:
+                pods_by_node.setdefault(node, []).append(
+                    (p["metadata"]["namespace"], p["metadata"]["name"], c))
+    kube_proxy_pods = any((p["metadata"].get("labels") or {}).get("k8s-app") == "kube-proxy"
+                          for p in state.pods)
+    ctx = _Context(opts, kube, cni, agents, ssh_cfg, node_ips, pods_by_node, deadline,
+                   A.new_token(), display, kube_proxy_pods)
+    jobs = {n: (lambda status, n=n: _collect_node(ctx, n, status)) for n in nodes}
+    if opts.pod_facts:
+        for node, pods in pods_by_node.items():
+            for ns, pod, container in pods:
+                jobs[f"pod {ns}/{pod}"] = (lambda status, a=(node, ns, pod, container):
+                                           _collect_pod_job(ctx, *a, status))
+    with display:
+        outcomes = _run_parallel(jobs, opts.parallel, deadline, display)
+
+    files: dict[str, bytes] = {}
+    for res in K.CORE_RESOURCES:
+        if res.file in state.objects:
+            files[f"k8s/{res.file}"] = _yaml(K.list_document(state.objects[res.file]))
+    for file, items in state.objects.items():
+        if f"k8s/{file}" not in files:
+            files[f"k8s/{file}"] = _yaml(K.list_document(items))
+    commands: dict[str, str] = {}
+    errors: list[dict] = []
+    cnotes: list[str] = []
+    quiet: list[str] = []
+    for key, o in outcomes.items():
+        if key.startswith("pod ") and isinstance(o, CollectionError):
+            cnotes.append(f"pods/{key[4:]}: no pod-side facts ({o.reason})")
+            continue
+        if isinstance(o, CollectionError):
+            errors.append({"node": key, "reason": o.reason})
+            continue
+        files.update(o.files)
+        commands.update(o.commands)
+        errors.extend(o.errors)
+        cnotes.extend(o.notes)
+        quiet.extend(o.quiet)
+    for e in errors:
+        warn("traceflow: collection error: " + (f"{e['file']}: " if "file" in e else
+                                                 f"node {e['node']}: ") + e["reason"]
+             .removeprefix(e.get("file", "") + " not collected: "))
+    for n in _grouped(cnotes, nodes, agents):
+        warn("traceflow: note: " + n)
+
+    manifest = {
+        "format": FORMAT,
+        "cluster": kube.cluster,
+        "collected_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "collected_by": f"traceflow collect ({opts.via}); {time.monotonic() - started:.1f}s",
+        "cni": cni or "unknown",
+    }
+    version = next((A.image_version(a.image) for a in agents.values() if a.image), None)
+    if version:
+        manifest["cni_version"] = version
+    manifest["kube_proxy"] = detect_kube_proxy(files, kube_proxy_pods)
+    node_facts = {}
+    for node in nodes:
+        facts = {}
+        if node in agents:
+            facts["agent_pod"] = agents[node].key
+        dev = _tunnel_dev(files.get(f"nodes/{node}/ip-addr.txt", b"") +
+                          files.get(f"nodes/{node}/ip-link.txt", b""))
+        if dev:
+            facts["tunnel_dev"] = dev
+        if facts:
+            node_facts[node] = facts
+    if node_facts:
+        manifest["nodes"] = node_facts
+    if query:
+        manifest["query"] = query
+    manifest["files"] = dict(sorted(commands.items()))
+    if errors:
+        manifest["collection_errors"] = errors
+    if cnotes or quiet:
+        manifest["collection_notes"] = cnotes + quiet
+    files["manifest.yaml"] = ("# traceflow bundle v1, collected live by `traceflow collect`\n"
+                              .encode() + _yaml(manifest))
+    return Bundle(files, f"live:{kube.cluster}")
+
+
+def _grouped(notes: list[str], nodes: list[str], agents: dict) -> list[str]:
+    """The same note on many nodes, said once: `... (on 50 nodes: node-001, ...)`."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for text in notes:
+        key, where = text, ""
+        for node in nodes:
+            if f"nodes/{node}/" in text or f"node {node}:" in text:
+                key = text.replace(f"nodes/{node}/", "nodes/<node>/").replace(
+                    f"node {node}:", "node <node>:")
+                if node in agents:
+                    key = key.replace(agents[node].key, "<agent pod>")
+                where = node
+                break
+        groups.setdefault(key, []).append((where, text))
+    out = []
+    for key, members in groups.items():
+        if len(members) < 3:
+            out.extend(text for _where, text in members)
+        else:
+            names = [w for w, _t in members if w]
+            out.append(f"{key} (on {len(members)} nodes: {', '.join(names[:5])}"
+                       + (", ..." if len(names) > 5 else "") + ")")
+    return out
+
+
+def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
+    """(query facts for the manifest, nodes the trace touches, pods to exec into)."""
+    from collectors import kube as K
+    if opts.source is None and opts.selector is None and opts.destination is None:
+        return None, [], []
+    src = K.resolve_pod(kube, state, opts.source, opts.namespace, opts.selector,
+                        what="source pod", notes=notes)
+    query = {"kind": opts.kind, "source": f"{src['metadata']['namespace']}/"
+                                          f"{src['metadata']['name']}"}
+    touched = [K.pod_node(src)]
+    pods = [src]
+    if opts.destination is not None:
+        kind = {"pod-to-svc": "service", "pod-to-pod": "pod"}.get(opts.kind or "")
+        if kind == "service":
+            dkind, dst = "service", K.resolve_service(state, opts.destination, opts.namespace)
+        elif kind == "pod":
+            dkind, dst = "pod", K.resolve_pod(kube, state, opts.destination, opts.namespace,
+                                             what="destination pod", notes=notes)
+        else:
+            dkind, dst = K.resolve_destination(state, opts.destination, opts.namespace)
+        dns, dname = dst["metadata"]["namespace"], dst["metadata"]["name"]
+        query["destination"] = f"{dns}/{dname}"
+        query["destination_kind"] = dkind
+        query["kind"] = opts.kind or ("pod-to-svc" if dkind == "service" else "pod-to-pod")
+        if dkind == "service":
+            port = K.resolve_port(dst, opts.port)
+            query["port"] = port.port
+            if port.name:
+                query["port_name"] = port.name
+            eps = state.endpoints(dns, dname)
+            if not eps:
+                warn(f"traceflow: warning: service {dns}/{dname} has no endpoints: the trace "
+                     "will end at the load balancer")
+            query["endpoints"] = [e[0] for e in eps]
+            for _addr, pod, node in eps:
+                if node:
+                    touched.append(node)
+                if pod:
+                    p = state.pod(*pod.split("/", 1))
+                    if p is not None and K.pod_phase(p) == "Running":
+                        pods.append(p)
+        else:
+            touched.append(K.pod_node(dst))
+            pods.append(dst)
+    touched = sorted({t for t in touched if t})
+    query["nodes"] = touched
+    seen, uniq = set(), []
+    for p in pods:
+        key = (p["metadata"]["namespace"], p["metadata"]["name"])
+        if key not in seen:
+            seen.add(key)
+            uniq.append(p)
+    return query, touched, uniq
+
+
+# ---- manifest facts read off the collected outputs ----------------------------------------------
+
+def detect_kube_proxy(files: dict[str, bytes], kube_proxy_pods: bool) -> str:
+    """iptables | ipvs | nftables | none, from what the nodes print."""
+    def any_file(names: tuple[str, ...], needle: bytes) -> bool:
+        return any(p.rsplit("/", 1)[-1] in names and needle in data
+                   for p, data in files.items() if p.startswith("nodes/"))
+    if any_file(("ip-link.txt", "ip-addr.txt"), b"kube-ipvs0"):
+        return "ipvs"
+    if any_file(("nft.txt",), b"table ip kube-proxy"):
+        return "nftables"
+    if any_file(("iptables-save.txt", "iptables-nat-list.txt"), b"KUBE-SERVICES"):
+        return "iptables"
+    return "iptables" if kube_proxy_pods else "none"
+
+
+_TUNNEL = re.compile(rb"\b(genev_sys_\d+|vxlan_sys_\d+|gre_sys|stt_sys_\d+|cilium_vxlan|"
+                     rb"cilium_geneve)\b")
+
+
+def _tunnel_dev(text: bytes) -> str | None:
+    m = _TUNNEL.search(text)
+    return m.group(1).decode() if m else None
+
+
+def _yaml(doc) -> bytes:
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=4096).encode()
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path) -> Path:
+    """Write a bundle as a folder, or as a ``.tar.gz`` / ``.tgz`` of one folder."""
+    if isinstance(bundle_or_files, Bundle):
+        files = {n: bundle_or_files.raw(n) for n in bundle_or_files.names()}
+    else:
+        files = dict(bundle_or_files)
+    for name in files:
+        p = PurePosixPath(name)
+        if p.is_absolute() or ".." in p.parts or not p.parts:
+            raise InputError(f"refusing to write a bundle file outside the bundle: {name!r}")
+    path = Path(path)
+    if path.name.endswith((".tar.gz", ".tgz")):
+        top = re.sub(r"\.(tar\.gz|tgz)$", "", path.name) or "bundle"
+        buf = io.BytesIO()
+        now = int(time.time())
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for name in sorted(files):
+                data = files[name]
+                info = tarfile.TarInfo(f"{top}/{name}")
+                info.size, info.mtime, info.mode = len(data), now, 0o644
+                tar.addfile(info, io.BytesIO(data))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(path)
+        return path
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InputError("the output folder exists and is not empty (write a new folder or "
+                         "a .tar.gz)", str(path))
+    for name in sorted(files):
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(files[name])
+    return path

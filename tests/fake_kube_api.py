@@ -1,0 +1,539 @@
+"""A protocol-level stand-in for a Kubernetes API server, for the live-collection tests.
+
+No real API server can run here, so this serves the REST paths and the exec websocket
+protocol the official Python client speaks, over plain HTTP on a loopback port:
+
+- ``GET /api/v1/...`` and ``/apis/{group}/{version}/...`` for pods, services, nodes,
+  endpointslices, networkpolicies, deployments and custom resources; lists honour
+  ``labelSelector`` and ``limit``/``continue`` (pages of ``page_size``); 401 without the bearer
+  token, 404 ``Status`` for unknown objects and kinds, 403 ``Status`` for paths a test forbids.
+- ``GET .../pods/{name}/exec?command=...`` with ``Upgrade: websocket``: the RFC 6455 handshake,
+  subprotocol ``v5.channel.k8s.io`` or ``v4.channel.k8s.io`` (the first the client offers that
+  the server allows), then server frames ``<channel byte><data>``: 1 stdout, 2 stderr, 3 the
+  final ``Status`` JSON (``Success``, or ``Failure`` with an ``ExitCode`` cause), then a close
+  frame — what the kubelet's streaming server sends through the API server.
+
+Exec does not fake the answer: it runs the command it receives (``sh -c SCRIPT ...``) with
+``/bin/sh`` and a PATH holding only stub binaries (``ovs-ofctl``, ``ip``, ``iptables``...) of
+that node's "image". Each stub prints one file of the example bundle for the exact arguments a
+real tool would get, and fails on any other arguments, so the collector's real script, its
+delimiters and the splitting are exercised. A binary is absent from an image (``command -v``
+fails, exit 127) when the node has no file for it or a test removes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "traceflow" / "examples" / "antrea-encap-kube-proxy"
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+# kind file in the example -> (plural, group/version, Kind, namespaced)
+KINDS = {
+    "pods": ("pods.yaml", "v1", "Pod", True),
+    "services": ("services.yaml", "v1", "Service", True),
+    "endpointslices": ("endpointslices.yaml", "discovery.k8s.io/v1", "EndpointSlice", True),
+    "nodes": ("nodes.yaml", "v1", "Node", False),
+    "networkpolicies": ("networkpolicies.yaml", "networking.k8s.io/v1", "NetworkPolicy", True),
+    "endpoints": ("endpoints.yaml", "v1", "Endpoints", True),
+}
+
+# The fake images: binary -> {exact argument string: (file, default text when the node lacks
+# the file or None = binary absent without it)}. Written from the tools' documented usage,
+# not from the collector's script, so a drift between the two fails the tests.
+NODE_IMAGE = {
+    "ovs-ofctl": {
+        "-O OpenFlow15 dump-flows br-int --no-stats --names": ("ovs-flows.txt", None),
+        "-O OpenFlow15 dump-groups br-int": ("ovs-groups.txt",
+                                            "OFPST_GROUP_DESC reply (OF1.5) (xid=0x2):\n"),
+        "show br-int": ("ovs-show.txt", None),
+        "-O OpenFlow15 dump-tables br-int": ("ovs-tables.txt",
+                                            "OFPST_TABLE reply (OF1.5) (xid=0x2):\n"),
+    },
+    "iptables-save": {"": ("iptables-save.txt", None)},
+    "iptables": {"-t nat -L -n": ("iptables-nat-list.txt", None)},
+    "ip": {
+        "rule list": ("ip-rule.txt", None),
+        "route show table all": ("ip-route.txt", None),
+        "neigh show": ("ip-neigh.txt", None),
+        "addr show": ("ip-addr.txt", None),
+        "-d link show": ("ip-link.txt", ""),
+    },
+    "ipset": {"list": ("ipset.txt", None)},
+    "nft": {"list ruleset": ("nft.txt", None)},
+    "ipvsadm": {"-Ln": ("ipvs.txt", None)},
+}
+POD_IMAGE = {
+    "ip": {
+        "route show": ("ip-route.txt", None),
+        "neigh show": ("ip-neigh.txt", None),
+        "addr show": ("ip-addr.txt", None),
+    },
+}
+
+
+def _load_items(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return list((yaml.safe_load(path.read_text()) or {}).get("items") or [])
+
+
+def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    doc = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code}
+    if details:
+        doc["details"] = details
+    return doc
+
+
+# ---- label selectors (the API's syntax) ----------------------------------------------------
+
+def _split_terms(sel: str) -> list[str]:
+    terms, depth, cur = [], 0, ""
+    for ch in sel:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            terms.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        terms.append(cur.strip())
+    return terms
+
+
+def selector_matches(sel: str | None, labels: dict) -> bool:
+    if not sel:
+        return True
+    for term in _split_terms(sel):
+        m = re.match(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$", term)
+        if m:
+            values = {v.strip() for v in m.group(3).split(",")}
+            ok = labels.get(m.group(1)) in values
+            if (m.group(2) == "in") != ok:
+                return False
+            continue
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+# ---- websocket framing (server side: unmasked frames) -----------------------------------------
+
+def ws_frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([n])
+    elif n < 65536:
+        head += bytes([126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([127]) + n.to_bytes(8, "big")
+    return head + payload
+
+
+class FakeKubeAPI:
+    """The fake cluster. Start with ``start()`` (returns the base URL), stop with ``stop()``;
+    ``write_kubeconfig(path)`` writes a kubeconfig that authenticates with an exec plugin."""
+
+    def __init__(self, example: Path = EXAMPLE, nodes: int | None = None,
+                 token: str = "t0ken-for-traceflow-tests", exec_delay: float = 0.0,
+                 page_size: int = 2, subprotocols=("v5.channel.k8s.io", "v4.channel.k8s.io")):
+        self.example = Path(example)
+        self.token = token
+        self.exec_delay = exec_delay
+        self.page_size = page_size
+        self.subprotocols = tuple(subprotocols)
+        self.objects: dict[str, list[dict]] = {}
+        for plural, (file, *_rest) in KINDS.items():
+            self.objects[plural] = _load_items(self.example / "k8s" / file)
+        self.deployments: list[dict] = []
+        self.custom: dict[tuple[str, str, str], list[dict]] = {}
+        self.node_files: dict[str, dict[str, bytes]] = {}
+        for d in sorted((self.example / "nodes").iterdir()):
+            self.node_files[d.name] = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
+        self.pod_files: dict[tuple[str, str], dict[str, bytes]] = {}
+        pods_dir = self.example / "pods"
+        if pods_dir.exists():
+            for ns in pods_dir.iterdir():
+                for pod in ns.iterdir():
+                    self.pod_files[(ns.name, pod.name)] = {
+                        f.name: f.read_bytes() for f in pod.iterdir() if f.is_file()}
+        self.removed_binaries: dict[str, set[str]] = {}   # node -> binaries absent
+        self.hang_nodes: set[str] = set()                  # agent exec never returns
+        self.forbidden: list[str] = []                     # path regexes answered 403
+        self.requests: list[tuple[str, str]] = []          # (method, path?query)
+        self.execs: list[dict] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._tmp = Path(tempfile.mkdtemp(prefix="fake-kube-"))
+        self._images: dict[str, Path] = {}
+        if nodes:
+            self._scale(nodes)
+
+    # ---- scenario set-up -------------------------------------------------------------------
+    def _scale(self, n: int) -> None:
+        """n nodes node-001.. each a copy of worker1 or worker2 (files and agent pod)."""
+        templates = sorted(self.node_files)
+        base_nodes = {x["metadata"]["name"]: x for x in self.objects["nodes"]}
+        agents = {p["spec"]["nodeName"]: p for p in self.objects["pods"]
+                  if (p["metadata"].get("labels") or {}).get("component") == "antrea-agent"}
+        nodes, pods, files = [], [p for p in self.objects["pods"]
+                                  if (p["metadata"].get("labels") or {}).get("component")
+                                  != "antrea-agent"], {}
+        for i in range(1, n + 1):
+            name = f"node-{i:03d}"
+            tmpl = templates[(i - 1) % len(templates)]
+            node = copy.deepcopy(base_nodes[tmpl])
+            node["metadata"]["name"] = name
+            node["metadata"]["labels"] = dict(node["metadata"].get("labels") or {},
+                                              **{"kubernetes.io/hostname": name})
+            nodes.append(node)
+            agent = copy.deepcopy(agents[tmpl])
+            agent["metadata"]["name"] = f"antrea-agent-{i:05d}"
+            agent["spec"]["nodeName"] = name
+            pods.append(agent)
+            files[name] = dict(self.node_files[tmpl])
+        self.objects["nodes"] = nodes
+        self.objects["pods"] = pods
+        self.node_files = files
+
+    def add_deployment(self, namespace: str, name: str, match_labels: dict) -> None:
+        self.deployments.append({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": {"matchLabels": match_labels}, "replicas": 1}})
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> str:
+        api = self
+
+        class Handler(_Handler):
+            fake = api
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.url
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def write_kubeconfig(self, path: Path, context: str = "fake", exec_plugin: bool = True) -> Path:
+        """A kubeconfig for this server; the user authenticates with an exec credential plugin
+        (a script printing an ExecCredential with the bearer token), as cloud clusters do."""
+        path = Path(path)
+        if exec_plugin:
+            plugin = path.parent / "fake-credential-plugin.sh"
+            cred = {"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+                    "status": {"token": self.token}}
+            plugin.write_text(f"#!/bin/sh\necho '{json.dumps(cred)}'\n")
+            plugin.chmod(0o755)
+            user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                             "command": str(plugin), "interactiveMode": "Never"}}
+        else:
+            user = {"token": self.token}
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+               "clusters": [{"name": "fake-cluster", "cluster": {"server": self.url}}],
+               "users": [{"name": "tester", "user": user}],
+               "contexts": [{"name": context, "context": {"cluster": "fake-cluster",
+                                                           "user": "tester"}}]}
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    # ---- images ------------------------------------------------------------------------------
+    def _image(self, key: str, table: dict, files: dict[str, bytes], removed: set[str]) -> Path:
+        with self._lock:
+            if key in self._images:
+                return self._images[key]
+            root = self._tmp / re.sub(r"[^\w.-]", "_", key)
+            (root / "bin").mkdir(parents=True)
+            (root / "data").mkdir()
+            for binary, commands in table.items():
+                if binary in removed:
+                    continue
+                cases = []
+                if not any(file in files for file, _default in commands.values()):
+                    continue   # no output of this tool on this node: not in the image
+                for args, (file, default) in commands.items():
+                    data = files.get(file)
+                    if data is None:
+                        if default is None:
+                            continue
+                        data = default.encode()
+                    target = root / "data" / f"{binary}.{len(cases)}"
+                    target.write_bytes(data)
+                    cases.append(f'"{args}") exec /bin/cat "{target}";;')
+                if not cases:
+                    continue   # no output for any of its commands: not in this image
+                stub = root / "bin" / binary
+                stub.write_text("#!/bin/sh\ncase \"$*\" in\n" + "\n".join(cases) + "\n"
+                                f'*) echo "{binary}: fake image: unsupported arguments: $*" >&2; '
+                                "exit 2;;\nesac\n")
+                stub.chmod(0o755)
+            self._images[key] = root
+            return root
+
+    def image_for(self, namespace: str, pod: dict) -> Path | None:
+        labels = pod["metadata"].get("labels") or {}
+        node = pod["spec"].get("nodeName")
+        if labels.get("component") == "antrea-agent" or labels.get("k8s-app") == "cilium":
+            return self._image(f"node-{node}", NODE_IMAGE, self.node_files.get(node, {}),
+                               self.removed_binaries.get(node, set()))
+        files = self.pod_files.get((namespace, pod["metadata"]["name"]), {})
+        return self._image(f"pod-{namespace}-{pod['metadata']['name']}", POD_IMAGE, files, set())
+
+    # ---- objects -------------------------------------------------------------------------------
+    def find(self, plural: str, namespace: str | None, name: str) -> dict | None:
+        items = self.deployments if plural == "deployments" else self.objects.get(plural, [])
+        for it in items:
+            meta = it["metadata"]
+            if meta["name"] == name and (namespace is None or meta.get("namespace") == namespace):
+                return it
+        return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeKubeAPI
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def setup(self):
+        super().setup()
+        # headers and body go out in separate writes: without this, Nagle + delayed ACK add
+        # ~40 ms to every response (a real API server does not behave like that)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    # ---- responses ---------------------------------------------------------------------------
+    def _json(self, code: int, doc: dict) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        fake = self.fake
+        url = urlparse(self.path)
+        q = parse_qs(url.query)
+        with fake._lock:
+            fake.requests.append(("GET", self.path))
+        if self.headers.get("Authorization") != f"Bearer {fake.token}":
+            return self._json(401, _status(401, "Unauthorized", "Unauthorized"))
+        for rx in fake.forbidden:
+            if re.search(rx, url.path):
+                return self._json(403, self._forbidden_status(url.path))
+        m = re.match(r"^/(?:api/v1|apis/([^/]+)/([^/]+))(?:/namespaces/([^/]+))?/([^/]+)"
+                     r"(?:/([^/]+))?(?:/([^/]+))?$", url.path)
+        if not m:
+            return self._json(404, _status(404, "NotFound", "the server could not find the "
+                                                            "requested resource"))
+        group, version, ns, plural, name, sub = m.groups()
+        if sub == "exec" and plural == "pods":
+            return self._exec(ns, name, q)
+        if sub:
+            return self._json(404, _status(404, "NotFound", "not found"))
+        if group and (group, version) not in {("discovery.k8s.io", "v1"),
+                                              ("networking.k8s.io", "v1"), ("apps", "v1")}:
+            items = fake.custom.get((group, version, plural))
+            if items is None:
+                return self._json(404, _status(404, "NotFound", "the server could not find the "
+                                                                "requested resource"))
+            return self._list(items, f"{group}/{version}", plural, q)
+        if plural == "deployments":
+            obj = fake.find("deployments", ns, name) if name else None
+            if obj is None:
+                return self._json(404, _status(404, "NotFound",
+                                               f'deployments.apps "{name}" not found',
+                                               {"name": name, "group": "apps",
+                                                "kind": "deployments"}))
+            return self._json(200, obj)
+        if plural not in KINDS:
+            return self._json(404, _status(404, "NotFound", "the server could not find the "
+                                                            "requested resource"))
+        _file, api_version, kind, namespaced = KINDS[plural]
+        if name:
+            obj = fake.find(plural, ns if namespaced else None, name)
+            if obj is None:
+                return self._json(404, _status(404, "NotFound", f'{plural} "{name}" not found',
+                                               {"name": name, "kind": plural}))
+            return self._json(200, obj)
+        items = [i for i in fake.objects[plural]
+                 if ns is None or i["metadata"].get("namespace") == ns]
+        return self._list(items, api_version, kind + "List", q)
+
+    def _list(self, items: list[dict], api_version: str, kind: str, q: dict) -> None:
+        sel = (q.get("labelSelector") or [None])[0]
+        items = [i for i in items if selector_matches(sel, i["metadata"].get("labels") or {})]
+        start = int((q.get("continue") or ["0"])[0] or 0)
+        limit = int((q.get("limit") or ["0"])[0] or 0)
+        sizes = [x for x in (limit, self.fake.page_size) if x]
+        size = min(sizes) if sizes else 0
+        page = items[start:start + size] if size else items[start:]
+        meta = {"resourceVersion": "4242"}
+        if size and start + size < len(items):
+            meta["continue"] = str(start + size)
+        out = []
+        for it in page:   # the API leaves apiVersion/kind out of list items
+            it = dict(it)
+            it.pop("apiVersion", None)
+            it.pop("kind", None)
+            out.append(it)
+        self._json(200, {"apiVersion": api_version, "kind": kind, "metadata": meta, "items": out})
+
+    def _forbidden_status(self, path: str) -> dict:
+        m = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec$", path)
+        if m:
+            return _status(403, "Forbidden",
+                           f'pods "{m.group(2)}" is forbidden: User "system:serviceaccount:'
+                           f'default:traceflow" cannot create resource "pods/exec" in API group "" '
+                           f'in the namespace "{m.group(1)}"',
+                           {"name": m.group(2), "kind": "pods"})
+        return _status(403, "Forbidden", f"access to {path} is forbidden")
+
+    # ---- exec ------------------------------------------------------------------------------------
+    def _exec(self, ns: str, name: str, q: dict) -> None:
+        fake = self.fake
+        pod = fake.find("pods", ns, name)
+        if pod is None:
+            return self._json(404, _status(404, "NotFound", f'pods "{name}" not found'))
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = (q.get("container") or [None])[0] or (containers[0] if len(containers) == 1
+                                                            else None)
+        if container not in containers:
+            return self._json(400, _status(400, "BadRequest",
+                                           f"container {container} is not valid for pod {name}"))
+        command = q.get("command") or []
+        if self.headers.get("Upgrade", "").lower() != "websocket":
+            return self._json(400, _status(400, "BadRequest", "Upgrade request required"))
+        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        proto = next((p for p in offered if p in fake.subprotocols), None)
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        if proto:
+            self.send_header("Sec-WebSocket-Protocol", proto)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        record = {"namespace": ns, "pod": name, "container": container, "command": command,
+                  "subprotocol": proto, "node": pod["spec"].get("nodeName")}
+        with fake._lock:
+            fake.execs.append(record)
+        sock = self.connection
+        agent = (pod["metadata"].get("labels") or {}).get("component") == "antrea-agent"
+        if agent and pod["spec"].get("nodeName") in fake.hang_nodes:
+            # a command that never finishes: hold the stream open until the client goes away
+            sock.settimeout(0.2)
+            while not fake._stop.is_set():
+                try:
+                    if sock.recv(4096) == b"":
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+            record["abandoned_by_client"] = not fake._stop.is_set()
+            return
+        if fake.exec_delay:
+            time.sleep(fake.exec_delay)
+        stdout, stderr, status = self._run(ns, pod, command)
+        try:
+            for channel, data in ((1, stdout), (2, stderr)):
+                for i in range(0, len(data), 16384):   # several frames, as the kubelet sends
+                    sock.sendall(ws_frame(bytes([channel]) + data[i:i + 16384]))
+            sock.sendall(ws_frame(bytes([3]) + json.dumps(status).encode()))
+            sock.sendall(ws_frame((1000).to_bytes(2, "big"), opcode=0x8))
+        except OSError:
+            pass
+
+    def _run(self, ns: str, pod: dict, command: list[str]) -> tuple[bytes, bytes, dict]:
+        image = self.fake.image_for(ns, pod)
+        if not command or command[0] not in ("sh", "/bin/sh"):
+            msg = (f'failed to exec in container: exec: "{command[0] if command else ""}": '
+                   "executable file not found in $PATH: unknown")
+            return b"", b"", {"metadata": {}, "status": "Failure", "message": msg,
+                              "reason": "InternalError"}
+        env = {"PATH": str(image / "bin"), "LANG": "C"}
+        proc = subprocess.run(["/bin/sh", *command[1:]], capture_output=True, env=env,
+                              timeout=60, cwd="/")
+        if proc.returncode == 0:
+            status = {"metadata": {}, "status": "Success"}
+        else:
+            status = {"metadata": {}, "status": "Failure",
+                      "message": f"command terminated with non-zero exit code: exit status "
+                                 f"{proc.returncode}", "reason": "NonZeroExitCode",
+                      "details": {"causes": [{"reason": "ExitCode",
+                                              "message": str(proc.returncode)}]}}
+        return proc.stdout, proc.stderr, status
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> None:
+    """Serve a fake cluster until stopped: prints the URL once the kubeconfig is written."""
+    import argparse
+    ap = argparse.ArgumentParser(description="fake Kubernetes API server for traceflow tests")
+    ap.add_argument("kubeconfig", type=Path, help="where to write the kubeconfig")
+    ap.add_argument("--nodes", type=int, default=None, help="simulate N nodes")
+    ap.add_argument("--latency", type=float, default=0.0, help="delay per exec, seconds")
+    ap.add_argument("--page-size", type=int, default=500)
+    args = ap.parse_args(argv)
+    api = FakeKubeAPI(nodes=args.nodes, exec_delay=args.latency, page_size=args.page_size)
+    api.start()
+    api.write_kubeconfig(args.kubeconfig)
+    print(api.url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        api.stop()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""Live collection through the official Kubernetes client, against a protocol-level fake API
+server (tests/fake_kube_api.py: real REST paths, label selectors, pagination, 401/403/404
+Status bodies, the exec websocket with v5/v4 channel subprotocols; exec runs the collector's
+real script with stub binaries printing the example bundle's node files).
+
+A live `traceflow pod-to-svc frontend backendsvc` (no --bundle) must produce the same trace as
+the example bundle; `collect -o x.tar.gz` must write a bundle that traces identically. Faults:
+an exec that never returns (bounded by --timeout, exit 3 naming the node), RBAC 403 on
+pods/exec (exit 3, says what to grant), a command missing from the agent image (recorded; the
+trace goes on), an unreachable API server, bad credentials, bad queries (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_kube_api import FakeKubeAPI, free_port  # noqa: E402
+
+from collectors import agents as A  # noqa: E402
+from collectors.bundle import Bundle  # noqa: E402
+from collectors.live import CollectOptions, collect, write_bundle  # noqa: E402
+from traceflow.cli import app, example_path  # noqa: E402
+
+EXAMPLE = example_path()
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    api = FakeKubeAPI()
+    api.start()
+    api.kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--bundle", str(EXAMPLE),
+                            "-o", "json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _live(fake, *args):
+    return runner.invoke(app, [*args, "--kubeconfig", str(fake.kubeconfig)])
+
+
+def _same_trace(a: dict, b: dict, why: str = "") -> None:
+    assert a["query"] == b["query"], why
+    assert a["verdict"] == b["verdict"], why
+    if a["paths"] != b["paths"]:         # every path, leg, hop, rule, file:line and packet
+        import difflib
+        diff = "\n".join(difflib.unified_diff(json.dumps(b["paths"], indent=1).splitlines(),
+                                              json.dumps(a["paths"], indent=1).splitlines(),
+                                              lineterm="", n=1))
+        pytest.fail(f"traces differ:\n{diff[:3000]}\n{why}")
+
+
+# ---- the happy path ----------------------------------------------------------------------------
+
+def test_live_trace_equals_the_bundle_trace(fake, reference):
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    _same_trace(doc, reference, r.stderr)
+    assert doc["verdict"] == "delivered" and len(doc["paths"]) == 2
+    # the nodes the trace touches, and only those: the master's agent is never exec'd
+    agent_execs = {e["pod"] for e in fake.execs if e["namespace"] == "kube-system"}
+    assert agent_execs == {"antrea-agent-f76q2", "antrea-agent-fv5x9"}
+    # one exec per agent container: OVS in antrea-ovs, host state in antrea-agent
+    per = sorted((e["pod"], e["container"]) for e in fake.execs if e["namespace"] == "kube-system")
+    assert per == [("antrea-agent-f76q2", "antrea-agent"), ("antrea-agent-f76q2", "antrea-ovs"),
+                   ("antrea-agent-fv5x9", "antrea-agent"), ("antrea-agent-fv5x9", "antrea-ovs")]
+    # pod-side facts from inside the source pod and the endpoints
+    assert {e["pod"] for e in fake.execs if e["namespace"] == "default"} == \
+        {"frontend", "backend1", "backend2"}
+    assert {e["subprotocol"] for e in fake.execs} == {"v5.channel.k8s.io"}
+
+
+def test_exec_commands_are_the_fixed_script_with_constant_arguments(fake):
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    for e in fake.execs:
+        cmd = e["command"]
+        assert cmd[:3] == ["sh", "-c", A.SCRIPT] and cmd[3] == "traceflow"
+        assert len(cmd[4]) == 24 and all(c in "0123456789abcdef" for c in cmd[4])
+        assert cmd[5:] and all(item in A.ITEMS for item in cmd[5:])
+    tokens = {e["command"][4] for e in fake.execs}
+    assert len(tokens) == 1               # one random token per run
+    for word in ("frontend", "backendsvc", "worker1", "kube-system", "antrea-agent-f76q2"):
+        assert word not in A.SCRIPT
+
+
+def test_collect_writes_a_bundle_that_traces_identically(fake, reference, tmp_path):
+    out = tmp_path / "live.tar.gz"
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert "2 node(s)" in r.stdout
+    r2 = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--bundle", str(out),
+                             "-o", "json"])
+    assert r2.exit_code == 0, r2.output
+    _same_trace(json.loads(r2.stdout), reference)
+    b = Bundle.open(out)
+    m = b.manifest
+    assert m["cni"] == "antrea" and m["cni_version"] == "v0.10.0"
+    assert m["kube_proxy"] == "iptables"
+    assert m["nodes"]["worker1"] == {"agent_pod": "kube-system/antrea-agent-f76q2",
+                                     "tunnel_dev": "genev_sys_6081"}
+    assert m["query"]["source"] == "default/frontend"
+    assert m["query"]["destination"] == "default/backendsvc"
+    assert m["query"]["nodes"] == ["worker1", "worker2"]
+    assert "collection_errors" not in m
+    assert b.node_names() == ["worker1", "worker2"]
+    # byte for byte what the agents printed
+    for node in ("worker1", "worker2"):
+        for f in (EXAMPLE / "nodes" / node).iterdir():
+            assert b.raw(f"nodes/{node}/{f.name}") == f.read_bytes(), f
+    assert m["files"]["nodes/worker1/ovs-flows.txt"].startswith(
+        "ovs-ofctl -O OpenFlow15 dump-flows br-int --no-stats --names  (exec "
+        "kube-system/antrea-agent-f76q2 -c antrea-ovs)")
+    # iptables-save is not in this image: the list format was taken instead, and said so
+    assert any("iptables-save is not installed in the agent container" in n
+               for n in m["collection_notes"])
+
+
+def test_collect_folder_and_all_nodes(fake, tmp_path):
+    out = tmp_path / "folder"
+    r = _live(fake, "collect", "-o", str(out), "--all-nodes")
+    # the master has no files in the example: its image has no tools at all -> exit 3
+    assert r.exit_code == 3
+    assert "master" in r.stderr and "ovs-ofctl is not installed in the agent container" in r.stderr
+    b = Bundle.open(out)
+    assert (out / "manifest.yaml").exists() and (out / "k8s" / "pods.yaml").exists()
+    assert b.node_names() == ["worker1", "worker2"]
+    errs = b.manifest["collection_errors"]
+    assert {e["node"] for e in errs} == {"master"}
+    assert all(e["file"].startswith("nodes/master/") for e in errs)
+
+
+def test_pod_to_pod_on_one_node_collects_only_that_node(fake):
+    r = _live(fake, "pod-to-pod", "frontend", "backend1", "-o", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    assert {e["pod"] for e in fake.execs if e["namespace"] == "kube-system"} == \
+        {"antrea-agent-f76q2"}
+    ref = runner.invoke(app, ["pod-to-pod", "frontend", "backend1", "--bundle", str(EXAMPLE),
+                              "-o", "json"])
+    _same_trace(json.loads(r.stdout), json.loads(ref.stdout))
+
+
+def test_save_bundle_and_v4_protocol(tmp_path, reference):
+    api = FakeKubeAPI(subprotocols=("v4.channel.k8s.io",))
+    api.start()
+    try:
+        kc = api.write_kubeconfig(tmp_path / "kc", exec_plugin=False)
+        saved = tmp_path / "saved.tar.gz"
+        r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--kubeconfig", str(kc),
+                                "--save-bundle", str(saved), "-o", "json"])
+        assert r.exit_code == 0, r.stderr
+        _same_trace(json.loads(r.stdout), reference, r.stderr)
+        assert {e["subprotocol"] for e in api.execs} == {"v4.channel.k8s.io"}
+        assert Bundle.open(saved).manifest["query"]["source"] == "default/frontend"
+    finally:
+        api.stop()
+
+
+def test_no_secrets_no_env_no_last_applied(fake):
+    pod = fake.find("pods", "default", "frontend")
+    pod["spec"]["containers"][0]["env"] = [{"name": "DB_PASSWORD", "value": "hunter2"}]
+    pod["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "db"}}]
+    pod["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": '{"env": "hunter2"}', "keep": "me"}
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
+    text = b.text("k8s/pods.yaml")
+    assert "hunter2" not in text and "DB_PASSWORD" not in text and "secretRef" not in text
+    assert "last-applied-configuration" not in text and "keep: me" in text
+    assert not any("secret" in path.lower() for _method, path in fake.requests)
+    # every list was read page by page (the fake serves 2 items per page)
+    assert any("continue=" in path for _m, path in fake.requests)
+
+
+def test_deploy_and_selector_resolution(fake):
+    fake.add_deployment("default", "backend", {"role": "backend"})
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="deploy/backend",
+                               log=lambda m: None))
+    assert b.manifest["query"]["source"] == "default/backend1"     # first Running pod
+    r = _live(fake, "collect", "-l", "role=backend", "-o", "/dev/null/x")
+    assert r.exit_code == 2
+    assert "ambiguous" in r.stderr and "backend1" in r.stderr and "backend2" in r.stderr
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), selector="role=frontend",
+                               log=lambda m: None))
+    assert b.manifest["query"]["source"] == "default/frontend"
+    assert b.node_names() == ["worker1"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["pod-to-svc", "frontnd", "backendsvc"], "pod default/frontnd not found; did you mean: "
+                                              "frontend"),
+    (["pod-to-svc", "frontend", "backendsv"], "did you mean: backendsvc"),
+    (["pod-to-svc", "frontend", "backendsvc", "--port", "htp"], "has no port 'htp'"),
+    (["pod-to-svc", "Front_End", "backendsvc"], "invalid pod name 'Front_End'"),
+    (["pod-to-svc", "frontend", "backendsvc", "-n", "Bad..NS"], "invalid namespace name"),
+    (["pod-to-svc", "deploy/nothere", "backendsvc"], "deployment default/nothere not found"),
+    (["pod-to-svc", "frontend", "backendsvc", "--context", "nope"], "context 'nope' not found"),
+])
+def test_bad_queries_exit_2_before_touching_nodes(fake, args, message):
+    r = _live(fake, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr
+    assert fake.execs == []
+
+
+def test_pod_not_running_and_service_without_endpoints(fake):
+    pod = fake.find("pods", "default", "backend1")
+    pod["status"]["phase"] = "Pending"
+    r = _live(fake, "pod-to-pod", "backend1", "frontend")
+    assert r.exit_code == 2 and "is not Running (phase Pending)" in r.stderr
+    fake.objects["services"].append({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "lonely", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.7.7", "ports": [{"port": 80, "protocol": "TCP"}],
+                 "selector": {"app": "nothing"}, "type": "ClusterIP"}})
+    r = _live(fake, "pod-to-svc", "frontend", "lonely", "-o", "json")
+    assert "service default/lonely has no endpoints" in r.stderr
+    assert r.exit_code in (0, 1)
+    json.loads(r.stdout)
+
+
+# ---- faults --------------------------------------------------------------------------------
+
+def test_exec_that_never_returns_is_bounded_and_names_the_node(fake):
+    fake.hang_nodes = {"worker2"}
+    t0 = time.monotonic()
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json", "--timeout", "3")
+    took = time.monotonic() - t0
+    assert took < 15, took
+    assert r.exit_code == 3
+    assert "worker2" in r.stderr and "did not finish within the time limit" in r.stderr
+    assert "collection failed: node(s) worker2 could not be collected" in r.stderr
+    doc = json.loads(r.stdout)            # the trace still went as far as it could
+    assert doc["verdict"] != "delivered"
+    to_b1 = next(p for p in doc["paths"] if p["endpoint"] == "default/backend1")
+    assert to_b1["verdict"] == "delivered"           # worker1 only: fully traced
+    assert any(p["verdict"] != "delivered" for p in doc["paths"])
+    deadline = time.monotonic() + 5                  # and the stream was abandoned, not leaked
+    while time.monotonic() < deadline and not any(e.get("abandoned_by_client")
+                                                  for e in fake.execs):
+        time.sleep(0.1)
+    assert any(e.get("abandoned_by_client") for e in fake.execs)
+
+
+def test_overall_deadline_bounds_everything(fake, tmp_path):
+    fake.hang_nodes = {"worker1", "worker2"}
+    t0 = time.monotonic()
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(tmp_path / "b.tgz"),
+              "--timeout", "30", "--deadline", "3")
+    assert time.monotonic() - t0 < 12
+    assert r.exit_code == 3 and "worker1" in r.stderr and "worker2" in r.stderr
+
+
+def test_exec_forbidden_by_rbac(fake):
+    fake.forbidden = [r"^/api/v1/namespaces/kube-system/pods/[^/]+/exec$"]
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    assert r.exit_code == 3
+    assert "forbidden to exec into kube-system/antrea-agent-f76q2" in r.stderr
+    assert 'cannot create resource "pods/exec"' in r.stderr
+    assert "deploy/rbac.yaml" in r.stderr
+
+
+def test_pod_side_exec_forbidden_is_only_a_note(fake, reference):
+    # the recommended RBAC grants pods/exec in kube-system only
+    fake.forbidden = [r"^/api/v1/namespaces/default/pods/[^/]+/exec$"]
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
+    assert "collection_errors" not in b.manifest
+    assert not [n for n in b.names() if n.startswith("pods/")]
+    assert any("no pod-side facts" in n for n in b.manifest["collection_notes"])
+
+
+def test_list_forbidden_is_exit_3(fake):
+    fake.forbidden = [r"^/api/v1/pods$"]
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc")
+    assert r.exit_code == 3
+    assert "forbidden reading pods" in r.stderr and "deploy/rbac.yaml" in r.stderr
+
+
+def test_missing_command_in_the_agent_image_without_ssh(fake, reference):
+    fake.removed_binaries["worker2"] = {"iptables-save", "iptables"}
+    fake.removed_binaries["worker1"] = {"ipset"}
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    assert r.exit_code == 3
+    assert ("nodes/worker2/iptables-save.txt: iptables-save is not installed in the agent "
+            "container (kube-system/antrea-agent-fv5x9 -c antrea-agent) (no SSH "
+            "configured for a fallback)") in r.stderr
+    doc = json.loads(r.stdout)                         # the trace goes on as far as it can
+    assert doc["query"] == reference["query"] and doc["paths"]
+    # the optional ipset on worker1 is just recorded
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
+    notes = b.manifest["collection_notes"]
+    assert any(n.startswith("nodes/worker1/ipset.txt not collected: ipset is not installed")
+               for n in notes)
+    assert not b.has("nodes/worker1/ipset.txt") and b.has("nodes/worker2/ipset.txt")
+
+
+def test_unreachable_api_server_and_bad_credentials(tmp_path):
+    kc = tmp_path / "kc"
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--kubeconfig", str(kc)])
+    assert time.monotonic() - t0 < 10
+    assert r.exit_code == 3 and "cannot reach the Kubernetes API server" in r.stderr
+    api = FakeKubeAPI(token="right")
+    api.start()
+    try:
+        kc2 = api.write_kubeconfig(tmp_path / "kc2", exec_plugin=False)
+        kc2.write_text(kc2.read_text().replace("token: right", "token: wrong"))
+        r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--kubeconfig", str(kc2)])
+        assert r.exit_code == 3 and "unauthorized" in r.stderr
+    finally:
+        api.stop()
+
+
+def test_no_bundle_and_no_cluster_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc"])
+    assert r.exit_code == 3
+    assert "cannot load Kubernetes credentials" in r.stderr
+
+
+# ---- units --------------------------------------------------------------------------------------
+
+def test_split_output_is_exact():
+    t = "ab12cd34ef56ab12cd34ef56"
+    out = (f"### traceflow {t} begin a.txt\nline1\nline2\n\n### traceflow {t} end a.txt rc=0\n"
+           f"### traceflow {t} begin b.txt\nno newline\n### traceflow {t} end b.txt rc=3\n"
+           f"### traceflow {t} begin c.txt\n### traceflow other begin x\n\n"
+           f"### traceflow {t} end c.txt rc=0\n"
+           f"### traceflow {t} begin d.txt\npartial").encode()
+    err = f"### traceflow {t} begin b.txt\nboom\n\n### traceflow {t} end b.txt rc=3\n".encode()
+    res = A.split_output(out, err, t)
+    assert res["a.txt"].stdout == b"line1\nline2\n" and res["a.txt"].rc == 0
+    assert res["b.txt"].stdout == b"no newline" and res["b.txt"].rc == 3
+    assert res["b.txt"].error_text() == "exit code 3: boom"
+    assert res["c.txt"].stdout == b"### traceflow other begin x\n"   # another token is data
+    assert res["d.txt"].rc is None and "cut off" in res["d.txt"].error_text()
+
+
+def test_script_runs_in_a_plain_posix_shell(tmp_path):
+    """The real script, in dash, with a PATH of three stubs: markers, rc=127, the
+    iptables-save -> list-format fallback, and arguments never evaluated."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "ip").write_text('#!/bin/sh\n[ "$*" = "rule list" ] && printf "0:\\tfrom all lookup '
+                             'local" && exit 0\nexit 5\n')
+    (bin_ / "iptables").write_text("#!/bin/sh\necho \"nat $*\"\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    token = A.new_token()
+    argv = A.script_argv(token, ["ip-rule.txt", "ip-route.txt", "iptables-save.txt", "nft.txt"])
+    proc = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True,
+                          env={"PATH": str(bin_)}, timeout=10)
+    assert proc.returncode == 0
+    res = A.split_output(proc.stdout, proc.stderr, token)
+    assert res["ip-rule.txt"].stdout == b"0:\tfrom all lookup local" and res["ip-rule.txt"].ok
+    assert res["ip-route.txt"].rc == 5
+    assert res["iptables-save.txt"].rc == 127
+    assert res["iptables-nat-list.txt"].stdout == b"nat -t nat -L -n\n"
+    assert res["nft.txt"].rc == 127
+    with pytest.raises(ValueError):
+        A.script_argv(token, ["ip-rule.txt; rm -rf /"])
+    with pytest.raises(ValueError):
+        A.script_argv("$(reboot)", ["ip-rule.txt"])
+
+
+def test_write_bundle_refuses_paths_outside(tmp_path):
+    from traceflow.errors import InputError
+    with pytest.raises(InputError):
+        write_bundle({"manifest.yaml": b"", "../evil": b"x"}, tmp_path / "b")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(InputError, match="not empty"):
+        write_bundle({"manifest.yaml": b""}, tmp_path / "full")
+
+
+def test_cli_start_up_imports_no_kubernetes_or_paramiko():
+    code = ("import sys, traceflow.cli, collectors.live, collectors.agents, collectors.kube, "
+            "collectors.ssh\n"
+            "print(','.join(m for m in ('kubernetes', 'paramiko', 'websocket') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
+    r = subprocess.run([sys.executable, "-m", "traceflow", "collect", "--help"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and "--all-nodes" in r.stdout
+
+
+# ---- RBAC ----------------------------------------------------------------------------------
+
+def _rbac():
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()))
+    return ([d for d in docs if d["kind"] == "ClusterRole"],
+            [d for d in docs if d["kind"] == "Role"])
+
+
+def _allowed(group: str, resource: str, verb: str, namespace: str | None) -> bool:
+    cluster_roles, roles = _rbac()
+    rules = [r for c in cluster_roles for r in c["rules"]]
+    rules += [r for role in roles if role["metadata"]["namespace"] == namespace
+              for r in role["rules"]]
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               for r in rules)
+
+
+def test_rbac_is_read_only_and_covers_every_request_the_collector_makes(fake):
+    import re
+    cluster_roles, roles = _rbac()
+    for c in cluster_roles:
+        for r in c["rules"]:
+            assert set(r["verbs"]) <= {"get", "list"}, r
+            assert not {"secrets", "configmaps", "*"} & set(r["resources"]), r
+    assert [r["metadata"]["namespace"] for r in roles] == ["kube-system"]
+    exec_rules = [r for role in roles for r in role["rules"] if "pods/exec" in r["resources"]]
+    assert exec_rules and not any("pods/exec" in r["resources"] for c in cluster_roles
+                                  for r in c["rules"])
+    fake.add_deployment("default", "front", {"role": "frontend"})
+    r = _live(fake, "pod-to-svc", "deploy/front", "backendsvc", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    seen = set()
+    for _method, path in fake.requests:
+        p = path.split("?", 1)[0]
+        m = re.match(r"^/(?:api/v1|apis/([^/]+)/[^/]+)(?:/namespaces/([^/]+))?/([^/]+)"
+                     r"(?:/([^/]+))?(?:/([^/]+))?$", p)
+        assert m, p
+        group, ns, resource, name, sub = m.groups()
+        resource = f"{resource}/{sub}" if sub else resource
+        verb = "create" if sub == "exec" else ("get" if name else "list")
+        seen.add((group or "", resource, ns))
+        if sub == "exec" and ns != "kube-system":
+            assert not _allowed(group or "", resource, verb, ns)   # pod-side: by design
+            continue
+        assert _allowed(group or "", resource, verb, ns), (verb, path)
+    assert ("apps", "deployments", "default") in seen
+    assert ("", "pods/exec", "kube-system") in seen
+    assert ("crd.antrea.io", "clusternetworkpolicies", None) in seen   # probed, 404: absent
