@@ -318,3 +318,23 @@ def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
             branches = table.evaluate(packet(node_ip, v.port, v.port.node_port))
             assert_equal_shares(dnat_shares(branches), local if v.svc.etp_local else every,
                                 f"ipvs {v.node} {v.name} NodePort")
+
+
+def test_nftables_mode_gives_the_same_endpoints_as_iptables_mode():
+    """The same cluster in kube-proxy's nftables mode: traceflow's nft engine must send every
+    sampled port to the same endpoints, in equal shares, as the iptables mode does."""
+    from traceflow.netfilter.nft import parse_nft_ruleset
+    rulesets = {}
+    for v in sampled_views():
+        if v.node not in rulesets:
+            path = BUNDLES["nftables"] / "nodes" / v.node / "nft.txt"
+            rulesets[v.node] = parse_nft_ruleset(path.read_text(), f"nodes/{v.node}/nft.txt")
+            rulesets[v.node].raise_for_errors()
+        node = cluster().node(v.node)
+        ctx = node_context(node)
+        pkt = packet(v.svc.cluster_ip, v.port)
+        nft = dnat_shares(rulesets[v.node].evaluate_hook("PREROUTING", pkt, ctx))
+        ipt = dnat_shares(evaluate_hook(ruleset("iptables", v.node), "PREROUTING", pkt, ctx))
+        assert nft.keys() == ipt.keys(), f"{v.node} {v.name}"
+        for target in nft:
+            assert abs(nft[target] - ipt[target]) < TOLERANCE, f"{v.node} {v.name} {target}"
