@@ -43,6 +43,28 @@ class NotModelled(InputError):
     """A well-formed construct the simulator does not model: kept, reported at trace time."""
 
 
+class Diagnosed:
+    """Parsed input that keeps located diagnostics instead of stopping at the first bad line.
+
+    ``syntax_error`` is the diagnostic class that means "not this format at all" (exit 2).
+    """
+
+    syntax_error: type = RuleSyntaxError
+    diagnostics: list
+
+    @property
+    def syntax_errors(self) -> list[InputError]:
+        return [d for d in self.diagnostics if isinstance(d, self.syntax_error)]
+
+    def raise_for_errors(self) -> None:
+        """Raise the first syntax error (for callers that exit with code 2 on bad input)."""
+        errors = self.syntax_errors
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
+            raise self.syntax_error(first.reason + more, first.file, first.line, first.text)
+
+
 # ---------------------------------------------------------------------------------------------
 # Value types
 
@@ -767,7 +789,7 @@ class Table:
 
 
 @dataclass
-class Ruleset:
+class Ruleset(Diagnosed):
     name: str                        # the bundle file it was read from
     tables: dict[str, Table] = field(default_factory=dict)
     diagnostics: list[InputError] = field(default_factory=list)
@@ -775,18 +797,6 @@ class Ruleset:
 
     def table(self, name: str) -> Table:
         return self.tables.setdefault(name, Table(name))
-
-    @property
-    def syntax_errors(self) -> list[InputError]:
-        return [d for d in self.diagnostics if isinstance(d, RuleSyntaxError)]
-
-    def raise_for_errors(self) -> None:
-        """Raise the first syntax error (for callers that exit with code 2 on bad input)."""
-        errors = self.syntax_errors
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
-            raise RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
 
     def rules(self):
         """Every (table, chain, rule), in file order per chain."""

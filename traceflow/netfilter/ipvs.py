@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from traceflow.errors import InputError, Source
 from traceflow.netfilter.engine import Branch, NatAction, Step
+from traceflow.netfilter.iptables import Diagnosed
 from traceflow.packet import PROTO_NAMES, Packet
 
 # ipvsadm cuts names (not numeric addresses) to this width
@@ -139,7 +140,8 @@ class VirtualService:
 
 
 @dataclass
-class IpvsTable:
+class IpvsTable(Diagnosed):
+    syntax_error = IpvsSyntaxError
     name: str                          # the bundle file it was read from
     services: list[VirtualService] = field(default_factory=list)
     sections: list[str] = field(default_factory=list)   # ">>> host" labels, in file order
@@ -147,18 +149,6 @@ class IpvsTable:
     size: int | None = None
     diagnostics: list[InputError] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
-
-    @property
-    def syntax_errors(self) -> list[InputError]:
-        return [d for d in self.diagnostics if isinstance(d, IpvsSyntaxError)]
-
-    def raise_for_errors(self) -> None:
-        """Raise the first syntax error (for callers that exit with code 2 on bad input)."""
-        errors = self.syntax_errors
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
-            raise IpvsSyntaxError(first.reason + more, first.file, first.line, first.text)
 
     def section(self, label: str) -> IpvsTable:
         """The table of one host of a multi-host file (``>>> label``)."""

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from traceflow.errors import InputError, Source
-from traceflow.netfilter.engine import MAX_DEPTH, Branch, NatAction, NodeContext, Step
+from traceflow.netfilter.engine import (MAX_DEPTH, Branch, NatAction, NodeContext, Step,
+                                        _hostport, _range_note)
 from traceflow.netfilter.iptables import (
+    Diagnosed,
     NatTo,
     NotModelled,
     RuleSyntaxError,
@@ -500,7 +502,7 @@ class NftTable:
 
 
 @dataclass
-class NftRuleset:
+class NftRuleset(Diagnosed):
     name: str                          # the bundle file it was read from
     tables: dict[str, NftTable] = field(default_factory=dict)   # "ip kube-proxy" -> table
     diagnostics: list[InputError] = field(default_factory=list)
@@ -508,18 +510,6 @@ class NftRuleset:
 
     def table(self, family: str, name: str) -> NftTable | None:
         return self.tables.get(f"{family} {name}")
-
-    @property
-    def syntax_errors(self) -> list[InputError]:
-        return [d for d in self.diagnostics if isinstance(d, RuleSyntaxError)]
-
-    def raise_for_errors(self) -> None:
-        """Raise the first syntax error (for callers that exit with code 2 on bad input)."""
-        errors = self.syntax_errors
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
-            raise RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
 
     def chains(self):
         for table in self.tables.values():
@@ -2106,13 +2096,4 @@ def _shown(values, key: tuple[Selector, ...]) -> str:
     return " . ".join(out)
 
 
-def _hostport(ip: str | None, port: int | None) -> str:
-    ip = ip or "?"
-    if port is None:
-        return ip
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
-
-def _range_note(to: NatTo) -> str:
-    ranged = to.addr_hi or (to.ports and to.ports.hi != to.ports.lo)
-    return f" (range {to}: the kernel picks one; traced with the first)" if ranged else ""
