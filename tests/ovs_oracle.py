@@ -11,7 +11,9 @@ global to one vswitchd, hence one instance per node.
 ``PrivateOvs.trace_many`` runs ``ofproto/trace`` over the daemon's unixctl socket (JSON-RPC),
 pipelining requests on one connection: about 0.1 ms a trace, against ~5 ms for a fork of
 ``ovs-appctl``. ``parse_trace`` turns the text into an ``OvsTrace``: table hits per
-recirculation stage, the OpenFlow output actions, and the flow as each stage starts and ends.
+recirculation stage, the OpenFlow output actions (controller included), the select-group
+buckets taken, and the flow as each stage starts and ends. ``PrivateOvs.start_node`` loads a
+bundle node as a whole (named tables, meters, groups before flows).
 
 Start-up is ~0.05 s; ``close()`` (or leaving the ``with`` block) always stops both daemons,
 by the pids in the instance's own pidfiles, and removes the directory.
@@ -131,7 +133,11 @@ class PrivateOvs:
     # ---- life cycle ------------------------------------------------------------------
     @classmethod
     def start(cls, ports: list[PortSpec], flows: str, groups: str = "",
-              tlv_map: str | None = ANTREA_TLV_MAP) -> PrivateOvs:
+              tlv_map: str | None = ANTREA_TLV_MAP,
+              table_names: dict[str, int] | None = None) -> PrivateOvs:
+        """``table_names`` (name -> number, from ovs-tables.txt) names the tables first, so
+        that flows and groups written with ``table=Name``/``goto_table:Name`` load; meters
+        the flows use (``meter:N``) are created; groups go in before the flows."""
         ensure_installed()
         ovs = cls(Path(tempfile.mkdtemp(prefix="traceflow-ovs-")))
         atexit.register(ovs.close)    # even if the caller never gets to close it
@@ -141,13 +147,22 @@ class PrivateOvs:
             except OvsCommandError as exc:
                 raise OvsUnavailable(f"cannot start a userspace Open vSwitch: {exc}") from exc
             ovs._add_bridge(ports)
+            if table_names:
+                ovs._name_tables(table_names)
             if tlv_map:
                 ovs.ofctl("add-tlv-map", cls.BRIDGE, tlv_map)
+            meters = sorted(set(re.findall(r"\bmeter:(\d+)", flows)), key=int)
+            for meter in meters:
+                ovs.ofctl("-O", "OpenFlow15", "add-meter", cls.BRIDGE,
+                          f"meter={meter},pktps,burst,bands=type=drop,rate=100,burst_size=200")
             if groups.strip():    # before the flows: OVS rejects a group:N that does not exist
                 (ovs.dir / "groups.txt").write_text(groups_for_add_groups(groups))
                 ovs.ofctl("-O", "OpenFlow15", "add-groups", cls.BRIDGE, str(ovs.dir / "groups.txt"))
             (ovs.dir / "flows.txt").write_text(flows_for_add_flows(flows))
-            ovs.ofctl("add-flows", cls.BRIDGE, str(ovs.dir / "flows.txt"))
+            # Antrea's named pipeline needs OpenFlow 1.5 (meter:); others load as they always
+            # did (some NXM-only matches, e.g. conj_id, refuse the OXM flow format).
+            version = ["-O", "OpenFlow15"] if table_names or meters else []
+            ovs.ofctl(*version, "add-flows", cls.BRIDGE, str(ovs.dir / "flows.txt"))
         except BaseException:
             ovs.close()
             raise
@@ -190,6 +205,28 @@ class PrivateOvs:
         for p in ports:   # ofport_request is a request: make sure every number was granted
             if f" {p.number}({p.name})" not in shown:
                 raise OvsCommandError(f"port {p.name} did not get OpenFlow number {p.number}")
+
+    @classmethod
+    def start_node(cls, node_dir: Path) -> PrivateOvs:
+        """A bundle node's switch: ports of ovs-show.txt (antrea-tun*: Geneve), the table
+        names of ovs-tables.txt if present, ovs-groups.txt if present, then ovs-flows.txt."""
+        from traceflow.ovs.bridge import parse_tables
+        show = (node_dir / "ovs-show.txt").read_text()
+        ports = [PortSpec(name, int(num), name.startswith("antrea-tun"))
+                 for num, name in re.findall(r"^ (\d+)\(([^)]+)\):", show, re.MULTILINE)]
+        tables = node_dir / "ovs-tables.txt"
+        groups = node_dir / "ovs-groups.txt"
+        return cls.start(ports, (node_dir / "ovs-flows.txt").read_text(),
+                         groups.read_text() if groups.exists() else "",
+                         table_names=(parse_tables(tables.read_text(), str(tables))
+                                      if tables.exists() else None))
+
+    def _name_tables(self, names: dict[str, int]) -> None:
+        cmd = [_which("ovs-vsctl"), f"--db={self.db}"]
+        for name, num in sorted(names.items(), key=lambda kv: kv[1]):
+            cmd += ["--", f"--id=@t{num}", "create", "Flow_Table", f"name={name}",
+                    "--", "set", "Bridge", self.BRIDGE, f"flow_tables:{num}=@t{num}"]
+        self._run(*cmd)
 
     def ofctl(self, *args: str) -> str:
         # Address the bridge's management socket directly: no reliance on the default rundir.
@@ -318,6 +355,8 @@ class OvsStage:
     hits: list = field(default_factory=list)
     outputs: list = field(default_factory=list)   # int port, or "NORMAL"/"IN_PORT:<n>"...
     header: str = ""                    # "recirc(0x1) - resume conntrack with ct_state=..."
+    # (group id, bucket id) for each select group met, in order; bucket None: "no live bucket"
+    buckets: list = field(default_factory=list)
 
 
 @dataclass
@@ -329,6 +368,10 @@ class OvsTrace:
     def outputs(self) -> list:
         return [o for s in self.stages for o in s.outputs]
 
+    @property
+    def buckets(self) -> list:
+        return [b for s in self.stages for b in s.buckets]
+
 
 _BANNER = re.compile(r"^=+$")
 _HIT = re.compile(r"^\s*(\d+)\.\s+(.*)$")
@@ -339,6 +382,10 @@ _OUTPUT_PORT = re.compile(r"^-> output port is (\d+)$")
 # datapath-level: the OpenFlow output action still happened.
 _CANCELLED = (">> skipping output to input port", ">> Nonexistent output port")
 _SPECIAL = ("NORMAL", "LOCAL", "CONTROLLER", "IN_PORT", "FLOOD", "ALL")
+# controller(reason=...,id=...) and output to the CONTROLLER port (CONTROLLER:65535)
+_TO_CONTROLLER = ("controller(", "CONTROLLER:")
+_GROUP = re.compile(r"^group:(\d+)$")
+_BUCKET = re.compile(r"^-> (?:using bucket (\d+)|no live bucket)$")
 
 
 def parse_trace(text: str) -> OvsTrace:
@@ -375,6 +422,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
     in_port = stage.flow.get("in_port")
     body = lines[next(i for i, l in enumerate(lines) if l.startswith("bridge(")):
                  next(i for i, l in enumerate(lines) if l.startswith("Final flow: "))]
+    group = None        # the group of the line before
     for raw in body:
         line = raw.strip()
         m = _HIT.match(raw)
@@ -387,8 +435,14 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
             stage.outputs[-1] = int(_OUTPUT_PORT.match(line).group(1))
         elif line in _SPECIAL:
             stage.outputs.append(in_port if line == "IN_PORT" else line)
+        elif line.startswith(_TO_CONTROLLER):
+            stage.outputs.append("CONTROLLER")
+        elif _BUCKET.match(line) and group is not None:    # a select group's choice
+            bucket = _BUCKET.match(line).group(1)
+            stage.buckets.append((group, None if bucket is None else int(bucket)))
         elif line.startswith(_CANCELLED) and stage.outputs:
             stage.outputs.pop()
+        group = int(_GROUP.match(line).group(1)) if _GROUP.match(line) else None
     return stage
 
 

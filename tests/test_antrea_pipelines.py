@@ -419,39 +419,17 @@ def test_provenance_covers_every_file_and_flow_line(bundle):
 
 # ============================================================================ real Open vSwitch
 
-def _bundle_ports(bundle, node):
-    from ovs_oracle import PortSpec
-    show = (bundle / "nodes" / node / "ovs-show.txt").read_text()
-    return [PortSpec(name, int(num), name.startswith("antrea-tun"))
-            for num, name in re.findall(r"^ (\d+)\(([^)]+)\):", show, re.M)]
-
-
 @contextlib.contextmanager
 def private_ovs(bundle, node):
     """One private userspace OVS loaded with a node's table names, meters, groups and flows
-    (groups first: a flow may not name a group that does not exist)."""
+    (groups first: a flow may not name a group that does not exist); see
+    ovs_oracle.PrivateOvs.start_node."""
     oracle = pytest.importorskip("ovs_oracle")
     try:
-        ovs = oracle.PrivateOvs.start(_bundle_ports(bundle, node), "")
+        ovs = oracle.PrivateOvs.start_node(bundle / "nodes" / node)
     except oracle.OvsUnavailable as exc:
         pytest.skip(str(exc))
     try:
-        d = bundle / "nodes" / node
-        if (d / "ovs-tables.txt").exists():
-            from traceflow.ovs.bridge import parse_tables
-            cmd = [oracle._which("ovs-vsctl"), f"--db={ovs.db}"]
-            for name, num in parse_tables((d / "ovs-tables.txt").read_text(), "t").items():
-                cmd += ["--", f"--id=@t{num}", "create", "Flow_Table", f"name={name}",
-                        "--", "set", "Bridge", "br-int", f"flow_tables:{num}=@t{num}"]
-            ovs._run(*cmd)
-        flows = (d / "ovs-flows.txt").read_text()
-        for meter in sorted(set(re.findall(r"meter:(\d+)", flows))):
-            ovs.ofctl("-O", "OpenFlow15", "add-meter", "br-int",
-                      f"meter={meter},pktps,burst,bands=type=drop,rate=100,burst_size=200")
-        (ovs.dir / "groups.txt").write_text(oracle.groups_for_add_groups((d / "ovs-groups.txt").read_text()))
-        ovs.ofctl("-O", "OpenFlow15", "add-groups", "br-int", str(ovs.dir / "groups.txt"))
-        (ovs.dir / "flows.txt").write_text(oracle.flows_for_add_flows(flows))
-        ovs.ofctl("-O", "OpenFlow15", "add-flows", "br-int", str(ovs.dir / "flows.txt"))
         yield ovs
     finally:
         ovs.close()

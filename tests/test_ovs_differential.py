@@ -84,6 +84,8 @@ class Probe:
         f = self.state()
         if f["dl_type"] == ARP:
             return "arp"
+        if f["dl_type"] != IPV4:
+            return "eth"                # another EtherType (IPv6, LLDP...): L2 fields only
         return {TCP: "tcp", UDP: "udp", ICMP: "icmp"}[f["nw_proto"]]
 
     def spec(self) -> str:
@@ -91,9 +93,10 @@ class Probe:
         f = self.state()
         kind = self.kind
         in_port = f.pop("in_port")
-        f.pop("dl_type")
+        dl_type = f.pop("dl_type")
         f.pop("nw_proto", None)         # both said by the protocol word
-        words = ["in_port=LOCAL" if in_port == LOCAL else f"in_port={in_port}", kind]
+        words = ["in_port=LOCAL" if in_port == LOCAL else f"in_port={in_port}",
+                 f"dl_type={dl_type:#06x}" if kind == "eth" else kind]
         for name, value in sorted(f.items()):
             key = {"tp_src": f"{kind}_src", "tp_dst": f"{kind}_dst"}.get(name, name)
             fld = F.FIELDS[name]
@@ -297,7 +300,8 @@ _COMMON = ["dl_src", "dl_dst", "tun_dst", "ct_state", "ct_zone", "ct_mark", "ct_
 _BY_KIND = {"tcp": ["nw_src", "nw_dst", "nw_ttl", "tp_src", "tp_dst"],
             "udp": ["nw_src", "nw_dst", "nw_ttl", "tp_src", "tp_dst"],
             "icmp": ["nw_src", "nw_dst", "nw_ttl", "icmp_type", "icmp_code"],
-            "arp": ["arp_op", "arp_spa", "arp_tpa", "arp_sha", "arp_tha", "nw_ttl"]}  # no TTL: 0
+            "arp": ["arp_op", "arp_spa", "arp_tpa", "arp_sha", "arp_tha", "nw_ttl"],  # no TTL: 0
+            "eth": []}
 
 
 def differences(probe: Probe, sim: View, run: OvsRun, ovs: View) -> list[str]:

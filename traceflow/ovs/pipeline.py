@@ -408,6 +408,13 @@ class _Runner:
             port = number
             how = f"output to port {port}"
         name = self.bridge.port_name(port)
+        if (act.reg is not None and self.bridge.port_by_number and port < 0xff00
+                and port not in self.bridge.port_by_number):
+            # OVS: "Nonexistent output port", nothing is sent (e.g. reg1 still 0 when the
+            # L2 lookup found no port). Only when ovs-show.txt gave the bridge's ports;
+            # 0xff00 and up are OpenFlow's reserved ports (LOCAL 0xfffe ...).
+            hit.effects.append(f"{how}: no such port on the bridge, nothing is sent")
+            return
         if port == state.get("in_port"):
             hit.effects.append(f"{how} ({name}): that is the input port, so OVS drops it "
                                "(only IN_PORT may send back)")
@@ -466,15 +473,20 @@ class _Runner:
             total = sum(b.weight for b in group.buckets) or 1
             hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
                                f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
-            self.apply_actions(bucket.actions, state, hit, depth, flow)
+            # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
+            # restores the flow after the bucket ("equivalent to cloning the packet for each
+            # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
+            # clearing of ct_state) reach its outputs and recirculations but neither the
+            # calling flow's later actions nor the pass's final flow.
+            self.apply_actions(bucket.actions, dict(state), hit, depth, flow)
         elif group.type == "all":
             hit.effects.append(f"group {group.group_id} (all): every bucket gets a copy")
             for b in group.buckets:
                 self.apply_actions(b.actions, dict(state), hit, depth, flow)
-        else:  # indirect / fast failover: the first (live) bucket
+        else:  # indirect / fast failover: the first (live) bucket, on a copy as above
             hit.effects.append(f"group {group.group_id} ({group.type}): bucket "
                                f"{group.buckets[0].bucket_id}")
-            self.apply_actions(group.buckets[0].actions, state, hit, depth, flow)
+            self.apply_actions(group.buckets[0].actions, dict(state), hit, depth, flow)
 
     # ---- conntrack ------------------------------------------------------------------
     def _ct(self, act: A.Ct, state: dict, hit: TableHit, depth: int) -> None:
