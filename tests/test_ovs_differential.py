@@ -663,28 +663,38 @@ def test_targeted_packets_hit_every_flow_and_agree(nodes, name):
           f"unreachable {len(never)}: " + "; ".join(f"line {l}: {w}" for l, w in never.items()))
 
 
-@pytest.mark.parametrize("name", NODES)
-def test_random_packets_agree(nodes, name):
-    node = nodes(name)
+def agree_on_random_packets(node, probes=None, compare=None) -> tuple[int, list, float]:
+    """PACKETS distinct hypothesis packets through OVS and traceflow, every one agreeing:
+    (distinct packets, outcomes, seconds). The newer pipelines' tests pass their own packet
+    strategy and comparison."""
+    probes = probes or random_probes
+    compare = compare or compare_all
     seen: set[Probe] = set()
     outcomes: list[Outcome] = []
     start = time.monotonic()
 
     @settings(max_examples=PACKETS, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(probe=random_probes(node.facts))
+    @given(probe=probes(node.facts))
     def check(probe: Probe) -> None:
         assume(probe not in seen)     # a repeat is not a new packet: do not count it
         seen.add(probe)
-        (outcome,) = compare_all(node, [probe])
+        (outcome,) = compare(node, [probe])
         outcomes.append(outcome)
         assert not outcome.diffs, outcome.report()
 
     check()
     assert len(seen) >= PACKETS, f"hypothesis ran only {len(seen)} distinct packets of {PACKETS}"
+    return len(seen), outcomes, time.monotonic() - start
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_random_packets_agree(nodes, name):
+    node = nodes(name)
+    n_seen, outcomes, seconds = agree_on_random_packets(node)
     covered = covered_lines(node, outcomes)
-    print(f"\n{name}: {len(seen)} distinct random packets agree with OVS in "
-          f"{time.monotonic() - start:.1f} s; they cover {len(covered)}/{len(node.flows)} flows")
+    print(f"\n{name}: {n_seen} distinct random packets agree with OVS in "
+          f"{seconds:.1f} s; they cover {len(covered)}/{len(node.flows)} flows")
 
 
 # ============================================================== OVS behaviours, one by one

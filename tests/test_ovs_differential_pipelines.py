@@ -46,10 +46,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ovs_oracle import OvsTrace, OvsUnavailable, PortSpec, PrivateOvs
 from test_ovs_differential import (
+    agree_on_random_packets,
     ARP,
     BITS,
     BROADCAST,
@@ -57,7 +57,6 @@ from test_ovs_differential import (
     ICMP,
     IPV4,
     LOCAL,
-    PACKETS,
     STRANGER_IP,
     STRANGER_MAC,
     TCP,
@@ -937,25 +936,10 @@ def test_targeted_packets_hit_every_flow_and_bucket_and_agree(nodes, bundle, nam
 @pytest.mark.parametrize("bundle,name", CASES, ids=IDS)
 def test_random_packets_agree(nodes, bundle, name):
     node = nodes(bundle, name)
-    seen: set[Probe] = set()
-    outcomes: list[Outcome] = []
-    start = time.monotonic()
-
-    @settings(max_examples=PACKETS, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(probe=random_probes(node.facts))
-    def check(probe: Probe) -> None:
-        assume(probe not in seen)     # a repeat is not a new packet: do not count it
-        seen.add(probe)
-        (outcome,) = compare_all(node, [probe])
-        outcomes.append(outcome)
-        assert not outcome.diffs, outcome.report()
-
-    check()
-    assert len(seen) >= PACKETS, f"hypothesis ran only {len(seen)} distinct packets of {PACKETS}"
+    n_seen, outcomes, seconds = agree_on_random_packets(node, random_probes, compare_all)
     lines, buckets = covered(node, outcomes)
-    print(f"\n{bundle}/{name}: {len(seen)} distinct random packets agree with OVS in "
-          f"{time.monotonic() - start:.1f} s; they cover {len(lines)}/{len(node.flows)} flows, "
+    print(f"\n{bundle}/{name}: {n_seen} distinct random packets agree with OVS in "
+          f"{seconds:.1f} s; they cover {len(lines)}/{len(node.flows)} flows, "
           f"{len(buckets)} buckets")
 
 
