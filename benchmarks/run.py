@@ -6,7 +6,7 @@ Prints numbers and ratios; asserts nothing. Run: ``python benchmarks/run.py [--f
 - synthetic: the example plus N flows per node (default 100,000): index, trace (which parses
   only the tables it visits), and a full eager parse of every flow;
 - the `ovs` package's own parser (ovs.flow.ofp.OFPFlow) on the same 100k lines, if installed,
-  as the reference the issue asked to measure against.
+  as the reference parser.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from traceflow.examples import generate_kube_proxy as gen
 from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
 from traceflow.netfilter.ipset import parse_ipset_list
-from traceflow.netfilter.iptables import MODULES, NotModelled, RuleSyntaxError
+from traceflow.netfilter.iptables import NotModelled, RuleSyntaxError
 from traceflow.packet import PROTO_NUMBERS, Packet
 
 EXAMPLES = Path(gen.__file__).resolve().parent
@@ -29,12 +29,6 @@ BUNDLES = {mode: EXAMPLES / f"kube-proxy-{mode}" for mode in gen.MODES}
 CLIENT = "192.168.50.7"                  # outside the cluster (not a node, not a pod)
 SAMPLE = 50
 TOLERANCE = 1e-6
-# until the engine models `-m recent` (session affinity), the only diagnostic allowed
-KNOWN_GAP = "match module 'recent' is not modelled"
-recent_gap = pytest.mark.xfail("recent" not in MODULES, strict=True,
-                               reason="engine gap: the `recent` match (session affinity) is not "
-                                      "modelled, so the trace stops UNKNOWN at the first "
-                                      "affinity check")
 
 
 @cache
@@ -83,7 +77,7 @@ def assert_equal_shares(shares: dict, expected: set, what: str) -> None:
 
 
 def sampled_views() -> list[gen.PortView]:
-    """50 service ports with ready endpoints per node (no session affinity: see the xfail)."""
+    """50 service ports with ready endpoints per node (session affinity has its own test)."""
     out = []
     for node in cluster().nodes:
         views = [v for v in gen.port_views(cluster(), node.name)
@@ -137,12 +131,9 @@ def test_manifests_say_how_the_bundle_was_made():
 def test_iptables_save_parses_without_errors(mode, node):
     rs = ruleset(mode, node)
     assert not [d for d in rs.diagnostics if isinstance(d, RuleSyntaxError)]
-    unexpected = [str(d) for d in rs.diagnostics if d.reason != KNOWN_GAP]
-    assert not unexpected, "\n".join(unexpected[:5])
-    assert all(isinstance(d, NotModelled) for d in rs.diagnostics)
+    assert not [d for d in rs.diagnostics if isinstance(d, NotModelled)], rs.diagnostics[:5]
 
 
-@recent_gap
 @pytest.mark.parametrize("node", [n.name for n in gen.NODES])
 def test_iptables_save_parses_with_zero_diagnostics(node):
     assert ruleset("iptables", node).diagnostics == []
@@ -272,7 +263,6 @@ def test_lb_source_ranges_are_enforced():
     assert [b.verdict for b in branches] == ["DROP"]
 
 
-@recent_gap
 def test_session_affinity_service_is_traceable():
     v = next(v for v in gen.port_views(cluster(), "node1") if v.svc.role == "session-affinity")
     rs, ctx = ruleset("iptables", "node1"), node_context(cluster().node("node1"))
