@@ -172,6 +172,11 @@ class Snapshot:
         self._nodes: dict[str, NodeModel] = {}
 
     @cached_property
+    def conventions(self):
+        """The CNI's conventions the solver relies on (see traceflow.cni.antrea)."""
+        return antrea.AntreaConventions()
+
+    @cached_property
     def cluster(self) -> Cluster:
         return load_cluster(self.bundle.text)
 

@@ -106,6 +106,7 @@ class Solver:
     def __init__(self, snapshot: Snapshot):
         self.snap = snapshot
         self.cluster = snapshot.cluster
+        self.cni = snapshot.conventions
         self.warnings: list[str] = []
 
     # ---- public -------------------------------------------------------------------------
@@ -193,17 +194,12 @@ class Solver:
                     return (str(default.gateway), entry.lladdr,
                             f"from the pod's own routes and neighbours ({files['ip-route.txt'][1]})",
                             default.text, default.source)
-        # Antrea's convention: the gateway is the first address of the node's pod CIDR,
-        # and its MAC is antrea-gw0's.
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
-        gw_ip = str(next(ipaddress.ip_network(n.pod_cidrs[0]).hosts())) if n and n.pod_cidrs else "?"
-        from traceflow.cni.antrea import gateway_port_name
-        gw_name = gateway_port_name(node.bridge.ports)
-        gw_mac = node.bridge.ports[gw_name].mac if gw_name else None
-        self.warnings.append(f"{pod.key}: gateway and its MAC derived from Antrea's conventions "
-                             f"(no pods/{pod.namespace}/{pod.name}/ip-route.txt and ip-neigh.txt)")
-        return gw_ip, gw_mac, "derived from Antrea's conventions (first IP of the pod CIDR, " \
-                              "antrea-gw0's MAC)", f"default via {gw_ip} dev eth0", None
+        gw_ip, gw_mac, how = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
+        self.warnings.append(f"{pod.key}: gateway and its MAC derived from {self.cni.name}'s "
+                             f"conventions (no pods/{pod.namespace}/{pod.name}/ip-route.txt and "
+                             "ip-neigh.txt)")
+        return gw_ip, gw_mac, how, f"default via {gw_ip} dev eth0", None
 
     @staticmethod
     def _pod_mac(files: dict) -> str | None:
@@ -310,27 +306,18 @@ class Solver:
         if flow is None:
             return f"no flow matched in {where} (table miss)"
         pkt = _from_state(hit.state_after or {}, loc.packet)
-        if name in ("EgressDefaultRule", "IngressDefaultRule", "EgressRule", "IngressRule"):
-            direction = "egress" if name.startswith("Egress") else "ingress"
+        direction = self.cni.policy_direction(name)
+        if direction:
             pod_ip = pkt.nw_src if direction == "egress" else pkt.nw_dst
             peer_ip = pkt.nw_dst if direction == "egress" else pkt.nw_src
             pod = self.cluster.pod_by_ip(pod_ip)
             return (f"dropped by the {direction} default-deny flow of {where}: "
                     + kube.policy_drop_reason(self.cluster, direction, pod, peer_ip,
                                               pkt.proto_name, pkt.tp_dst))
-        if name == "ConntrackState":
-            return f"dropped in {where}: conntrack marks the packet invalid (+inv)"
-        if name in ("L2ForwardingOut", "Output"):
-            return (f"dropped in {where}: no output port was found for destination MAC "
-                    f"{pkt.dl_dst} (no L2ForwardingCalc flow knows it), so nothing sets the "
-                    "'output port found' mark")
-        if name == "SpoofGuard":
-            return (f"dropped in {where}: source {pkt.nw_src} / {pkt.dl_src} is not what this "
-                    "port is allowed to send (spoofing check)")
-        return f"dropped by the flow in {where}: {flow.text}"
+        return (self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
+                or f"dropped by the flow in {where}: {flow.text}")
 
     def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query):
-        from traceflow.cni.antrea import gateway_port_name, tunnel_port_name
         ports = node.bridge.ports
         port = output.port
         if port == "CONTROLLER":
@@ -344,9 +331,9 @@ class Solver:
                                                    output.via.text if output.via else None,
                                                    f"output to {port} is not followed further")), None)
         name = node.bridge.port_name(port)
-        if name == gateway_port_name(ports):
+        if name == self.cni.gateway_port(ports):
             return (b, AtHost(loc.node, name, pkt))
-        if name == tunnel_port_name(ports):
+        if name == self.cni.tunnel_port(ports):
             return self._tunnel(b, loc, output, pkt)
         # a local pod port?
         pod_ip = next((ip for ip, (pname, _) in node.pod_ports.items() if pname == name), None)
@@ -392,8 +379,7 @@ class Solver:
                   f"decapsulates it into its tunnel port", packet=pkt.headers()))
         try:
             peer_model = self.snap.node(peer.name)
-            from traceflow.cni.antrea import tunnel_port_name
-            tname = tunnel_port_name(peer_model.bridge.ports)
+            tname = self.cni.tunnel_port(peer_model.bridge.ports)
         except Missing as miss:
             return (self._missing(b, peer.name, "ovs", miss), None)
         if tname is None:
@@ -621,9 +607,7 @@ class Solver:
                 ok = True
                 reason = (f"{nexthop} is not in ip-neigh.txt; an ARP request on {dec.dev} is "
                           f"answered by OVS's ARP responder with {answered}")
-        notes = []
-        if result_mac == "aa:bb:cc:dd:ee:ff":
-            notes.append("aa:bb:cc:dd:ee:ff: Antrea's global virtual MAC (remote destination)")
+        notes = [n for n in (self.cni.describe_mac(result_mac),) if n]
         if result_mac:
             pkt.dl_dst = result_mac
         b.add(Hop(loc.node, "neigh", dec.dev, text, reason, source=src, packet=pkt.headers(),
@@ -633,8 +617,7 @@ class Solver:
                                                    f"neighbour unreachable: {reason}")), None)
         if not result_mac:
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "neigh", dec.dev, text, reason)), None)
-        from traceflow.cni.antrea import gateway_port_name
-        gw = gateway_port_name(node.bridge.ports)
+        gw = self.cni.gateway_port(node.bridge.ports)
         if dec.dev == gw:
             self._new_leg(b, pkt)
             return (b, AtOvs(loc.node, node.bridge.ports[gw].number, pkt))
@@ -651,15 +634,14 @@ class Solver:
                 loc.node, "route", dec.table, rule,
                 f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "
                 f"it out of {dec.dev} via {nexthop}, outside the overlay: the route for {cidr} "
-                f"through the Antrea gateway is missing"))
+                f"through the {self.cni.name} gateway is missing"))
         return b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, rule,
                                               f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
                                               "outside the cluster, not followed further"))
 
     def _arp_via_ovs(self, node_name: str, node: NodeModel, dev: str, target: str) -> str | None:
         """Ask OVS's ARP responder (table ARPResponder) what MAC answers for ``target``."""
-        from traceflow.cni.antrea import gateway_port_name
-        gw = gateway_port_name(node.bridge.ports)
+        gw = self.cni.gateway_port(node.bridge.ports)
         iface = node.interface(dev)
         if dev != gw or iface is None or not iface.mac:
             return None

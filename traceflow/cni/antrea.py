@@ -324,3 +324,56 @@ def gateway_port_name(ports: dict[str, Port]) -> str | None:
 
 def tunnel_port_name(ports: dict[str, Port]) -> str | None:
     return next((n for n in ports if n.startswith("antrea-tun") or n == "tun0"), None)
+
+
+class AntreaConventions:
+    """Antrea's facts the solver needs beyond the flows: which ports are the gateway and the
+    tunnel, a Pod's default gateway when the bundle has no pod-side files, what a drop in a
+    given table means, and its special MACs. The solver asks this object, never Antrea's
+    names directly, so another CNI plugs in by providing the same methods."""
+
+    name = "Antrea"
+    _POLICY_TABLES = {"EgressRule": "egress", "EgressDefaultRule": "egress",
+                      "IngressRule": "ingress", "IngressDefaultRule": "ingress"}
+
+    @staticmethod
+    def gateway_port(ports: dict[str, Port]) -> str | None:
+        return gateway_port_name(ports)
+
+    @staticmethod
+    def tunnel_port(ports: dict[str, Port]) -> str | None:
+        return tunnel_port_name(ports)
+
+    def default_gateway(self, pod_cidrs: tuple, ports: dict[str, Port]) -> tuple[str, str | None, str]:
+        """(gateway IP, its MAC, how we know): the first address of the Node's pod CIDR,
+        answered by antrea-gw0."""
+        gw_ip = str(next(ipaddress.ip_network(pod_cidrs[0]).hosts())) if pod_cidrs else "?"
+        gw_name = self.gateway_port(ports)
+        gw_mac = ports[gw_name].mac if gw_name else None
+        return gw_ip, gw_mac, ("derived from Antrea's conventions (first IP of the pod CIDR, "
+                               "antrea-gw0's MAC)")
+
+    def policy_direction(self, table_name: str | None) -> str | None:
+        """"egress"/"ingress" when a drop in this table is a NetworkPolicy's default deny."""
+        return self._POLICY_TABLES.get(table_name or "")
+
+    @staticmethod
+    def drop_reason(table_name: str | None, where: str, dl_src: str, dl_dst: str,
+                    nw_src: str | None) -> str | None:
+        """What a drop flow in one of Antrea's tables means, in plain English."""
+        if table_name == "ConntrackState":
+            return f"dropped in {where}: conntrack marks the packet invalid (+inv)"
+        if table_name in ("L2ForwardingOut", "Output"):
+            return (f"dropped in {where}: no output port was found for destination MAC "
+                    f"{dl_dst} (no L2ForwardingCalc flow knows it), so nothing sets the "
+                    "'output port found' mark")
+        if table_name == "SpoofGuard":
+            return (f"dropped in {where}: source {nw_src} / {dl_src} is not what this port is "
+                    "allowed to send (spoofing check)")
+        return None
+
+    @staticmethod
+    def describe_mac(mac: str | None) -> str | None:
+        if mac == GLOBAL_VIRTUAL_MAC:
+            return f"{mac}: Antrea's global virtual MAC (remote destination)"
+        return None
