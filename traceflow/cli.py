@@ -7,6 +7,7 @@ trace commands import the engines only when they run.
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -169,6 +170,11 @@ def _run(build):
         _fail(err, ExitCode.COLLECTION)
     except (OSError, ValueError) as err:  # unreadable files, bad values from the user
         _fail(err)
+    except Exception as err:  # noqa: BLE001 - the last resort: a message, never a traceback
+        if os.environ.get("TRACEFLOW_DEBUG"):
+            raise
+        _fail(f"internal error ({type(err).__name__}: {err}); rerun with TRACEFLOW_DEBUG=1 for "
+              "the traceback and report it with the bundle", ExitCode.BAD_INPUT)
 
 
 def _service_port(svc, port: Optional[str]):

@@ -6,6 +6,7 @@ selector), endpoints, nodes (InternalIP, pod CIDR) and NetworkPolicies (for expl
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import ipaddress
 from dataclasses import dataclass, field
@@ -177,14 +178,41 @@ def _items(text: str | None, name: str) -> list:
     return [i for i in doc.get("items") or [] if isinstance(i, dict)]
 
 
+@contextlib.contextmanager
+def _shape(name: str):
+    """Valid YAML with an unexpected shape (a string where a mapping belongs, a truncated
+    object) is bad input naming the file, not a crash."""
+    try:
+        yield
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:
+        raise InputError(f"unexpected structure in a Kubernetes object ({exc})", name) from None
+
+
 def load_cluster(read) -> Cluster:
     """Build the Cluster from a bundle; ``read(name) -> str | None``."""
     c = Cluster()
+    with _shape("k8s/pods.yaml"):
+        _load_pods(c, read)
+    with _shape("k8s/services.yaml"):
+        _load_services(c, read)
+    with _shape("k8s/nodes.yaml"):
+        _load_nodes(c, read)
+    with _shape("k8s/networkpolicies.yaml"):
+        _load_policies(c, read)
+    with _shape("k8s/endpointslices.yaml or k8s/endpoints.yaml"):
+        _load_endpoints(c, read)
+    return c
+
+
+def _load_pods(c: Cluster, read) -> None:
     for item in _items(read("k8s/pods.yaml"), "k8s/pods.yaml"):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
         c.pods.append(Pod(meta.get("namespace", "default"), meta.get("name", ""),
                           status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
                           status.get("phase", "Unknown"), bool(spec.get("hostNetwork"))))
+
+
+def _load_services(c: Cluster, read) -> None:
     for item in _items(read("k8s/services.yaml"), "k8s/services.yaml"):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
         ports = tuple(ServicePort(p.get("name", ""), int(p.get("port", 0)),
@@ -193,12 +221,18 @@ def load_cluster(read) -> Cluster:
         c.services.append(Service(meta.get("namespace", "default"), meta.get("name", ""),
                                   spec.get("type", "ClusterIP"), spec.get("clusterIP"), ports,
                                   spec.get("selector") or {}))
+
+
+def _load_nodes(c: Cluster, read) -> None:
     for item in _items(read("k8s/nodes.yaml"), "k8s/nodes.yaml"):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
         ip = next((a.get("address") for a in status.get("addresses") or []
                    if a.get("type") == "InternalIP"), None)
         cidrs = tuple(spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else []))
         c.nodes.append(Node(meta.get("name", ""), ip, cidrs))
+
+
+def _load_policies(c: Cluster, read) -> None:
     for item in _items(read("k8s/networkpolicies.yaml"), "k8s/networkpolicies.yaml"):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
         types = tuple(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else [])))
@@ -206,8 +240,6 @@ def load_cluster(read) -> Cluster:
                                         spec.get("podSelector") or {}, types,
                                         tuple(spec.get("ingress") or []),
                                         tuple(spec.get("egress") or [])))
-    _load_endpoints(c, read)
-    return c
 
 
 def _load_endpoints(c: Cluster, read) -> None:
