@@ -259,7 +259,11 @@ class View:
 def sim_view(bridge: Bridge, probe: Probe) -> tuple[View, OvsRun]:
     runs = simulate(bridge, probe.state(), Conntrack(), ct_next=list(probe.ct_next))
     assert len(runs) == 1, "no select groups in these bridges: one run per packet"
-    run = runs[0]
+    return view_of_run(bridge, runs[0]), runs[0]
+
+
+def view_of_run(bridge: Bridge, run: OvsRun) -> View:
+    """A simulator run in the shape the OVS trace is read into: hits per stage, outputs."""
     stages = [Stage([], final) for final in run.finals]
     for hit in run.hits:
         while len(stages) <= hit.stage:         # a stage the simulator could not finish
@@ -268,7 +272,7 @@ def sim_view(bridge: Bridge, probe: Probe) -> tuple[View, OvsRun]:
         stages[hit.stage].hits.append(
             (hit.table, flow.priority if flow else None, flow.conj_id if flow else None,
              match_tokens_of_flow(flow, bridge) if flow else frozenset()))
-    return View(stages, [o.port for o in run.outputs]), run
+    return View(stages, [o.port for o in run.outputs])
 
 
 def ovs_view(trace: OvsTrace) -> View:

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from ovs_oracle import OvsTrace, OvsUnavailable, PortSpec, PrivateOvs
 from test_ovs_differential import (
     agree_on_random_packets,
+    view_of_run,
     ARP,
     BITS,
     BROADCAST,
@@ -64,7 +65,6 @@ from test_ovs_differential import (
     UDP,
     Outcome,
     Probe,
-    Stage,
     View,
     _clause_choices,
     _ct_state_for,
@@ -73,7 +73,6 @@ from test_ovs_differential import (
     assert_agree,
     base_packet,
     differences,
-    match_tokens_of_flow,
     ovs_view,
     weighted,
 )
@@ -297,16 +296,7 @@ def sim_view(bridge: Bridge, probe: Probe, pinned: dict) -> tuple[View, OvsRun, 
     number of runs (more than one: the simulator met a group OVS did not)."""
     runs = simulate(bridge, probe.state(), Conntrack(), pinned=pinned,
                     ct_next=list(probe.ct_next))
-    run = runs[0]
-    stages = [Stage([], final) for final in run.finals]
-    for hit in run.hits:
-        while len(stages) <= hit.stage:         # a stage the simulator could not finish
-            stages.append(Stage([], {}))
-        flow = hit.flow
-        stages[hit.stage].hits.append(
-            (hit.table, flow.priority if flow else None, flow.conj_id if flow else None,
-             match_tokens_of_flow(flow, bridge) if flow else frozenset()))
-    return View(stages, [o.port for o in run.outputs]), run, len(runs)
+    return view_of_run(bridge, runs[0]), runs[0], len(runs)
 
 
 def bucket_differences(bridge: Bridge, probe: Probe, trace: OvsTrace) -> tuple[dict, list]:
