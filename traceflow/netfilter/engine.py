@@ -92,7 +92,7 @@ class Branch:
 
 
 @dataclass
-class _Walk:
+class Walk:
     """The state of one branch while it runs: its own packet copy, context and steps."""
 
     weight: float
@@ -101,8 +101,10 @@ class _Walk:
     steps: list[Step] = field(default_factory=list)
     nat: NatAction | None = None
 
-    def fork(self, share: float) -> "_Walk":
-        return _Walk(self.weight * share, self.packet.copy(), self.ctx, list(self.steps), self.nat)
+    def fork(self, share: float) -> "Walk":
+        """A copy for one side of a branch (a subclass's own fields are copied too)."""
+        return dataclasses.replace(self, weight=self.weight * share, packet=self.packet.copy(),
+                                   steps=list(self.steps))
 
     def add_ct_state(self, state: str) -> None:
         self.ctx = dataclasses.replace(self.ctx, ct_state=set(self.ctx.ct_state) | {state})
@@ -111,7 +113,7 @@ class _Walk:
 # outcomes of running a chain for one branch
 CONTINUE = "CONTINUE"        # go on with the next rule of this chain
 RETURN = "RETURN"            # leave this chain (RETURN rule, or fell off the end)
-Outcome = tuple[_Walk, str]  # str: CONTINUE, RETURN or a verdict
+Outcome = tuple[Walk, str]  # str: CONTINUE, RETURN or a verdict
 
 
 def evaluate_hook(ruleset: Ruleset, hook: str, packet: Packet, ctx: NodeContext) -> list[Branch]:
@@ -122,12 +124,12 @@ def evaluate_hook(ruleset: Ruleset, hook: str, packet: Packet, ctx: NodeContext)
         ctx = dataclasses.replace(ctx, ct_orig=packet.copy())   # first hook of a new connection
     tables = [ruleset.tables[t] for t in HOOK_TABLES[hook]
               if t in ruleset.tables and hook in ruleset.tables[t].chains]
-    outcomes = _run_tables(tables, hook, _Walk(1.0, packet.copy(), ctx))
+    outcomes = _run_tables(tables, hook, Walk(1.0, packet.copy(), ctx))
     return [Branch(w.weight, w.packet, verdict, w.steps, w.nat, w.ctx.connmark,
                    frozenset(w.ctx.ct_state)) for w, verdict in outcomes]
 
 
-def _run_tables(tables: list[Table], hook: str, walk: _Walk) -> list[Outcome]:
+def _run_tables(tables: list[Table], hook: str, walk: Walk) -> list[Outcome]:
     """ACCEPT in one table hands the packet to the next table; any other verdict is final."""
     if not tables:
         return [(walk, "ACCEPT")]
@@ -146,7 +148,7 @@ def _nat_applies(ctx: NodeContext) -> bool:
     return "NEW" in ctx.ct_state and "UNTRACKED" not in ctx.ct_state
 
 
-def _run_builtin(table: Table, hook: str, walk: _Walk) -> list[Outcome]:
+def _run_builtin(table: Table, hook: str, walk: Walk) -> list[Outcome]:
     """A built-in chain: falling off its end (or RETURN) applies its policy."""
     chain = table.chains[hook]
     results = []
@@ -162,14 +164,14 @@ def _run_builtin(table: Table, hook: str, walk: _Walk) -> list[Outcome]:
     return results
 
 
-def _run_chain(table: Table, chain: Chain, walk: _Walk, depth: int) -> list[Outcome]:
+def _run_chain(table: Table, chain: Chain, walk: Walk, depth: int) -> list[Outcome]:
     if depth > MAX_DEPTH:
         return [_stop(walk, table, chain, None,
                       f"chain loop: more than {MAX_DEPTH} nested jumps (at {chain.name})")]
     return _run_rules(table, chain, 0, walk, depth)
 
 
-def _run_rules(table: Table, chain: Chain, start: int, walk: _Walk, depth: int) -> list[Outcome]:
+def _run_rules(table: Table, chain: Chain, start: int, walk: Walk, depth: int) -> list[Outcome]:
     """Rules from ``start`` on. Forks recurse; a hit that simply continues loops on."""
     index = start
     while index < len(chain.rules):
@@ -210,7 +212,7 @@ def _then(table: Table, chain: Chain, index: int, outcomes: list[Outcome],
     return results
 
 
-def _decide(rule: Rule, walk: _Walk) -> None | str | tuple[float, tuple[str, ...]]:
+def _decide(rule: Rule, walk: Walk) -> None | str | tuple[float, tuple[str, ...]]:
     """None: miss. str: why it cannot be decided. Else (probability of a hit, deciding matches).
 
     A definite miss on any match wins over an undecidable one (the rule is an AND).
@@ -235,7 +237,7 @@ def _decide(rule: Rule, walk: _Walk) -> None | str | tuple[float, tuple[str, ...
     return (probability, tuple(matched)) if probability > 0.0 else None
 
 
-def _assumed_miss(rule: Rule, walk: _Walk) -> str | None:
+def _assumed_miss(rule: Rule, walk: Walk) -> str | None:
     """The caveat of a rule missed only because of state the bundle lacks (session affinity's
     recent lists): the trace must say what it assumed, not skip the rule silently."""
     assumed = [m for m in rule.matches if isinstance(m, RecentMatch) and m.action != "set"
@@ -248,7 +250,7 @@ def _assumed_miss(rule: Rule, walk: _Walk) -> str | None:
     return assumed[0].caveat() + ": rule not taken"
 
 
-def _stop(walk: _Walk, table: Table, chain: Chain, rule: Rule | None, reason: str) -> Outcome:
+def _stop(walk: Walk, table: Table, chain: Chain, rule: Rule | None, reason: str) -> Outcome:
     where = f" {rule.source.file}:{rule.source.line} `{rule.text}`" if rule else ""
     walk.steps.append(Step(table.name, chain.name, rule,
                            f"cannot decide{where}: {reason}; the trace stops here", unknown=True))
@@ -259,7 +261,7 @@ def _stop(walk: _Walk, table: Table, chain: Chain, rule: Rule | None, reason: st
 # Targets: what a hit does to the branch
 
 
-def _apply(table: Table, chain: Chain, rule: Rule, walk: _Walk, matched: tuple[str, ...],
+def _apply(table: Table, chain: Chain, rule: Rule, walk: Walk, matched: tuple[str, ...],
            depth: int, probability: float = 1.0) -> list[Outcome]:
     def step(effect: str) -> None:
         if probability < 1.0:
@@ -281,7 +283,7 @@ def _apply(table: Table, chain: Chain, rule: Rule, walk: _Walk, matched: tuple[s
     return _jump(table, chain, rule, walk, step, depth)
 
 
-def _jump(table: Table, chain: Chain, rule: Rule, walk: _Walk, step, depth: int) -> list[Outcome]:
+def _jump(table: Table, chain: Chain, rule: Rule, walk: Walk, step, depth: int) -> list[Outcome]:
     """``-j CHAIN`` returns here (CONTINUE); ``-g CHAIN`` returns to our caller (RETURN)."""
     if rule.target not in table.chains:
         missing = f"chain {rule.target} is not in table {table.name}"
@@ -301,7 +303,7 @@ def _jump(table: Table, chain: Chain, rule: Rule, walk: _Walk, step, depth: int)
 
 
 def _verdict(name: str):
-    def act(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+    def act(chain: Chain, rule: Rule, walk: Walk, step) -> str:
         reject_with = rule.target_args.get("reject-with")
         detail = f" with {reject_with}" if reject_with else ""
         why = f" ({rule.comment})" if rule.comment else ""
@@ -310,12 +312,12 @@ def _verdict(name: str):
     return act
 
 
-def _return(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _return(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     step("RETURN: back to the calling chain")
     return RETURN
 
 
-def _dnat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _dnat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     to: NatTo = rule.target_args["to"]
     p = walk.packet
     before = (p.nw_dst, p.tp_dst)
@@ -327,7 +329,7 @@ def _dnat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
     return "ACCEPT"
 
 
-def _snat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _snat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     to: NatTo = rule.target_args["to"]
     p = walk.packet
     before = (p.nw_src, p.tp_src)
@@ -340,7 +342,7 @@ def _snat(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
     return "ACCEPT"
 
 
-def _masquerade(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _masquerade(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     """SNAT to the out interface's address; unresolved (ip None) when the caller lacks it."""
     p, ip = walk.packet, walk.ctx.masquerade_ip
     before = (p.nw_src, p.tp_src)
@@ -358,7 +360,7 @@ def _masquerade(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
     return "ACCEPT"
 
 
-def _mark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _mark(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     op = rule.target_args["mark"]
     walk.packet.mark = op.apply(walk.packet.mark)
     meaning = CHAIN_MEANINGS.get(chain.name)
@@ -370,7 +372,7 @@ def _mark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
     return CONTINUE
 
 
-def _connmark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _connmark(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     op = rule.target_args["connmark"]
     mark, connmark = op.apply(walk.packet.mark, walk.ctx.connmark)
     walk.packet.mark = mark
@@ -379,7 +381,7 @@ def _connmark(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
     return CONTINUE
 
 
-def _notrack(chain: Chain, rule: Rule, walk: _Walk, step) -> str:
+def _notrack(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     walk.ctx = dataclasses.replace(walk.ctx, ct_state={"UNTRACKED"})
     step(f"{rule.target}: not tracked by conntrack (state UNTRACKED, no NAT from here)")
     return CONTINUE

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from traceflow.errors import InputError, Source
-from traceflow.netfilter.engine import (MAX_DEPTH, Branch, NatAction, NodeContext, Step,
+from traceflow.netfilter.engine import (MAX_DEPTH, Branch, NatAction, NodeContext, Step, Walk,
                                         _hostport, _range_note)
 from traceflow.netfilter.iptables import (
     Diagnosed,
@@ -1637,23 +1637,11 @@ def _apply_ops(value: int, ops) -> int:
 
 
 @dataclass
-class _Walk:
-    """One branch while it runs: its own packet copy, context, steps and NAT."""
+class _Walk(Walk):
+    """The iptables walk, plus what nft's NAT needs: whether this hook already bound a NAT."""
 
-    weight: float
-    packet: Packet
-    ctx: NodeContext
-    steps: list[Step] = field(default_factory=list)
-    nat: NatAction | None = None
     nat_bound: bool = False            # a NAT binding was made at this hook
     hook: str = ""
-
-    def fork(self, share: float) -> _Walk:
-        return _Walk(self.weight * share, self.packet.copy(), self.ctx, list(self.steps),
-                     self.nat, self.nat_bound, self.hook)
-
-    def add_ct_state(self, state: str) -> None:
-        self.ctx = dataclasses.replace(self.ctx, ct_state=set(self.ctx.ct_state) | {state})
 
 
 NEXT = "NEXT"          # the rule did not end the chain: go on with the next rule
