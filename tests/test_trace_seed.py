@@ -168,6 +168,9 @@ def test_pod_to_pod_blocked_port_is_dropped_by_policy():
     drop = doc["paths"][0]["drop"]
     assert (drop["node"], drop["component"], drop["table"]) == ("worker1", "ovs", "60")
     assert "default/frontendpolicy" in drop["reason"] and "TCP/8080" in drop["reason"]
+    last = doc["paths"][0]["legs"][0]["hops"][-1]
+    assert last["table"] == "60" and any(n.startswith("why: ") and "frontendpolicy" in n
+                                         for n in last["notes"])
 
 
 def test_yaml_and_table_outputs():

@@ -287,6 +287,10 @@ class Solver:
         if not run.outputs:
             hit = run.dropped_by or last
             reason = self._ovs_drop_reason(hit, node, loc, q)
+            dropping = next((h for h in reversed(b.leg.hops) if h.component == "ovs"
+                             and h.node == loc.node and h.table == str(hit.table)), None)
+            if dropping is not None:
+                dropping.notes.append(f"why: {reason}")   # the reason at the hop, not only at the end
             return [(b.finish(Verdict.DROPPED, Drop(loc.node, "ovs", str(hit.table),
                                                     hit.flow.text if hit.flow else None,
                                                     reason)), None)]
