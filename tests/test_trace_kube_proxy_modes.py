@@ -157,3 +157,13 @@ def test_ipvs_mode_gives_the_same_paths(bundle):
     assert any("IPVS: real server 10.222.2.34:80" in c for c in p2["choices"])
     undnat = next(h for h in p2["legs"][2]["hops"] if h.get("chain") == "conntrack")
     assert undnat["packet"]["nw_src"] == "10.104.65.133"
+
+
+def test_an_untraced_rules_file_is_said(bundle):
+    set_mode(bundle, "nftables")
+    (bundle / "nodes/worker1/nft.txt").write_text(NFT)
+    (bundle / "nodes/worker1/iptables-save.txt").write_text(IPVS_IPTABLES)
+    code, doc = trace(bundle)
+    assert code == 0
+    assert any("nodes/worker1/iptables-save.txt is in the bundle but not traced" in w
+               for w in doc["warnings"])

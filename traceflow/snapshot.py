@@ -77,20 +77,26 @@ class NodeModel:
         (that listing holds every table, iptables-nft's too), else the iptables rules."""
         from traceflow.netfilter.iptables import parse_iptables_list, parse_iptables_save
         nft = self._file("nft.txt")
+        ipt = self._file("iptables-save.txt") or self._file("iptables-nat-list.txt")
         if nft is not None and self.snapshot.kube_proxy == "nftables":
             from traceflow.netfilter.nft import parse_nft_ruleset
             rs = parse_nft_ruleset(*nft)
             rs.raise_for_errors()
+            if ipt is not None:   # both apply in the kernel; only one is traced: say so
+                rs.caveats.append(f"{ipt[1]} is in the bundle but not traced (kube_proxy: "
+                                  f"nftables traces {nft[1]}); rules only it holds are not seen")
             return rs
-        got = self._file("iptables-save.txt")
-        if got is not None:
-            rs = parse_iptables_save(*got)
+        if ipt is None:
+            return None
+        if ipt[1].endswith("iptables-save.txt"):
+            rs = parse_iptables_save(*ipt)
         else:
-            got = self._file("iptables-nat-list.txt")
-            if got is None:
-                return None
-            rs = parse_iptables_list(*got, table="nat")
+            rs = parse_iptables_list(*ipt, table="nat")
         rs.raise_for_errors()
+        if nft is not None:
+            rs.caveats.append(f"{nft[1]} is in the bundle but not traced (kube_proxy: "
+                              f"{self.snapshot.kube_proxy} traces {ipt[1]}); rules only it holds "
+                              "are not seen")
         return rs
 
     @cached_property
