@@ -42,7 +42,7 @@ from traceflow.conntrack import Conntrack
 from traceflow.errors import Source
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import Port, parse_show
+from traceflow.ovs.bridge import parse_groups, Port, parse_show
 from traceflow.ovs.flows import Flow, FlowDump, MatchField
 from traceflow.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
 
@@ -750,17 +750,25 @@ QUIRKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def quirks_node():
+def quirks_switch(flows: str, groups: str = "") -> tuple[Bridge, PrivateOvs]:
+    """A three-port bridge (p5, p6, p7) with hand-written flows, as traceflow reads it and as
+    a private OVS runs it; skips the test when no OVS can be started."""
     names = {"p5": 5, "p6": 6, "p7": 7}
     ports = {n: Port(num, n, f"02:00:00:00:00:0{num}", Source("quirks", 0, n))
              for n, num in names.items()}
-    bridge = Bridge("quirks", FlowDump(QUIRK_FLOWS, "quirks.txt"), {}, ports)
+    bridge = Bridge("quirks", FlowDump(flows, "quirks.txt"),
+                    parse_groups(groups, "groups.txt") if groups else {}, ports)
     try:
-        ovs = PrivateOvs.start([PortSpec(n, num) for n, num in names.items()], QUIRK_FLOWS,
+        ovs = PrivateOvs.start([PortSpec(n, num) for n, num in names.items()], flows, groups,
                                tlv_map=None)
     except OvsUnavailable as exc:
         pytest.skip(f"no Open vSwitch to compare with: {exc}")
+    return bridge, ovs
+
+
+@pytest.fixture(scope="module")
+def quirks_node():
+    bridge, ovs = quirks_switch(QUIRK_FLOWS)
     yield Node(None, bridge, ovs, all_flows(bridge))
     ovs.close()
 

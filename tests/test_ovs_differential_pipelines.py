@@ -47,9 +47,10 @@ from pathlib import Path
 import pytest
 import yaml
 from hypothesis import strategies as st
-from ovs_oracle import OvsTrace, OvsUnavailable, PortSpec, PrivateOvs
+from ovs_oracle import OvsTrace, OvsUnavailable, PrivateOvs
 from test_ovs_differential import (
     agree_on_random_packets,
+    quirks_switch,
     view_of_run,
     ARP,
     BITS,
@@ -78,10 +79,9 @@ from test_ovs_differential import (
 )
 
 from traceflow.conntrack import Conntrack
-from traceflow.errors import Source
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import Group, Port, parse_groups, parse_show, parse_tables
+from traceflow.ovs.bridge import Group, parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import Flow, FlowDump, MatchField
 from traceflow.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
 
@@ -1009,16 +1009,7 @@ GROUP_QUIRKS = {
 
 @pytest.fixture(scope="module")
 def group_quirks_node():
-    names = {"p5": 5, "p6": 6, "p7": 7}
-    ports = {n: Port(num, n, f"02:00:00:00:00:0{num}", Source("quirks", 0, n))
-             for n, num in names.items()}
-    bridge = Bridge("quirks", FlowDump(GROUP_QUIRK_FLOWS, "quirks.txt"),
-                    parse_groups(GROUP_QUIRK_GROUPS, "groups.txt"), ports)
-    try:
-        ovs = PrivateOvs.start([PortSpec(n, num) for n, num in names.items()], GROUP_QUIRK_FLOWS,
-                               GROUP_QUIRK_GROUPS, tlv_map=None)
-    except OvsUnavailable as exc:
-        pytest.skip(f"no Open vSwitch to compare with: {exc}")
+    bridge, ovs = quirks_switch(GROUP_QUIRK_FLOWS, GROUP_QUIRK_GROUPS)
     yield Node("quirks", None, bridge, ovs, all_flows(bridge))
     ovs.close()
 
