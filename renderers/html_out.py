@@ -121,7 +121,7 @@ def _path(trace: Trace, path: Path, index: int) -> str:
         for h in hops:
             if h.leg != li:
                 continue
-            out.append(_hop_row(h, h is stop, first))
+            out.append(_hop_row(h, stop is not None and h.ref == stop.ref, first))
             first = False
         out.append("</table>")
     out.append("</section>")

@@ -66,7 +66,7 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         out = _Out(console)
-        render_summary(trace, out, about, hint=not verbose)
+        render_summary(trace, out, about, hint=not verbose, full=verbose)
         for index, path in enumerate(trace.paths, 1):
             out.blank()
             _path_heading(out, trace, path, index, verbose)
@@ -78,7 +78,9 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
 
 # --- summary --------------------------------------------------------------------------------
 
-def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = True) -> None:
+def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = True,
+                   full: bool = False) -> None:
+    """The summary block; ``full`` wraps the reasons and warnings instead of cutting them."""
     q = trace.query or {}
     kind = f"{escape(q['kind'])}: " if q.get("kind") else ""
     out.wrapped(f"trace {kind}", escape(walk.query_line(q)), "tf.header", head_style="tf.header")
@@ -121,12 +123,19 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
                           f"{escape(walk.location(stop.hop))}", None))
         out.line(*parts)
         if v is not Verdict.DELIVERED:
-            out.line((" " * (nw + 4) + "why: ", "tf.muted"),
-                     (escape(walk.stop_reason(path, stop)), None))
+            why = escape(walk.stop_reason(path, stop))
+            if full:
+                out.wrapped(" " * (nw + 4) + "why: ", why)
+            else:
+                out.line((" " * (nw + 4) + "why: ", "tf.muted"), (why, None))
     if trace.warnings:
         out.line((f"warnings ({len(trace.warnings)}):", "tf.warning"))
         for warning in trace.warnings:
-            out.line(("  ! ", "tf.warning"), (escape(" ".join(str(warning).split())), None))
+            text = escape(" ".join(str(warning).split()))
+            if full:
+                out.wrapped("  ! ", text, head_style="tf.warning")
+            else:
+                out.line(("  ! ", "tf.warning"), (text, None))
     if hint and trace.paths:
         example = walk.stop_hop(*next(((p, i) for i, p in enumerate(trace.paths, 1)
                                        if Verdict(p.verdict) is not Verdict.DELIVERED),
@@ -155,6 +164,7 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
     hops = walk.numbered(path, index)
     cols = _Columns(trace, hops, out.width)
     stop = walk.stop_hop(path, index)
+    stop_ref = stop.ref if stop else None
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
         out.line(("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
@@ -165,7 +175,7 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
             continue
         leg_hops = [h for h in hops if h.leg == li]
         other, shared = walk.shared_prefix(trace, index, li)
-        if shared >= 2 and not any(h is stop for h in leg_hops[:shared]):
+        if shared >= 2 and not any(h.ref == stop_ref for h in leg_hops[:shared]):
             first, last = leg_hops[0], leg_hops[shared - 1]
             o_start = _leg_starts(trace.paths[other - 1])[li]
             out.line((f" {first.number}-{last.number}".rjust(cols.num + 1 + 3), "tf.muted"),
@@ -174,7 +184,7 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
                       f"{escape(walk.location(last.hop))})", "tf.muted"))
             leg_hops = leg_hops[shared:]
         for h in leg_hops:
-            _compact_hop(out, cols, h, h is stop, Verdict(path.verdict))
+            _compact_hop(out, cols, h, h.ref == stop_ref, Verdict(path.verdict))
 
 
 def _leg_starts(path: Path) -> list[int]:

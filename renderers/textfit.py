@@ -65,7 +65,7 @@ def fit(text: str, width: int) -> str:
 def wrap(text: str, width: int) -> list[str]:
     """``text`` broken into lines of at most ``width`` cells: at spaces, else after commas
     (flow text), else anywhere that is not inside an IP or MAC."""
-    width = max(width, 8)
+    width = max(width, 22)      # room for the longest address: 255.255.255.255:65535
     lines: list[str] = []
     for paragraph in text.split("\n"):
         line = ""
