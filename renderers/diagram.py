@@ -174,6 +174,12 @@ def path_svg(graph: PathGraph) -> str:
             out.append(f'<text class="{cls}" data-hop="{hh.ref}" x="{x + 12}" y="{ty}" '
                        f'font-size="11" fill="{colour}"><title>{_html(_clean(hh.hop.effect))}'
                        f'</title>{_html(fit(label, 50))}</text>')
+        if dropped:
+            reason = walk.stop_reason(graph.path, graph.stop)
+            red = "#d93025" if verdict is Verdict.DROPPED else "#b06000"
+            out.append(f'<text class="reason" x="{x}" y="{y0 + h + 14}" font-size="11" '
+                       f'fill="{red}">{_html(fit(_clean(reason), 56))}<title>'
+                       f'{_html(_clean(reason))}</title></text>')
         out.append("</g>")
         if i + 1 < len(boxes):
             edges.append(_edge(st, (x, y0, w, h), boxes[i + 1][1:]))
