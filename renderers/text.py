@@ -128,6 +128,13 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
                 out.wrapped(" " * (nw + 4) + "why: ", why)
             else:
                 out.line((" " * (nw + 4) + "why: ", "tf.muted"), (why, None))
+    split = walk.divergence(trace)
+    if split is not None:
+        shared, where = split
+        out.line(("  paths share ", "tf.muted"),
+                 (f"hops 1-{shared}" if shared > 1 else "hop 1", None),
+                 (", then diverge at hop ", "tf.muted"),
+                 (f"{shared + 1}: {escape(where.node)} {escape(walk.location(where))}", None))
     if trace.warnings:
         out.line((f"warnings ({len(trace.warnings)}):", "tf.warning"))
         for warning in trace.warnings:

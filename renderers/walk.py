@@ -128,6 +128,20 @@ def shared_prefix(trace: Trace, path_index: int, leg_index: int) -> tuple[int, i
     return best
 
 
+def divergence(trace: Trace) -> tuple[int, Hop] | None:
+    """(hops every path shares at its start, the first path's hop where they part), when the
+    paths share at least one hop and then differ."""
+    if len(trace.paths) < 2 or not all(p.legs for p in trace.paths):
+        return None
+    firsts = [p.legs[0].hops for p in trace.paths]
+    n = 0
+    while all(len(h) > n for h in firsts) and len({hop_key(h[n]) for h in firsts}) == 1:
+        n += 1
+    if n == 0 or n >= len(firsts[0]):
+        return None
+    return n, firsts[0][n]
+
+
 # --- short forms ----------------------------------------------------------------------------
 
 def table_label(hop) -> str:
@@ -233,7 +247,7 @@ def percent(weight) -> str:
 
 def query_line(query: dict) -> str:
     q = query or {}
-    text = f"{q.get('source', '?')} {ARROW} {q.get('destination', '?')}"
+    text = f"{q.get('source') or '?'} {ARROW} {q.get('destination') or '?'}"
     if q.get("dst_ip") and str(q.get("dst_ip")) not in str(q.get("destination")):
         text += f" ({q['dst_ip']})"
     proto, port = q.get("protocol"), q.get("dst_port")
