@@ -43,6 +43,16 @@ def render_hop(trace: Trace, ref: str, console: Console) -> bool:
     return True
 
 
+def why_lines(trace: Trace, h: walk.Numbered) -> list[str]:
+    """Why each matched field held, then the pipeline state before/after (for other views)."""
+    packet = h.before or walk.headers(h.hop.packet) or {}
+    lines = [_why(m, packet, h) for m in h.hop.matched]
+    before, after = pipeline_state(trace, h)
+    lines.append(f"state before: {_state_line(before)}")
+    lines.append(f"state after: {_state_line(after)}")
+    return lines
+
+
 def _story(trace: Trace, h: walk.Numbered, out: _Out) -> None:
     path_no = int(h.ref.split(".")[0])
     path = trace.paths[path_no - 1]

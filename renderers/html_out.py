@@ -12,6 +12,7 @@ from html import escape as _html
 
 from renderers import walk
 from renderers.diagram import path_graph, path_svg
+from renderers.hopstory import why_lines
 from renderers.textfit import escape as _esc
 from renderers.walk import About
 from traceflow.trace import Path, Trace, Verdict
@@ -121,14 +122,14 @@ def _path(trace: Trace, path: Path, index: int) -> str:
         for h in hops:
             if h.leg != li:
                 continue
-            out.append(_hop_row(h, stop is not None and h.ref == stop.ref, first))
+            out.append(_hop_row(trace, h, stop is not None and h.ref == stop.ref, first))
             first = False
         out.append("</table>")
     out.append("</section>")
     return "\n".join(out)
 
 
-def _hop_row(h: walk.Numbered, is_stop: bool, first: bool) -> str:
+def _hop_row(trace: Trace, h: walk.Numbered, is_stop: bool, first: bool) -> str:
     hop = h.hop
     cls = "stop" if is_stop else ("unk" if hop.unknown else "")
     detail = []
@@ -152,6 +153,8 @@ def _hop_row(h: walk.Numbered, is_stop: bool, first: bool) -> str:
         val = getattr(hop, attr, None)
         if val:
             detail.append(f"<div>{attr}: {_t(val)}</div>")
+    detail.append('<ul class="why">' + "".join(f"<li>{_t(line)}</li>"
+                                                for line in why_lines(trace, h)) + "</ul>")
     packet = walk.headers(hop.packet)
     changed = walk.changes(hop, old=True)
     if packet and (first or changed):

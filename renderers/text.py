@@ -144,13 +144,12 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
             else:
                 out.line(("  ! ", "tf.warning"), (text, None))
     if hint and trace.paths:
-        example = walk.stop_hop(*next(((p, i) for i, p in enumerate(trace.paths, 1)
-                                       if Verdict(p.verdict) is not Verdict.DELIVERED),
-                                      (trace.paths[0], 1)))
-        ref = example.ref if example else "1.1"
-        out.wrapped("more: ", f"-v every rule, file:line and note; --hop {ref} one hop's full "
-                              "story; --wide the full table; -o html a report with a diagram",
-                    "tf.muted")
+        stops = [walk.stop_hop(p, i) for i, p in enumerate(trace.paths, 1)]
+        firsts = walk.numbered(trace.paths[0], 1)[:1]
+        example = next((s for s in stops if s is not None), firsts[0] if firsts else None)
+        hop = f"--hop {example.ref} one hop's full story; " if example else ""
+        out.wrapped("more: ", f"-v every rule, file:line and note; {hop}--wide the full "
+                              "table; -o html a report with a diagram", "tf.muted")
 
 
 # --- compact --------------------------------------------------------------------------------
@@ -175,8 +174,8 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
         out.line(("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
-                 (v.value, VERDICT_STYLES[v]), ("): ", None),
-                 (escape(leg.description), "tf.title"))
+                 (v.value, VERDICT_STYLES[v]), (")", None),
+                 (f": {escape(leg.description)}" if leg.description else "", "tf.title"))
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
             continue
@@ -249,7 +248,8 @@ def _verbose_path(out: _Out, path: Path, index: int) -> None:
     hops = walk.numbered(path, index)
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
-        out.wrapped(f"-- {leg.direction} ({v.value}): ", escape(leg.description), "tf.title")
+        out.wrapped(f"-- {leg.direction} ({v.value})" + (": " if leg.description else ""),
+                    escape(leg.description), "tf.title")
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
         first = True
@@ -314,8 +314,9 @@ def _verdict_lines(out: _Out, path: Path, index: int) -> None:
                 if drop.table is not None else "")) if drop is not None else (
         f"{escape(stop.hop.node)} {escape(walk.location(stop.hop))}" if stop else "")
     at = f" (hop {stop.ref})" if stop else ""
-    out.wrapped(f"{v.value.upper()} at ", f"{where}{at}: {escape(walk.stop_reason(path, stop))}",
-                None, head_style=style)
+    reason = escape(walk.stop_reason(path, stop))
+    out.wrapped(f"{v.value.upper()} at " if where else f"{v.value.upper()}: ",
+                f"{where}{at}: {reason}" if where else reason, None, head_style=style)
     if drop is not None and drop.rule:
         out.wrapped("rule: ", escape(drop.rule), None, 2)
 

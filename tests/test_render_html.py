@@ -137,6 +137,8 @@ def test_demo_report(browser, tmp_path):
     row.find_element("css selector", "summary").click()
     assert rule.is_displayed() and "DNAT 10.104.65.133:80 -> 10.222.1.47:80" in rule.text
     assert "iptables-nat-list.txt:" in row.text
+    assert "-p: protocol; the packet is TCP" in row.text              # why it matched
+    assert "nw_dst 10.104.65.133 -> 10.222.1.47" in row.text
 
     shot = tmp_path / "demo.png"
     browser.save_screenshot(str(shot))

@@ -295,3 +295,34 @@ def test_wrap_never_cuts_an_address():
 def test_escape():
     assert escape("a\x1b[31mb\x07c\td\x9b") == "a\\e[31mb\\x07c\\td\\x9b"
     assert escape("plain text / ünïcode") == "plain text / ünïcode"
+
+
+def test_a_dropped_path_on_the_first_screen(tmp_path):
+    import shutil
+
+    import yaml
+
+    from traceflow.cli import example_path
+    bundle = tmp_path / "bundle"
+    shutil.copytree(example_path(), bundle)
+    pols = yaml.safe_load((bundle / "k8s/networkpolicies.yaml").read_text())
+    for item in pols["items"]:
+        if item["metadata"]["name"] == "backendpolicy":
+            item["spec"]["ingress"] = []
+    (bundle / "k8s/networkpolicies.yaml").write_text(yaml.safe_dump(pols))
+    flows = bundle / "nodes/worker2/ovs-flows.txt"
+    flows.write_text("".join(
+        line for line in flows.read_text().splitlines(keepends=True)
+        if not ("table=90" in line and ("conjunction(1," in line or "conj_id=1" in line))))
+    out = run_in_pty(["pod-to-svc", "frontend", "backendsvc", "--bundle", str(bundle)], 80)
+    lines = visible_lines(out)
+    assert max(cell_len(line) for line in lines) <= 80
+    head = "\n".join(lines[:30])
+    assert "verdict: PARTIAL  1 of 2 paths delivered (50% of new connections)" in head
+    assert re.search(r"^  2  default/backend2\s+50%  dropped at 2\.40 worker2 ovs 100 "
+                     r"IngressDefaultR", head, re.M)
+    assert re.search(r"^     why: dropped by the ingress default-deny flow of table 100", head,
+                     re.M)
+    assert "--hop 2.40" in head
+    assert any(re.match(r"^!\s*40 worker2\s+ovs 100 IngressDefault\S*\s+drop$", line)
+               for line in lines)
