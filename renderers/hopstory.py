@@ -130,7 +130,8 @@ def _why(m, packet: dict, h: walk.Numbered) -> str:
         field, want = (parts[0], parts[1].strip('"')) if len(parts) == 2 else (text, "")
     if field in ("-p", "--protocol", "meta l4proto"):
         if not want:
-            return f"{field}: protocol; the packet is {walk.value('nw_proto', packet.get('nw_proto'))}"
+            proto = walk.value("nw_proto", packet.get("nw_proto"))
+            return f"{field}: protocol; the packet is {proto}"
         field, want = want, ""
     if field in _PROTOS and not want:
         proto = packet.get("nw_proto")
@@ -142,7 +143,8 @@ def _why(m, packet: dict, h: walk.Numbered) -> str:
     header = _HEADER.get(field)
     if header and want:
         have = packet.get(header)
-        return f"{field}={want}: packet {header} is {walk.value(header, have)} ({_holds(want, have)})"
+        shown = walk.value(header, have)
+        return f"{field}={want}: packet {header} is {shown} ({_holds(want, have)})"
     if field == "in_port":
         return f"in_port={want}: the packet entered the bridge on {want}"
     if field.startswith(("reg", "ct_", "xreg", "tun_", "pkt_mark", "conj_id")):

@@ -19,7 +19,8 @@ from traceflow.trace import Path, Trace, Verdict
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#202124}
-h1{font-size:20px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 6px}h3{font-size:14px;margin:14px 0 4px}
+h1{font-size:20px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 6px}
+h3{font-size:14px;margin:14px 0 4px}
 code,.mono,td{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 table{border-collapse:collapse;width:100%;margin:4px 0 12px}
 th,td{border-bottom:1px solid #e0e0e0;padding:3px 6px;text-align:left;vertical-align:top}
