@@ -157,7 +157,7 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
 class _Columns:
     """Widths of the compact columns for one path, fitted to the terminal."""
 
-    def __init__(self, trace: Trace, hops: list[Numbered], width: int):
+    def __init__(self, hops: list[Numbered], width: int):
         self.num = max(2, len(str(len(hops))) + 1)
         nodes = [cell_len(escape(p.hop.node)) for p in hops] or [4]
         self.node = min(max(nodes), max(7, width // 9))
@@ -168,7 +168,7 @@ class _Columns:
 
 def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
     hops = walk.numbered(path, index)
-    cols = _Columns(trace, hops, out.width)
+    cols = _Columns(hops, out.width)
     stop = walk.stop_hop(path, index)
     stop_ref = stop.ref if stop else None
     for li, leg in enumerate(path.legs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from renderers.json_out import field_sort_key
 from traceflow.packet import PROTO_NAMES, Packet
 from traceflow.trace import Hop, Leg, Path, Trace, Verdict
 
@@ -204,7 +205,6 @@ def value(field: str, v) -> str:
 
 def changes(hop: Hop, old: bool = False) -> list[str]:
     """``nw_dst=10.222.1.47`` (or ``nw_dst 10.104.65.133 -> 10.222.1.47`` with ``old``)."""
-    from renderers.json_out import field_sort_key
     out = []
     for field in sorted(hop.changed, key=lambda f: field_sort_key(str(f))):
         change = hop.changed[field]
