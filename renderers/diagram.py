@@ -65,6 +65,7 @@ def _pod_name(hop) -> str | None:
 
 _EXITS = [
     re.compile(r"out of (\S+) into OVS port \d+ \(([^)]+)\)"),
+    re.compile(r"out of ([\w.@-]+) into ([\w.@-]+)"),
     re.compile(r"port (?:in reg\d+ = )?\d+ \(([^)]+)\)"),
     re.compile(r"\bon ([\w.@-]+)(?::| is|$| )"),
     re.compile(r"\bdev ([\w.@-]+)"),
