@@ -243,7 +243,11 @@ def test_wide_keeps_the_full_table_after_the_summary(demo_doc):
     r = run_piped(["demo", "--wide", "--width", "200"])
     lines = r.stdout.splitlines()
     check_summary(lines, demo_doc)
-    assert any("\u2502 matched rule" in line for line in lines)
+    assert any("| matched rule" in line for line in lines)
+    assert not BOX.search(r.stdout)                     # piped: ASCII borders
+    tty = visible_lines(run_in_pty(["demo", "--wide"], 200))
+    assert any("\u2502 matched rule" in line for line in tty)
+    assert max(cell_len(line) for line in tty) <= 200
 
 
 def test_dot_output(demo_doc):

@@ -182,7 +182,7 @@ def _emit(trace, output: Output, width: Optional[int], verbose: bool = False,
         from renderers.table import render_table
         from renderers.text import render_text_summary
         render_text_summary(trace, console, about)
-        render_table(trace, console)
+        render_table(trace, console, ascii_only=not console.is_terminal)
     else:
         from renderers.text import render_text
         render_text(trace, console, about, verbose=verbose)
