@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from renderers.json_out import field_sort_key
+from renderers.textfit import escaped
 from renderers.theme import THEME, VERDICT_STYLES, missing_styles
 from traceflow.packet import PROTO_NAMES, Packet
 from traceflow.trace import Hop, Leg, Path, Trace, Verdict
@@ -45,7 +46,9 @@ def make_console(file=None, force_terminal: bool | None = None,
 def render_table(trace: Trace, console: Console, ascii_only: bool = False) -> None:
     """Print ``trace`` on ``console``: header, per path its legs and verdict, then a summary.
 
-    ``ascii_only`` draws the borders with ``+-|`` (for a pipe or a CI log)."""
+    ``ascii_only`` draws the borders with ``+-|`` (for a pipe or a CI log). Control characters
+    in the trace's text are shown escaped."""
+    trace = escaped(trace)
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         console.print(_header(trace))

@@ -7,7 +7,9 @@ could recolour or rewrite the user's screen, so every control character is shown
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from enum import Enum
 
 from rich.cells import cell_len
 
@@ -28,6 +30,28 @@ def escape(text) -> str:
     """``text`` with control characters shown as ``\\e``, ``\\n``, ``\\x07`` ..."""
     text = "" if text is None else str(text)
     return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def escaped(value):
+    """A copy of ``value`` (a trace, a hop, any dataclass/dict/list of them) whose every string
+    is ``escape``d, for views that print the model's text as it is."""
+    if isinstance(value, Enum) or value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return escape(value) if _CONTROL.search(value) else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: escaped(getattr(value, f.name)) for f in dataclasses.fields(value)
+                   if f.init}
+        copy = dataclasses.replace(value, **changes)
+        for name in ("program", "map", "entry"):          # optional attributes of BPF hops
+            if name not in changes and isinstance(getattr(value, name, None), str):
+                setattr(copy, name, escaped(getattr(value, name)))
+        return copy
+    if isinstance(value, dict):
+        return {escaped(k): escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped(v) for v in value)
+    return value
 
 
 def _protected_spans(text: str) -> list[tuple[int, int]]:

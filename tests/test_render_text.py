@@ -330,3 +330,14 @@ def test_a_dropped_path_on_the_first_screen(tmp_path):
     assert "--hop 2.40" in head
     assert any(re.match(r"^!\s*40 worker2\s+ovs 100 IngressDefault\S*\s+drop$", line)
                for line in lines)
+
+
+def test_full_table_escapes_bundle_text_too():
+    from renderers.table import render_table
+    trace = _dropped_trace()
+    out = io.StringIO()
+    render_table(trace, Console(file=out, width=160, force_terminal=False))
+    text = out.getvalue()
+    assert "\x1b" not in text and "web\\e[31m\\e]0;pwned\\x07-0" in text
+    assert "\\e[2Jcleared" in text
+    assert trace.paths[0].endpoint.startswith("default/web\x1b[31m")   # the model is untouched
