@@ -4,7 +4,7 @@
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES = openvswitch-switch iproute2 iptables nftables conntrack ipset \
-               openssh-server openssh-client
+               openssh-server openssh-client chromium chromium-driver
 
 .PHONY: install demo test system-deps benchmark completions
 

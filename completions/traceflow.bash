@@ -16,9 +16,9 @@ _traceflow() {
             COMPREPLY=($(compgen -W "--output -o --namespace -n --selector -l --port -p --nodes --all-nodes --context --kubeconfig --via --ssh-config --insecure-accept-host-keys --timeout --deadline --parallel --help -h" -- "$cur"));;
         demo)
             case "$prev" in
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--output -o --width --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
         example-path)
             case "$prev" in
             esac
@@ -27,35 +27,35 @@ _traceflow() {
             case "$prev" in
                 --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--src --dst --dport --sport --protocol --hook --iif --oif --mark --bundle -b --output -o --width --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--src --dst --dport --sport --protocol --hook --iif --oif --mark --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
         ovs-trace)
             case "$prev" in
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--table --bundle -b --output -o --width --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--table --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
         pod-to-pod)
             case "$prev" in
                 --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --help -h" -- "$cur"));;
         pod-to-svc)
             case "$prev" in
                 --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --endpoint --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --endpoint --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --help -h" -- "$cur"));;
         route-get)
             case "$prev" in
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--from --iif --mark --bundle -b --output -o --width --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--from --iif --mark --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
     esac
 }
 complete -o default -F _traceflow traceflow kubectl-traceflow

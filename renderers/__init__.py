@@ -2,7 +2,14 @@
 
 - ``render_json`` / ``trace_to_dict``: the v1 JSON contract (docs/trace-json-v1.md).
 - ``render_yaml``: the same document as YAML.
-- ``render_table``: Rich tables for a person; ``make_console`` gives a console with the theme.
+- ``render_text`` (``renderers.text``): the default view, summary first, one line per hop;
+  ``verbose`` every fact. ``render_hop`` (``renderers.hopstory``): one hop's full story.
+- ``render_table``: the full Rich table (``--wide``); ``make_console`` gives a themed console.
+- ``render_html`` (``renderers.html_out``) and ``render_dot`` (``renderers.diagram``): the report
+  page and its diagram; imported only when asked for.
+
+``renderers.walk`` holds what these views share (hop numbers, where a path stopped, short
+forms); ``renderers.textfit`` escapes bundle text and fits it to a width.
 """
 
 from renderers.json_out import SCHEMA, render_json, trace_to_dict

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from renderers.json_out import field_sort_key
+from renderers.textfit import escaped
 from renderers.theme import THEME, VERDICT_STYLES, missing_styles
 from traceflow.packet import PROTO_NAMES, Packet
 from traceflow.trace import Hop, Leg, Path, Trace, Verdict
@@ -42,8 +43,12 @@ def make_console(file=None, force_terminal: bool | None = None,
                    highlight=False)
 
 
-def render_table(trace: Trace, console: Console) -> None:
-    """Print ``trace`` on ``console``: header, per path its legs and verdict, then a summary."""
+def render_table(trace: Trace, console: Console, ascii_only: bool = False) -> None:
+    """Print ``trace`` on ``console``: header, per path its legs and verdict, then a summary.
+
+    ``ascii_only`` draws the borders with ``+-|`` (for a pipe or a CI log). Control characters
+    in the trace's text are shown escaped."""
+    trace = escaped(trace)
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         console.print(_header(trace))
@@ -57,8 +62,8 @@ def render_table(trace: Trace, console: Console) -> None:
                 console.print(Text(f"  via {choice}", style="tf.choice"))
             for leg in path.legs:
                 console.print()
-                _print_leg(console, leg)
-            console.print(_verdict_panel(path))
+                _print_leg(console, leg, box.ASCII if ascii_only else box.SQUARE)
+            console.print(_verdict_panel(path, box.ASCII if ascii_only else box.ROUNDED))
         console.print()
         console.print(_summary(trace))
 
@@ -119,7 +124,7 @@ def _summary(trace: Trace) -> Text:
 
 # --- legs -----------------------------------------------------------------------------------
 
-def _print_leg(console: Console, leg: Leg) -> None:
+def _print_leg(console: Console, leg: Leg, borders: box.Box = box.SQUARE) -> None:
     title = Text(leg.direction, style="tf.title")
     if leg.description:
         title.append(f": {leg.description}")
@@ -131,7 +136,7 @@ def _print_leg(console: Console, leg: Leg) -> None:
     caption = Text(f"{leg.direction} ", style="tf.muted")
     caption.append(verdict.value, style=VERDICT_STYLES[verdict])
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
-                  box=box.SQUARE, show_lines=True, expand=True)
+                  box=borders, show_lines=True, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("node", overflow="fold", max_width=14)
     table.add_column("component / table", overflow="fold", max_width=29)
@@ -299,7 +304,7 @@ def _drop_table(path: Path) -> str:
     return f" table {label}"
 
 
-def _verdict_panel(path: Path) -> Panel:
+def _verdict_panel(path: Path, borders: box.Box = box.ROUNDED) -> Panel:
     verdict = Verdict(path.verdict)
     style = VERDICT_STYLES[verdict]
     if verdict is Verdict.DELIVERED:
@@ -319,7 +324,7 @@ def _verdict_panel(path: Path) -> Panel:
     else:
         text = Text(f"{verdict.value.upper()}: ", style=style)
         text.append(_unknown_reason(path))
-    return Panel(text, border_style=style, expand=True)
+    return Panel(text, box=borders, border_style=style, expand=True)
 
 
 def _unknown_reason(path: Path) -> str:

@@ -411,7 +411,8 @@ def test_match_spans():
 
 def test_renderers_import_only_the_model():
     allowed = {"traceflow.trace", "traceflow.errors", "traceflow.packet", "rich", "yaml", "json",
-               "renderers", "__future__", "re", "enum", "contextlib"}
+               "renderers", "__future__", "re", "enum", "contextlib", "dataclasses", "html",
+               "ipaddress"}
     root = pathlib.Path(__file__).resolve().parent.parent / "renderers"
     for file in root.glob("*.py"):
         for node in ast.walk(ast.parse(file.read_text())):
@@ -433,3 +434,73 @@ def test_table_edge_cases():
     assert "reply (no hops) dropped" in out
     doc = trace_to_dict(no_drop_record)
     assert doc["paths"][0]["legs"][1]["hops"] == [] and doc["paths"][0]["endpoint"] is None
+
+
+# --- the default view and -v: the same facts as the table ------------------------------------
+
+def text_output(trace, width=100, verbose=False) -> str:
+    from renderers.text import render_text
+    out = io.StringIO()
+    render_text(trace, Console(file=out, width=width, force_terminal=False), verbose=verbose)
+    return out.getvalue()
+
+
+def test_verbose_text_keeps_every_fact_of_the_table(trace):
+    out = text_output(trace, width=80, verbose=True)
+    assert max(len(line) for line in out.splitlines()) <= 80
+    flat = squash(out)
+    for path in trace.paths:
+        for choice in path.choices:
+            assert squash(choice) in flat
+        for leg in path.legs:
+            for hop in leg.hops:
+                assert squash(hop.effect) in flat
+                for note in hop.notes:
+                    assert squash(note) in flat
+                if hop.rule:
+                    assert squash(hop.rule) in flat
+                if hop.source:
+                    assert f"{hop.source.file}:{hop.source.line}" in flat
+                for field, (old, new) in hop.changed.items():
+                    assert squash(f"{field} {'-' if old is None else old} -> {new}") in flat
+    assert squash("10.222.1.48:54444 -> 10.104.65.133:80 TCP") in flat
+    assert squash(f"{FRONTEND_MAC} -> {GW1_MAC}") in flat
+    assert squash(f"DROPPED at worker2 ovs table 100 IngressDefaultRule (hop 2.9): "
+                  f"{POLICY_REASON}") in flat
+    assert squash(f"rule: {R_INGRESS_DEFAULT}") in flat
+    assert squash("UNKNOWN: eBPF program on antrea-gw0 egress is not modelled") in flat
+    assert "DELIVEREDtodefault/backend2" in flat
+
+
+def test_default_text_summary_names_every_path(trace):
+    out = text_output(trace, width=80)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not re.search(r"[\u2500-\u257f]", out)
+    head = "\n".join(lines[:12])
+    assert re.search(r"^  1  default/backend2\s+50%  delivered$", head, re.M)
+    assert re.search(r"^  2  default/backend1\s+25%  dropped at 2\.9 worker2 ovs 100 "
+                     r"IngressDefaultRule$", head, re.M)
+    assert re.search(r"^     why: NetworkPolicy default/deny-backend1 selects", head, re.M)
+    assert re.search(r"^  3  default/backend3\s+25%  unknown at 3\.6 worker1 tc egress$", head,
+                     re.M)
+    assert "verdict: PARTIAL  1 of 3 paths delivered (50% of new connections)" in head
+    # path 2 repeats path 1's first hops: shown once, as a range
+    assert re.search(r"^\s+1-4\s+same as path 1 hops 1-4", out, re.M)
+    assert re.search(r"^!\s*9 worker2\s+ovs 100 IngressDefault", out, re.M)
+
+
+def test_bpf_hops_show_program_map_and_entry(trace):
+    hop = Hop("node1", "bpf", None, "lb4 lookup", "service lookup: backend 10.0.1.5:80",
+              priority=5, source=src("nodes/node1/cilium-bpf-lb-list.txt", 3, "x"))
+    hop.program, hop.map, hop.entry = "bpf_lxc from-container", "cilium_lb4_services_v2", \
+        "10.96.0.10:80 -> 10.0.1.5:80"
+    t = Trace({"kind": "pod-to-svc"}, [Path("default/b", 1.0, Verdict.DELIVERED, None, legs=[
+        Leg("request", Verdict.DELIVERED, [hop])])])
+    compact = text_output(t, width=160)
+    assert "bpf bpf_lxc from-container" in compact and "[map cilium_lb4_services_v2]" in compact
+    verbose = text_output(t, width=100, verbose=True)
+    for fact in ("program: bpf_lxc from-container", "map: cilium_lb4_services_v2",
+                 "entry: 10.96.0.10:80 -> 10.0.1.5:80", "cilium-bpf-lb-list.txt:3",
+                 "rule: lb4 lookup  (priority 5)"):
+        assert fact in verbose

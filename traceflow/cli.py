@@ -32,6 +32,8 @@ class Output(str, enum.Enum):
     table = "table"
     json = "json"
     yaml = "yaml"
+    html = "html"
+    dot = "dot"
 
 
 class Protocol(str, enum.Enum):
@@ -52,6 +54,11 @@ NoReplyOpt = typer.Option(False, "--no-reply", help="Trace only the request, not
 EndpointOpt = typer.Option(None, "--endpoint", help="Keep only the paths ending at this backend "
                                                     "(pod name, namespace/pod or IP).")
 WidthOpt = typer.Option(None, "--width", help="Terminal width for the table output.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Every fact of every hop: full rule, "
+                          "file:line, decoded notes, the packet.")
+WideOpt = typer.Option(False, "--wide", help="The full table, one row per hop.")
+HopOpt = typer.Option(None, "--hop", help="One hop's full story, by its number in the hop list "
+                      "(PATH.HOP, e.g. 2.14).")
 
 LIVE = "Live collection"
 ContextOpt = typer.Option(None, "--context", help="Kubeconfig context to collect from.",
@@ -91,8 +98,13 @@ def _open_snapshot(bundle: Optional[Path]):
     return _snapshot(Bundle.open(bundle))
 
 
+# the bundle the command traced, for the summary's "bundle:" lines (one command, one bundle)
+_traced: dict = {}
+
+
 def _snapshot(bundle):
     from traceflow.snapshot import Snapshot, check_supported
+    _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
     snap = Snapshot(bundle)
     check_supported(snap)
     return snap
@@ -139,16 +151,41 @@ def _collection_summary(errors: list) -> str:
         "far as the collected state allows)"
 
 
-def _emit(trace, output: Output, width: Optional[int]) -> None:
+def _emit(trace, output: Output, width: Optional[int], verbose: bool = False,
+          wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
-    elif output is Output.yaml:
+        return
+    if output is Output.yaml:
         from renderers.yaml_out import render_yaml
         typer.echo(render_yaml(trace), nl=False)
+        return
+    from renderers.walk import About
+    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    if output is Output.html:
+        from renderers.html_out import render_html
+        typer.echo(render_html(trace, about), nl=False)
+        return
+    if output is Output.dot:
+        from renderers.diagram import render_dot
+        typer.echo(render_dot(trace), nl=False)
+        return
+    from renderers.table import make_console
+    console = make_console(width=width)
+    if hop is not None:
+        from renderers.hopstory import render_hop
+        if not render_hop(trace, hop, console):
+            _fail(InputError(f"no hop {hop!r} in this trace: give PATH.HOP as the hop list "
+                             "numbers it (e.g. 1.3)", "--hop"))
+    elif wide:
+        from renderers.table import render_table
+        from renderers.text import render_text_summary
+        render_text_summary(trace, console, about)
+        render_table(trace, console, ascii_only=not console.is_terminal)
     else:
-        from renderers.table import make_console, render_table
-        render_table(trace, make_console(width=width))
+        from renderers.text import render_text
+        render_text(trace, console, about, verbose=verbose)
 
 
 def _exit_for(trace, live: "_Live | None" = None) -> None:
@@ -215,6 +252,9 @@ def pod_to_svc(
     deadline: float = DeadlineOpt,
     ssh_config: Optional[Path] = SshConfigOpt,
     insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
@@ -240,7 +280,7 @@ def pod_to_svc(
                   endpoint, not no_reply)
         return Solver(snap).trace(q)
     trace = _run(build)
-    _emit(trace, output, width)
+    _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
 
 
@@ -264,6 +304,9 @@ def pod_to_pod(
     deadline: float = DeadlineOpt,
     ssh_config: Optional[Path] = SshConfigOpt,
     insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """Trace a connection from one pod to another pod's IP, request and reply.
 
@@ -287,7 +330,7 @@ def pod_to_pod(
                   reply=not no_reply)
         return Solver(snap).trace(q)
     trace = _run(build)
-    _emit(trace, output, width)
+    _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
 
 
@@ -304,10 +347,14 @@ def _check_pod(pod) -> None:
 def demo(
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """Trace `frontend -> backendsvc` on the bundled example (no cluster needed)."""
     pod_to_svc("frontend", "backendsvc", "default", None, None, 54321, None, False,
-               example_path(), output, width, None, None, None, 60.0, 300.0, None, False)
+               example_path(), output, width, None, None, None, 60.0, 300.0, None, False,
+               verbose=verbose, wide=wide, hop=hop)
 
 
 class Via(str, enum.Enum):
@@ -390,13 +437,16 @@ def ovs_trace(
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """Offline `ofproto/trace`: one node's OVS pipeline for one packet, every group bucket."""
     def build():
         from traceflow.components import ovs_component_trace
         return ovs_component_trace(_open_snapshot(bundle), node, flow, table)
     trace = _run(build)
-    _emit(trace, output, width)
+    _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
 
 
@@ -416,6 +466,9 @@ def nf_trace(
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """A netfilter trace of one packet at one hook: every chain and rule it meets."""
     def build():
@@ -423,7 +476,7 @@ def nf_trace(
         return nf_component_trace(_open_snapshot(bundle), node, hook.upper(), src, dst,
                                   protocol.value, sport, dport, iif, oif, mark)
     trace = _run(build)
-    _emit(trace, output, width)
+    _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
 
 
@@ -437,13 +490,16 @@ def route_get(
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
 ):
     """Like `ip route get`: the rule, table and route the node's kernel would use."""
     def build():
         from traceflow.components import route_component_trace
         return route_component_trace(_open_snapshot(bundle), node, dst, src, iif, mark)
     trace = _run(build)
-    _emit(trace, output, width)
+    _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
 
 

@@ -1,0 +1,275 @@
+"""Reading a trace the way every human view needs it: hops numbered per path (``2.14`` is
+path 2's fourteenth hop, counted across its legs), where a path stopped, where paths diverge,
+and the short forms of a hop's location and decision. Pure functions of the trace model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from renderers.json_out import field_sort_key
+from traceflow.packet import PROTO_NAMES, Packet
+from traceflow.trace import Hop, Leg, Path, Trace, Verdict
+
+ARROW = "->"
+
+
+@dataclass
+class About:
+    """What the summary says about the bundle a trace read (filled in by the command line from
+    the bundle's manifest; every field optional)."""
+
+    path: str | None = None
+    cluster: str | None = None
+    context: str | None = None
+    collected_at: str | None = None
+    cni: str | None = None
+    cni_version: str | None = None
+    kube_proxy: str | None = None
+    kube_proxy_version: str | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest: dict | None, path: str | None = None,
+                      context: str | None = None) -> "About":
+        m = manifest if isinstance(manifest, dict) else {}
+
+        def get(key):
+            value = m.get(key)
+            return None if value is None or isinstance(value, (dict, list)) else str(value)
+        return cls(path=path, cluster=get("cluster"), context=context or get("context"),
+                   collected_at=get("collected_at"), cni=get("cni"),
+                   cni_version=get("cni_version"), kube_proxy=get("kube_proxy"),
+                   kube_proxy_version=get("kube_proxy_version"))
+
+
+@dataclass
+class Numbered:
+    ref: str            # "2.14"
+    number: int         # 14
+    leg: int            # index of the leg in path.legs
+    hop: Hop
+    before: dict | None  # headers before this hop (the previous hop's packet in the leg)
+
+
+def headers(packet) -> dict | None:
+    if isinstance(packet, Packet):
+        return packet.headers()
+    return packet if isinstance(packet, dict) else None
+
+
+def numbered(path: Path, path_index: int) -> list[Numbered]:
+    """Every hop of ``path`` with its path-wide number, legs in order."""
+    out, n = [], 0
+    for li, leg in enumerate(path.legs):
+        before = None
+        for hop in leg.hops:
+            n += 1
+            out.append(Numbered(f"{path_index}.{n}", n, li, hop, before))
+            before = headers(hop.packet) or before
+    return out
+
+
+def find_hop(trace: Trace, ref: str) -> Numbered | None:
+    """The hop ``ref`` names: ``P.N`` (path P, hop N), or ``N`` when the trace has one path."""
+    m = re.fullmatch(r"\s*(?:(\d+)\.)?(\d+)\s*", ref or "")
+    if not m:
+        return None
+    p = int(m.group(1)) if m.group(1) else (1 if len(trace.paths) == 1 else 0)
+    if not 1 <= p <= len(trace.paths):
+        return None
+    hops = numbered(trace.paths[p - 1], p)
+    n = int(m.group(2))
+    return hops[n - 1] if 1 <= n <= len(hops) else None
+
+
+def stop_hop(path: Path, path_index: int) -> Numbered | None:
+    """For a path that did not arrive: the hop where it stopped (dropped or not modelled)."""
+    if Verdict(path.verdict) is Verdict.DELIVERED:
+        return None
+    hops = numbered(path, path_index)
+    if Verdict(path.verdict) is Verdict.UNKNOWN:
+        for h in hops:
+            if h.hop.unknown:
+                return h
+    drop = path.drop
+    if drop is not None:
+        for h in reversed(hops):
+            if (h.hop.node, h.hop.component) == (drop.node, drop.component) and (
+                    drop.table is None or str(h.hop.table) == str(drop.table)):
+                return h
+    return hops[-1] if hops else None
+
+
+def hop_key(hop: Hop) -> tuple:
+    """What makes two hops the same hop (for not printing shared hops twice)."""
+    return (hop.node, hop.component, hop.table, hop.table_name, hop.chain, hop.rule, hop.effect,
+            repr(sorted(hop.changed.items(), key=str)), tuple(map(str, hop.notes)),
+            hop.unknown, getattr(hop, "program", None), getattr(hop, "map", None),
+            getattr(hop, "entry", None))
+
+
+def shared_prefix(trace: Trace, path_index: int, leg_index: int) -> tuple[int, int]:
+    """(earlier path number, number of leading hops) that leg ``leg_index`` of path
+    ``path_index`` shares with the same leg of an earlier path; (0, 0) when none."""
+    legs = trace.paths[path_index - 1].legs
+    leg = legs[leg_index]
+    best = (0, 0)
+    for pj in range(1, path_index):
+        other_legs = trace.paths[pj - 1].legs
+        if leg_index >= len(other_legs) or other_legs[leg_index].direction != leg.direction:
+            continue
+        n = 0
+        for a, b in zip(leg.hops, other_legs[leg_index].hops):
+            if hop_key(a) != hop_key(b):
+                break
+            n += 1
+        if n > best[1]:
+            best = (pj, n)
+    return best
+
+
+def divergence(trace: Trace) -> tuple[int, Hop] | None:
+    """(hops every path shares at its start, the first path's hop where they part), when the
+    paths share at least one hop and then differ."""
+    if len(trace.paths) < 2 or not all(p.legs for p in trace.paths):
+        return None
+    firsts = [p.legs[0].hops for p in trace.paths]
+    n = 0
+    while all(len(h) > n for h in firsts) and len({hop_key(h[n]) for h in firsts}) == 1:
+        n += 1
+    if n == 0 or n >= len(firsts[0]):
+        return None
+    return n, firsts[0][n]
+
+
+# --- short forms ----------------------------------------------------------------------------
+
+def table_label(hop) -> str:
+    """``70 L3Forwarding``, ``nat/KUBE-SEP-...``, ``main``, or a BPF program's name."""
+    table = hop.table
+    name = getattr(hop, "table_name", None)
+    chain = getattr(hop, "chain", None)
+    program = getattr(hop, "program", None)
+    if table is None:
+        label = chain or name or ""
+    elif chain:
+        label = f"{table}/{chain}"
+    elif name and name != str(table):
+        label = f"{table} {name}"
+    else:
+        label = str(table)
+    if program and str(program) not in label:
+        label = f"{label} {program}".strip()
+    return label
+
+
+def location(hop) -> str:
+    label = table_label(hop)
+    return f"{hop.component} {label}".strip()
+
+
+_SHORTER = [
+    (re.compile(r"continue in table (\d+) \(([^)]*)\)"), r"goto \1"),
+    (re.compile(r"\bset ([\w\[\].]+) = "), r"\1="),
+    (re.compile(r"\bjump to "), "-> "),
+    (re.compile(r" \(kubernetes [^)]*\)"), ""),
+    (re.compile(r"conntrack zone (\d+): "), r"ct zone \1: "),
+    (re.compile(r"([;:]) then "), r"\1 "),
+]
+
+
+def short_effect(hop: Hop) -> str:
+    """The decision in a few words (the full text stays in ``-v``)."""
+    text = " ".join(str(hop.effect).split())
+    for pattern, repl in _SHORTER:
+        text = pattern.sub(repl, text)
+    if hop.unknown and not text.upper().startswith("UNKNOWN"):
+        text = "UNKNOWN: " + text
+    for attr in ("map", "entry"):
+        value = getattr(hop, attr, None)
+        if value and str(value) not in text:
+            text += f" [{attr} {value}]"
+    return text
+
+
+def value(field: str, v) -> str:
+    if v is None:
+        return "-"
+    if field == "mark" and isinstance(v, int):
+        return hex(v)
+    if field == "nw_proto" and isinstance(v, int):
+        return PROTO_NAMES.get(v, str(v)).upper()
+    return str(v)
+
+
+def changes(hop: Hop, old: bool = False) -> list[str]:
+    """``nw_dst=10.222.1.47`` (or ``nw_dst 10.104.65.133 -> 10.222.1.47`` with ``old``)."""
+    out = []
+    for field in sorted(hop.changed, key=lambda f: field_sort_key(str(f))):
+        change = hop.changed[field]
+        before, after = (change if isinstance(change, (tuple, list)) and len(change) == 2
+                         else (None, change))
+        out.append(f"{field} {value(field, before)} {ARROW} {value(field, after)}" if old
+                   else f"{field}={value(field, after)}")
+    return out
+
+
+def endpoint(ip, port) -> str:
+    return f"{ip}:{port}" if port is not None else str(ip)
+
+
+def packet_line(h: dict | None) -> str:
+    """``10.222.1.48:54321 -> 10.104.65.133:80 TCP, be:2c:.. -> 4e:99:.., tunnel a -> b``."""
+    if not h:
+        return ""
+    parts = []
+    if h.get("nw_src") is not None or h.get("nw_dst") is not None:
+        s = (f"{endpoint(h.get('nw_src'), h.get('tp_src'))} {ARROW} "
+             f"{endpoint(h.get('nw_dst'), h.get('tp_dst'))}")
+        if h.get("nw_proto") is not None:
+            s += " " + value("nw_proto", h["nw_proto"])
+        if h.get("nw_ttl") is not None:
+            s += f" ttl {h['nw_ttl']}"
+        parts.append(s)
+    if h.get("dl_src") or h.get("dl_dst"):
+        parts.append(f"{h.get('dl_src')} {ARROW} {h.get('dl_dst')}")
+    if h.get("mark"):
+        parts.append(f"mark {value('mark', h['mark'])}")
+    if h.get("tun_src") or h.get("tun_dst"):
+        parts.append(f"tunnel {h.get('tun_src')} {ARROW} {h.get('tun_dst')}")
+    return ", ".join(parts)
+
+
+def percent(weight) -> str:
+    return f"{round(float(weight) * 100, 1):g}%"
+
+
+def query_line(query: dict) -> str:
+    q = query or {}
+    text = f"{q.get('source') or '?'} {ARROW} {q.get('destination') or '?'}"
+    if q.get("dst_ip") and str(q.get("dst_ip")) not in str(q.get("destination")):
+        text += f" ({q['dst_ip']})"
+    proto, port = q.get("protocol"), q.get("dst_port")
+    if proto or port is not None:
+        text += " " + "/".join(str(x) for x in (proto, port) if x not in (None, ""))
+    if q.get("src_port") is not None:
+        text += f", source port {q['src_port']}"
+    shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port"}
+    extra = [f"{k}={v}" for k, v in q.items() if k not in shown and v is not None]
+    if extra:
+        text += "  " + " ".join(extra)
+    return text
+
+
+def stop_reason(path: Path, stop: Numbered | None) -> str:
+    """Why a path did not arrive, in a few words."""
+    if path.drop is not None and path.drop.reason:
+        return str(path.drop.reason)
+    if stop is not None:
+        return str(stop.hop.effect)
+    return "the trace met something it cannot model"
+
+
+def leg_title(leg: Leg) -> str:
+    return f"{leg.direction}: {leg.description}" if leg.description else leg.direction
