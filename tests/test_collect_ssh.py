@@ -190,9 +190,9 @@ def _strip_stamps(data: bytes) -> bytes:
 
 def _collect(target, items, insecure=False, warnings=None):
     token = A.new_token()
-    out, err, rc = S.run_script(target, items, token, time.monotonic() + 20, insecure,
-                                warn=(warnings.append if warnings is not None else
-                                      (lambda m: None)))
+    out, err, rc, _cut = S.run_script(target, items, token, time.monotonic() + 20, insecure,
+                                      warn=(warnings.append if warnings is not None else
+                                            (lambda m: None)))
     return A.split_output(out, err, token), rc
 
 
