@@ -473,10 +473,8 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                     size += len(data)
                     chunks.append(data)
                 if size > max_bytes:
-                    out.cut = (f"output cut off: the exec into {where} printed more than "
-                               f"{max_bytes} bytes")
                     break
-            if not out.cut:
+            if size <= max_bytes:
                 chunks_out.append(ws.read_channel(1) or b"")
                 chunks_err.append(ws.read_channel(2) or b"")
                 status = ws.read_channel(3) or b""
@@ -491,6 +489,12 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                 pass
         out.stdout = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_out)
         out.stderr = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_err)
+        if len(out.stdout) + len(out.stderr) > max_bytes:
+            # keep nothing past the cap: the item it cuts through has no end marker (rc None)
+            out.stdout = out.stdout[:max_bytes]
+            out.stderr = out.stderr[:max(0, max_bytes - len(out.stdout))]
+            out.cut = f"output cut off: the exec into {where} printed more than {max_bytes} bytes"
+            status = b""
         try:
             out.status = json.loads(status) if status else {}
         except ValueError:

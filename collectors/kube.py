@@ -209,6 +209,10 @@ CRD_RESOURCES = (
 )
 
 
+class DeadlinePassed(CollectionError):
+    """The overall deadline passed during an API call or list."""
+
+
 class ApiError(CollectionError):
     def __init__(self, status: int, reason: str):
         self.status = status
@@ -335,8 +339,8 @@ class Kube:
             return self.timeout
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise CollectionError(f"the overall --deadline passed while reading {what} from "
-                                  "the API server")
+            raise DeadlinePassed(f"the overall --deadline passed while reading {what} from "
+                                 "the API server")
         return max(0.1, min(self.timeout, left))
 
     def _call(self, api: str, method: str, what: str, *args, **kwargs) -> dict:
@@ -384,7 +388,13 @@ class Kube:
         repeated token is an error at once."""
         items, cont, pages, seen = [], None, 0, set()
         while True:
-            page = self._call(api, method, what, *args, limit=500, _continue=cont, **kwargs)
+            try:
+                page = self._call(api, method, what, *args, limit=500, _continue=cont,
+                                  **kwargs)
+            except DeadlinePassed:
+                if not pages:
+                    raise
+                raise DeadlinePassed(self._endless(what, pages, len(items))) from None
             pages += 1
             got = page.get("items") or []
             if not isinstance(got, list):
@@ -400,9 +410,12 @@ class Kube:
                                       "items read)")
             seen.add(cont)
             if self.deadline is not None and __import__("time").monotonic() >= self.deadline:
-                raise CollectionError(f"the overall --deadline passed while listing {what}: "
-                                      f"the API server was still sending continue tokens after "
-                                      f"{pages} pages ({len(items)} items)")
+                raise DeadlinePassed(self._endless(what, pages, len(items)))
+
+    @staticmethod
+    def _endless(what: str, pages: int, items: int) -> str:
+        return (f"the overall --deadline passed while listing {what}: the API server was still "
+                f"sending continue tokens after {pages} pages ({items} items)")
 
     # ---- what traceflow reads ----------------------------------------------------------------
     def list_kind(self, res: "Resource") -> list[dict]:

@@ -354,6 +354,9 @@ def _exec(client, command: str, deadline: float, target: Target, max_bytes: int
             select.select([chan], [], [], min(left, 0.5))
     finally:
         chan.close()
+    if cut:      # keep nothing past the cap: the item it cuts through has no end marker
+        data_out, data_err = b"".join(out), b"".join(err)
+        return (data_out[:max_bytes], data_err[:max(0, max_bytes - len(data_out))], None, cut)
     if status not in (0, None) and target.sudo and b"sudo" in b"".join(err):
         raise CollectionError(f"sudo -n failed on {target.describe()}: "
                               f"{b''.join(err).decode('utf-8', 'replace').strip()[:200]} "

@@ -192,6 +192,7 @@ class FakeKubeAPI:
         self.removed_binaries: dict[str, set[str]] = {}   # node -> binaries absent
         self.hang_nodes: set[str] = set()                  # agent exec never returns
         self.forbidden: list[str] = []                     # path regexes answered 403
+        self.endless_continue: set[str] = set()            # plurals whose lists never end
         self.requests: list[tuple[str, str]] = []          # (method, path?query)
         self.execs: list[dict] = []
         self._lock = threading.Lock()
@@ -376,7 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
             if items is None:
                 return self._json(404, _status(404, "NotFound", "the server could not find the "
                                                                 "requested resource"))
-            return self._list(items, f"{group}/{version}", plural, q)
+            return self._list(items, f"{group}/{version}", plural, q, plural)
         if plural == "deployments":
             obj = fake.find("deployments", ns, name) if name else None
             if obj is None:
@@ -397,9 +398,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, obj)
         items = [i for i in fake.objects[plural]
                  if ns is None or i["metadata"].get("namespace") == ns]
-        return self._list(items, api_version, kind + "List", q)
+        return self._list(items, api_version, kind + "List", q, plural)
 
-    def _list(self, items: list[dict], api_version: str, kind: str, q: dict) -> None:
+    def _list(self, items: list[dict], api_version: str, kind: str, q: dict,
+              plural: str = "") -> None:
         sel = (q.get("labelSelector") or [None])[0]
         items = [i for i in items if selector_matches(sel, i["metadata"].get("labels") or {})]
         start = int((q.get("continue") or ["0"])[0] or 0)
@@ -410,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
         meta = {"resourceVersion": "4242"}
         if size and start + size < len(items):
             meta["continue"] = str(start + size)
+        if plural in self.fake.endless_continue:
+            meta["continue"] = str(start + 1)     # a broken server: there is always more
         out = []
         for it in page:   # the API leaves apiVersion/kind out of list items
             it = dict(it)

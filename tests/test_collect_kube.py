@@ -340,6 +340,44 @@ def test_overall_deadline_bounds_everything(fake, tmp_path):
     assert r.exit_code == 3 and "worker1" in r.stderr and "worker2" in r.stderr
 
 
+def test_endless_continue_tokens_stop_at_the_deadline(fake):
+    fake.endless_continue = {"pods"}
+    t0 = time.monotonic()
+    # (the client's imports and credential plugin take a second or two on a busy machine)
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "--deadline", "5")
+    took = time.monotonic() - t0
+    assert took < 12, took
+    assert r.exit_code == 3
+    assert "the overall --deadline passed while listing pods" in r.stderr
+    assert "still sending continue tokens" in r.stderr
+    assert "Traceback" not in r.output
+    assert fake.execs == []
+
+
+def test_a_repeated_continue_token_is_refused_at_once(fake, monkeypatch):
+    from collectors import kube as K
+    calls = []
+
+    def call(self, api, method, what, *args, **kwargs):
+        calls.append(kwargs.get("_continue"))
+        return {"items": [], "metadata": {"continue": "same"}}
+    monkeypatch.setattr(K.Kube, "_call", call)
+    kube = K.Kube(str(fake.kubeconfig))
+    with pytest.raises(K.CollectionError, match="keeps sending continue tokens"):
+        kube.list_pods("default")
+    assert calls == [None, "same"]
+
+
+def test_exec_output_is_capped(fake):
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None,
+                               max_output=3000))
+    errs = b.manifest["collection_errors"]
+    assert any("printed more than 3000 bytes" in e["reason"] for e in errs), errs
+    assert all(len(b.raw(n)) <= 3000 for n in b.names() if n.startswith("nodes/"))
+    assert {e["node"] for e in errs} == {"worker1", "worker2"}
+
+
 def test_exec_forbidden_by_rbac(fake):
     fake.forbidden = [r"^/api/v1/namespaces/kube-system/pods/[^/]+/exec$"]
     r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
@@ -469,6 +507,51 @@ def test_write_bundle_refuses_paths_outside(tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(InputError, match="not empty"):
         write_bundle({"manifest.yaml": b""}, tmp_path / "full")
+
+
+def test_write_bundle_never_overwrites_without_force(tmp_path):
+    from traceflow.errors import InputError
+    out = tmp_path / "x.tar.gz"
+    out.write_bytes(b"precious")
+    with pytest.raises(InputError, match="exists: pass --force"):
+        write_bundle({"manifest.yaml": b"format: 1\n"}, out)
+    assert out.read_bytes() == b"precious"
+    write_bundle({"manifest.yaml": b"format: 1\n"}, out, force=True)
+    import tarfile
+    with tarfile.open(out) as tar:
+        assert tar.getnames() == ["x/manifest.yaml"]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.tar.gz"]     # no temp file left
+
+
+def test_write_bundle_follows_no_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    out = tmp_path / "x.tar.gz"
+    # the old predictable temp path, and the target itself, as symlinks to a victim
+    (tmp_path / "x.tar.gz.part").symlink_to(victim)
+    write_bundle({"manifest.yaml": b"format: 1\n"}, out)
+    assert victim.read_bytes() == b"keep"
+    out.unlink()
+    out.symlink_to(victim)
+    from traceflow.errors import InputError
+    with pytest.raises(InputError, match="exists"):
+        write_bundle({"manifest.yaml": b""}, out)
+    write_bundle({"manifest.yaml": b""}, out, force=True)
+    assert victim.read_bytes() == b"keep" and not out.is_symlink()
+    # a folder given as a symlink is refused
+    (tmp_path / "dirlink").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(InputError):
+        write_bundle({"manifest.yaml": b""}, tmp_path / "dirlink")
+
+
+def test_collect_refuses_to_overwrite_without_force(fake, tmp_path):
+    out = tmp_path / "b.tar.gz"
+    out.write_bytes(b"old")
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out))
+    assert r.exit_code == 2 and "pass --force" in r.stderr and out.read_bytes() == b"old"
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out), "--force")
+    assert r.exit_code == 0, r.stderr
+    assert Bundle.open(out).manifest["query"]["source"] == "default/frontend"
 
 
 def test_cli_start_up_imports_no_kubernetes_or_paramiko():
