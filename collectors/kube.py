@@ -76,7 +76,8 @@ def selector_string(selector: dict) -> str:
 # volumes (CSI volumeAttributes, secret names), annotations (last-applied-configuration embeds
 # whole manifests), managedFields, status details - is dropped as soon as a list page arrives,
 # before anything is kept. A field added to this list must be one a trace needs.
-# A spec: {key: True (keep the value as is) | nested spec | [nested spec] (a list of objects)}.
+# A spec: {key: True (keep the value as is) | nested spec | [nested spec] (a list of objects)
+# | frozenset (a mapping: only these keys, values as they are)}.
 
 _META = {"name": True, "namespace": True, "uid": True, "labels": True,
          "creationTimestamp": True, "ownerReferences": [{"kind": True, "name": True}]}
@@ -84,6 +85,15 @@ _CONTAINER = {"name": True, "image": True,
               # named ports: NetworkPolicy ports by name resolve against them
               "ports": [{"name": True, "containerPort": True, "protocol": True,
                          "hostPort": True, "hostIP": True}]}
+# Node annotations where CNIs keep addressing facts (Cilium's cluster-pool IPAM puts the pod CIDR
+# here, not in spec.podCIDR); no other annotation is kept.
+NODE_ANNOTATIONS = frozenset({
+    "network.cilium.io/ipv4-pod-cidr", "network.cilium.io/ipv6-pod-cidr",
+    "network.cilium.io/ipv4-cilium-host", "network.cilium.io/ipv6-cilium-host",
+    "io.cilium.network.ipv4-pod-cidr", "io.cilium.network.ipv6-pod-cidr",
+    "io.cilium.network.ipv4-cilium-host", "io.cilium.network.ipv6-cilium-host",
+    "node.antrea.io/transport-addresses", "node.antrea.io/mac-address",
+})
 ALLOWED_FIELDS = {
     "Pod": {
         "metadata": _META,
@@ -93,7 +103,7 @@ ALLOWED_FIELDS = {
                    "hostIPs": [{"ip": True}]},
     },
     "Node": {
-        "metadata": _META,
+        "metadata": dict(_META, annotations=NODE_ANNOTATIONS),
         "spec": {"podCIDR": True, "podCIDRs": True, "providerID": True},
         "status": {"addresses": [{"type": True, "address": True}],
                    "nodeInfo": {"kernelVersion": True, "osImage": True,
@@ -127,6 +137,11 @@ def _allow(value, spec):
     only where the spec says True, else dropped (bundle validation reports shapes)."""
     if spec is True:
         return value
+    if isinstance(spec, frozenset):
+        if not isinstance(value, dict):
+            return None
+        kept = {k: v for k, v in value.items() if k in spec}
+        return kept or None
     if isinstance(spec, list):
         if not isinstance(value, list):
             return None

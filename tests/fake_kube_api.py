@@ -716,8 +716,9 @@ CILIUM_CONFIG = {
 
 
 def cilium_cluster(version: str = "v1.18.1", cli: str = "cilium-dbg", tcx: bool = True,
-                   **kw) -> FakeKubeAPI:
-    """The example cluster with Cilium agents (one per worker) instead of Antrea's."""
+                   tagged: bool = True, **kw) -> FakeKubeAPI:
+    """The example cluster with Cilium agents (one per worker) instead of Antrea's.
+    ``tagged=False``: the agent image is named by digest only (no version in it)."""
     api = FakeKubeAPI(**kw)
     pods = [p for p in api.objects["pods"]
             if (p["metadata"].get("labels") or {}).get("component") != "antrea-agent"]
@@ -729,10 +730,11 @@ def cilium_cluster(version: str = "v1.18.1", cli: str = "cilium-dbg", tcx: bool 
                          "labels": {"k8s-app": "cilium", "app.kubernetes.io/name": "cilium-agent"}},
             "spec": {"nodeName": node, "hostNetwork": True,
                      "containers": [{"name": "cilium-agent",
-                                     "image": f"quay.io/cilium/cilium:{version}@sha256:"
-                                              + "ab" * 32}],
+                                     "image": (f"quay.io/cilium/cilium:{version}" if tagged
+                                               else "quay.io/cilium/cilium")
+                                              + "@sha256:" + "ab" * 32}],
                      "initContainers": [{"name": "mount-cgroup",
-                                         "image": f"quay.io/cilium/cilium:{version}"}]},
+                                         "image": "quay.io/cilium/cilium@sha256:" + "ab" * 32}]},
             "status": {"phase": "Running", "podIP": f"192.168.10.10{i + 1}",
                        "hostIP": f"192.168.10.10{i + 1}"}})
         api.set_node_image(node, cilium_outputs(version, cli, tcx))

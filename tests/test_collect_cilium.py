@@ -159,6 +159,22 @@ def test_cilium_before_1_15_uses_the_cilium_cli_and_tc(tmp_path):
         api.stop()
 
 
+def test_version_from_cilium_status_when_the_image_has_no_tag(tmp_path):
+    api = _start(tmp_path, tagged=False)
+    try:
+        out = tmp_path / "b"
+        r = _collect(api, out)
+        assert r.exit_code == 0, r.stderr
+        m = Bundle.open(out).manifest
+        assert m["cni"] == "cilium" and m["cni_version"] == "v1.18.1"    # from `status`
+        assert {e["command"][5] for e in api.execs} == {"cli:auto"}
+        assert m["files"]["nodes/worker1/cilium-bpf-lb-list.txt"].startswith(
+            "cilium-dbg (or cilium) bpf lb list  (exec")
+        assert not (out / "nodes" / "worker1" / "cilium-db-frontends.txt").exists()
+    finally:
+        api.stop()
+
+
 def test_rbac_for_cilium_names_the_agents_and_cilium_config(fake):
     r = runner.invoke(app, ["rbac", "--kubeconfig", str(fake.kubeconfig)])
     assert r.exit_code == 0, r.stderr

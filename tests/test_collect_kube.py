@@ -256,6 +256,10 @@ def test_allow_list_keeps_only_listed_fields():
         "metadata": {"name": "a", "namespace": "b"},
         "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}], "sessionAffinity": "ClientIP"},
         "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}}
+    node = {"kind": "Node", "metadata": {"name": "n", "annotations": {
+        "network.cilium.io/ipv4-pod-cidr": "10.0.1.0/24", "vault/token": "x"}}}
+    assert sanitize(node) == {"metadata": {"name": "n", "annotations": {
+        "network.cilium.io/ipv4-pod-cidr": "10.0.1.0/24"}}}
     # a list item without its kind but pod-shaped is cut like a pod (support bundles)
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "args": ["x"]}]}}
     assert sanitize(pod) == {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
