@@ -269,7 +269,10 @@ class Result:
         if self.rc is None:
             return self.why or "output cut off before the command finished"
         if self.rc == 127:
-            return f"{ITEMS[self.file].binary} is not installed in {where or 'that image'}"
+            binary = ITEMS[self.file].binary
+            if binary == "cilium-dbg":
+                binary = "the Cilium CLI (cilium-dbg / cilium)"
+            return f"{binary} is not installed in {where or 'that image'}"
         err = self.stderr.decode("utf-8", "replace").strip().splitlines()
         return f"exit code {self.rc}" + (f": {err[-1][:200]}" if err else "")
 

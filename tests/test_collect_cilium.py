@@ -139,6 +139,8 @@ def test_cilium_config_forbidden_is_a_warning(fake, tmp_path):
 
 def test_cilium_before_1_15_uses_the_cilium_cli_and_tc(tmp_path):
     api = _start(tmp_path, version="v1.14.5", cli="cilium", tcx=False)
+    # a listing this version cannot print as JSON: the stub refuses the arguments
+    del api.custom_images["worker1"]["cilium"]["bpf policy get --all -n -o json"]
     try:
         out = tmp_path / "old"
         r = _collect(api, out)
@@ -148,6 +150,13 @@ def test_cilium_before_1_15_uses_the_cilium_cli_and_tc(tmp_path):
         names = {n.split("/", 2)[2] for n in b.names() if n.startswith("nodes/worker2/")}
         assert names == ({f"{n}.txt" for n in CILIUM_TEXT} | {f"{n}.json" for n in CILIUM_TEXT}
                          | set(HOST))                       # no statedb tables before 1.17
+        # the missing JSON form is recorded, not an error, and not shouted on stderr
+        assert not b.has("nodes/worker1/cilium-bpf-policy-get.json")
+        assert b.has("nodes/worker1/cilium-bpf-policy-get.txt")
+        assert any(n.startswith("nodes/worker1/cilium-bpf-policy-get.json not collected: exit "
+                                "code 2: cilium: fake image: unsupported arguments")
+                   for n in b.manifest["collection_notes"])
+        assert "cilium-bpf-policy-get.json" not in r.stderr
         assert b.manifest["files"]["nodes/worker2/cilium-service-list.txt"].startswith(
             "cilium service list  (exec kube-system/cilium-p9m4z -c cilium-agent)")
         assert {e["command"][5] for e in api.execs} == {"cli:cilium"}
