@@ -262,15 +262,23 @@ MAX_RESPONSE = 64 << 20
 MAX_LIST_ITEMS = 1_000_000
 
 
-def _read_capped(resp, cap: int, what: str) -> bytes:
-    """The response body, read in chunks and refused past ``cap`` bytes."""
+def _read_capped(resp, cap: int, what: str, deadline: float | None = None) -> bytes:
+    """The response body, read in chunks: refused past ``cap`` bytes, and abandoned at the
+    deadline (a socket timeout bounds each read, not a server that drips bytes)."""
+    import time
     chunks, size = [], 0
+    read1 = getattr(resp, "read1", None)      # urllib3 >= 2: what one recv() brings
+    pieces = (iter(lambda: read1(1 << 16), b"") if read1 is not None
+              else resp.stream(1 << 12, decode_content=True))
     try:
-        for chunk in resp.stream(1 << 16, decode_content=True):
+        for chunk in pieces:
             size += len(chunk)
             if size > cap:
                 raise CollectionError(f"the API server's answer for {what} is larger than "
                                       f"{cap} bytes: refused")
+            if deadline is not None and time.monotonic() > deadline:
+                raise DeadlinePassed(f"the overall --deadline passed while reading {what} "
+                                     "from the API server (the answer was still arriving)")
             chunks.append(chunk)
     finally:
         resp.release_conn()
@@ -370,7 +378,7 @@ class Kube:
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self._time_left(what),
                       **kwargs)
-            data = _read_capped(resp, self.max_response, what)
+            data = _read_capped(resp, self.max_response, what, self.deadline)
         except ApiException as exc:
             raise self._api_error(exc, what) from None
         except (HTTPError, OSError) as exc:

@@ -195,6 +195,7 @@ class FakeKubeAPI:
         self.forbidden: list[str] = []                     # path regexes answered 403
         self.endless_continue: set[str] = set()            # plurals whose lists never end
         self.custom_images: dict[str, dict[str, dict[str, bytes]]] = {}
+        self.drip = 0.0                                    # seconds between answer bytes
         self.requests: list[tuple[str, str]] = []          # (method, path?query)
         self.execs: list[dict] = []
         self._lock = threading.Lock()
@@ -379,6 +380,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        if self.fake.drip:
+            # a server that answers one byte at a time, each well within a socket timeout
+            for i in range(len(body)):
+                if self.fake._stop.is_set():
+                    return
+                try:
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(self.fake.drip)
+            return
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802 - http.server naming

@@ -358,6 +358,14 @@ def test_endless_continue_tokens_stop_at_the_deadline(fake):
     assert fake.execs == []
 
 
+def test_an_answer_dripping_byte_by_byte_stops_at_the_deadline(fake):
+    fake.drip = 0.05
+    t0 = time.monotonic()
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "--deadline", "5")
+    assert time.monotonic() - t0 < 12
+    assert r.exit_code == 3 and "the answer was still arriving" in r.stderr
+
+
 def test_a_repeated_continue_token_is_refused_at_once(fake, monkeypatch):
     from collectors import kube as K
     calls = []
