@@ -175,7 +175,9 @@ endmark() {
 cil() {
   case "$CIL" in
   cilium-dbg|cilium) has "$CIL" || return 127; "$CIL" "$@" ;;
-  *) if has cilium-dbg; then cilium-dbg "$@"; elif has cilium; then cilium "$@"; else return 127; fi ;;
+  *) if has cilium-dbg; then cilium-dbg "$@"
+     elif has cilium; then cilium "$@"
+     else return 127; fi ;;
   esac
 }
 tc_all() {

@@ -485,9 +485,8 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
                    A.new_token(), display, kube_proxy_pods)
     jobs = {n: (lambda status, n=n: _collect_node(ctx, n, status)) for n in nodes}
     if pods_by_node and not opts.app_exec:
-        display_notes = [f"pods/{ns}/{pod}" for pods in pods_by_node.values()
-                         for ns, pod, _c in pods]
-        app_note = (f"no pod-side facts for {', '.join(sorted(display_notes))}: exec into "
+        skipped = [f"pods/{ns}/{pod}" for pods in pods_by_node.values() for ns, pod, _c in pods]
+        app_note = (f"no pod-side facts for {', '.join(sorted(skipped))}: exec into "
                     "application containers needs --app-exec; the first hop is derived from "
                     "the CNI's conventions")
     else:

@@ -705,13 +705,15 @@ def cilium_outputs(version: str, cli: str, tcx: bool) -> dict[str, dict[str, byt
         cli: c,
         "ip": {
             "rule list": _real("iproute/kwx4957-week8_cilium_ip-rule-show.txt"),
-            "route show table all": _real("iproute/kwx4957-week8_cilium-native-routing_ip-route.txt"),
+            "route show table all": _real(
+                "iproute/kwx4957-week8_cilium-native-routing_ip-route.txt"),
             "neigh show": _real("iproute/g00ntar-cilium-sysdump-k3s_ip-4-neigh.txt"),
             "addr show": _real("iproute/imroc-ack-cilium-eni_ip-a.txt"),
             "-d link show": _real("iproute/g00ntar-cilium-sysdump-k3s_ip-d-s-link.txt"),
             "-o link show": CILIUM_LINKS,
         },
-        "iptables-save": {"": _real("iptables-save/g00ntar-cilium-sysdump-k3s_iptables-save-c.txt")},
+        "iptables-save": {"": _real(
+            "iptables-save/g00ntar-cilium-sysdump-k3s_iptables-save-c.txt")},
         "tc": tc,
         "bpftool": {"net show": CILIUM_BPFTOOL},
     }
