@@ -19,6 +19,7 @@ from __future__ import annotations
 import yaml
 
 from collectors.agents import AGENT_NAMESPACE
+from collectors.kube import validate_name
 
 # (apiGroups, resources, verbs, why): every permission and what it is for.
 READER_RULES = (
@@ -100,7 +101,9 @@ def agents_from_bundle(bundle) -> tuple[str, list[str]]:
     for facts in nodes.values():
         ref = facts.get("agent_pod") if isinstance(facts, dict) else None
         if isinstance(ref, str) and ref.startswith(AGENT_NAMESPACE + "/"):
-            pods.append(ref.split("/", 1)[1])
+            name = ref.split("/", 1)[1]
+            validate_name("pod", name, "manifest.yaml: nodes.*.agent_pod")
+            pods.append(name)
     return str(m.get("cni") or "unknown"), sorted(set(pods))
 
 

@@ -676,6 +676,14 @@ def test_every_request_the_collector_makes_is_allowed_by_the_generated_rbac(fake
     assert ("crd.antrea.io", "clusternetworkpolicies", None) in seen   # probed, 404: absent
 
 
+def test_rbac_from_a_bundle_with_a_bad_agent_name_is_exit_2(tmp_path):
+    write_bundle({"manifest.yaml": b"format: traceflow-bundle/v1\ncni: antrea\nnodes:\n  w1:\n"
+                                   b"    agent_pod: 'kube-system/x; kubectl delete'\n"},
+                 tmp_path / "b")
+    r = runner.invoke(app, ["rbac", "--bundle", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "invalid pod name" in r.stderr and "agent_pod" in r.stderr
+
+
 def test_rbac_without_agent_pods_is_a_clear_error(fake):
     fake.objects["pods"] = [p for p in fake.objects["pods"]
                             if (p["metadata"].get("labels") or {}).get("component")
