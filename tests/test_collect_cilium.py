@@ -184,7 +184,7 @@ def test_version_from_cilium_status_when_the_image_has_no_tag(tmp_path):
         api.stop()
 
 
-def test_rbac_for_cilium_names_the_agents_and_cilium_config(fake):
+def test_rbac_for_cilium_names_the_agents_and_cilium_config(fake, tmp_path):
     r = runner.invoke(app, ["rbac", "--kubeconfig", str(fake.kubeconfig)])
     assert r.exit_code == 0, r.stderr
     role = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Role")
@@ -193,6 +193,19 @@ def test_rbac_for_cilium_names_the_agents_and_cilium_config(fake):
          "resourceNames": ["cilium-p9m4z", "cilium-x7k2q"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
          "resourceNames": ["cilium-config"]}]
+    # and every request of a collection is allowed by it, RBAC semantics (resourceNames)
+    import re
+    from test_collect_kube import _allowed
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    fake.requests.clear()
+    assert _collect(fake, tmp_path / "b").exit_code == 0
+    for _m, path in fake.requests:
+        m = re.match(r"^/(?:api/v1|apis/([^/]+)/[^/]+)(?:/namespaces/([^/]+))?/([^/]+)"
+                     r"(?:/([^/]+))?(?:/([^/]+))?$", path.split("?", 1)[0])
+        group, ns, resource, name, sub = m.groups()
+        verb = "create" if sub == "exec" else ("get" if name else "list")
+        assert _allowed(docs, group or "", f"{resource}/{sub}" if sub else resource, verb, ns,
+                        name), path
 
 
 @pytest.mark.parametrize("image, cli, has_db", [
