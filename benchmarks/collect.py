@@ -3,7 +3,7 @@
 Prints numbers; asserts nothing. Run: ``python benchmarks/collect.py [--latency 0.25]``.
 
 - 2 nodes: the example cluster, `collect frontend backendsvc` (the nodes that trace touches,
-  plus pod-side execs in frontend, backend1 and backend2);
+  plus pod-side execs in frontend, backend1 and backend2, as with --app-exec);
 - 50 nodes: 50 simulated nodes (each a copy of worker1 or worker2: same outputs),
   `--all-nodes`.
 
@@ -57,7 +57,7 @@ def run(nodes: int | None, latency: float, parallel: int, repeat: int, tmp: Path
             opts = CollectOptions(all_nodes=True, **common)
         else:
             opts = CollectOptions(kind="pod-to-svc", source="frontend", destination="backendsvc",
-                                  **common)
+                                  app_exec=True, **common)
         times, bundle = [], None
         for _ in range(repeat):
             t0 = time.perf_counter()

@@ -57,33 +57,112 @@ HOST_ITEMS = (
     Item("ipset.txt", "ipset list", "ipset", False),
     Item("nft.txt", "nft list ruleset", "nft", False),
     Item("ipvs.txt", "ipvsadm -Ln", "ipvsadm", False),
-    Item("tc.txt", "for each device in /sys/class/net: ### tc filter show dev DEV ingress|egress "
-                   "header, then tc filter show dev DEV ingress|egress", "tc", False),
+    Item("tc.txt", "for each device of `ip -o link show`: a `### tc filter show dev DEV "
+                   "ingress|egress` header, then `tc filter show dev DEV ingress|egress`", "tc",
+         False),
 )
 # Only when iptables-save fails: the list format the bundle contract also accepts.
 FALLBACK_ITEMS = (
     Item("iptables-nat-list.txt", "iptables -t nat -L -n", "iptables", False),
 )
-CILIUM_ITEMS = (
-    Item("cilium-bpf-lb-list.txt", "cilium-dbg bpf lb list", "cilium-dbg", True),
-    Item("cilium-bpf-endpoint-list.txt", "cilium-dbg bpf endpoint list", "cilium-dbg", True),
-    Item("cilium-bpf-ipcache-list.txt", "cilium-dbg bpf ipcache list", "cilium-dbg", True),
-    Item("cilium-bpf-policy-get.txt", "cilium-dbg bpf policy get --all", "cilium-dbg", False),
-    Item("cilium-bpf-ct-list-global.txt", "cilium-dbg bpf ct list global", "cilium-dbg", False),
-    Item("cilium-service-list.txt", "cilium-dbg service list", "cilium-dbg", True),
+# Cilium (cilium-agent container): the agent's CLI is `cilium` up to 1.14 and `cilium-dbg` from
+# 1.15 (chosen from the agent's version, see Agent.plan). Every listing that offers `-o json`
+# is collected twice: the text (what people paste, what the parsers know best) and
+# `<name>.json` beside it. `since`: the first version that has the command.
+@dataclass(frozen=True)
+class CiliumCommand:
+    name: str                  # bundle file stem: cilium-<subcommand>
+    args: str                  # after `cilium-dbg`
+    required: bool = False
+    json: str | None = None    # the JSON form's arguments, when the command offers one
+    since: tuple = (0, 0)
+
+
+CILIUM_COMMANDS = (
+    CiliumCommand("cilium-status", "status --verbose", False, "status -o json"),
+    CiliumCommand("cilium-bpf-lb-list", "bpf lb list", True, "bpf lb list -o json"),
+    CiliumCommand("cilium-service-list", "service list", True, "service list -o json"),
+    CiliumCommand("cilium-bpf-lb-maglev-list", "bpf lb maglev list", False,
+                  "bpf lb maglev list -o json", (1, 9)),
+    CiliumCommand("cilium-bpf-ipcache-list", "bpf ipcache list", True,
+                  "bpf ipcache list -o json"),
+    CiliumCommand("cilium-endpoint-list", "endpoint list", False, "endpoint list -o json"),
+    CiliumCommand("cilium-bpf-endpoint-list", "bpf endpoint list", True,
+                  "bpf endpoint list -o json"),
+    CiliumCommand("cilium-bpf-policy-get", "bpf policy get --all -n", False,
+                  "bpf policy get --all -n -o json"),
+    CiliumCommand("cilium-identity-list", "identity list", False, "identity list -o json"),
+    CiliumCommand("cilium-bpf-ct-list-global", "bpf ct list global", False,
+                  "bpf ct list global -o json"),
+    CiliumCommand("cilium-bpf-nat-list", "bpf nat list", False, "bpf nat list -o json"),
+    CiliumCommand("cilium-bpf-tunnel-list", "bpf tunnel list", False, "bpf tunnel list -o json"),
+    CiliumCommand("cilium-bpf-ipmasq-list", "bpf ipmasq list", False,
+                  "bpf ipmasq list -o json"),
+    # statedb load-balancing tables (1.17+); the table form cuts backends after 5: JSON too
+    CiliumCommand("cilium-db-frontends", "shell -- db/show frontends", False,
+                  "shell -- db/show --format=json frontends", (1, 17)),
+    CiliumCommand("cilium-db-backends", "shell -- db/show backends", False,
+                  "shell -- db/show --format=json backends", (1, 17)),
+    CiliumCommand("cilium-db-services", "shell -- db/show services", False,
+                  "shell -- db/show --format=json services", (1, 17)),
 )
+CILIUM_ITEMS = tuple(
+    item for c in CILIUM_COMMANDS for item in (
+        (Item(f"{c.name}.txt", f"cilium-dbg {c.args}", "cilium-dbg", c.required),)
+        + ((Item(f"{c.name}.json", f"cilium-dbg {c.json}", "cilium-dbg", False),)
+           if c.json else ())))
+# BPF attachments: `tc filter show` lists tc programs; tcx/netkit attachments (Cilium 1.16+ on
+# kernels >= 6.6) only show in `bpftool net show`, so it is taken whenever bpftool exists.
+CILIUM_HOST_ITEMS = (
+    Item("bpftool-net.txt", "bpftool net show", "bpftool", False),
+)
+# The script selects the CLI with one of these leading arguments (constants, like the items).
+CILIUM_CLIS = {"cli:cilium": "cilium", "cli:cilium-dbg": "cilium-dbg", "cli:auto": "auto"}
+
+
+def cilium_cli(version: str | None) -> str:
+    """`cilium` before 1.15, `cilium-dbg` from 1.15 on; "auto" (cilium-dbg if the image has it,
+    else cilium) when the version is unknown."""
+    v = version_tuple(version)
+    if v is None:
+        return "auto"
+    return "cilium-dbg" if v >= (1, 15) else "cilium"
+
+
+def version_tuple(version: str | None) -> tuple | None:
+    m = re.match(r"^v?(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def cilium_item_files(version: str | None) -> list[str]:
+    """The Cilium bundle files to ask for on an agent of this version."""
+    v = version_tuple(version)
+    out = []
+    for c in CILIUM_COMMANDS:
+        if v is not None and v < c.since:
+            continue
+        if v is None and c.since > (1, 16):
+            continue    # an unknown version: only what every version has
+        out.append(f"{c.name}.txt")
+        if c.json:
+            out.append(f"{c.name}.json")
+    return out + [i.file for i in CILIUM_HOST_ITEMS]
+
+
 # Inside a workload pod (its own network namespace): the first hop.
 POD_ITEMS = (
     Item("pod:ip-route.txt", "ip route show", "ip", False),
     Item("pod:ip-neigh.txt", "ip neigh show", "ip", False),
     Item("pod:ip-addr.txt", "ip addr show", "ip", False),
 )
-ITEMS = {i.file: i for i in OVS_ITEMS + HOST_ITEMS + FALLBACK_ITEMS + CILIUM_ITEMS + POD_ITEMS}
+ITEMS = {i.file: i for i in OVS_ITEMS + HOST_ITEMS + FALLBACK_ITEMS + CILIUM_ITEMS
+         + CILIUM_HOST_ITEMS + POD_ITEMS}
 
 
 # The whole script. FIXED: it takes the token and item names as positional parameters and
 # compares them with constants; it never evaluates them. Read-only commands only.
-SCRIPT = r"""T="$1"; shift
+_SCRIPT = r"""T="$1"; shift
+CIL=auto
 has() { command -v "$1" >/dev/null 2>&1; }
 mark() {
   printf '### traceflow %s %s %s\n' "$T" "$1" "$2"
@@ -94,16 +173,23 @@ endmark() {
   printf '\n### traceflow %s end %s rc=%s\n' "$T" "$1" "$2" >&2
 }
 cil() {
-  if has cilium-dbg; then cilium-dbg "$@"; elif has cilium; then cilium "$@"; else return 127; fi
+  case "$CIL" in
+  cilium-dbg|cilium) has "$CIL" || return 127; "$CIL" "$@" ;;
+  *) if has cilium-dbg; then cilium-dbg "$@"
+     elif has cilium; then cilium "$@"
+     else return 127; fi ;;
+  esac
 }
 tc_all() {
   has tc || return 127
-  for d in /sys/class/net/*; do
-    dev="${d##*/}"
-    [ -e "$d" ] || continue
+  has ip || return 127
+  # device names as the kernel prints them (`N: name[@peer]: <...`); names never hold ": "
+  ip -o link show </dev/null | while IFS= read -r line; do
+    dev="${line#*: }"; dev="${dev%%: *}"; dev="${dev%%@*}"
+    [ -n "$dev" ] || continue
     for dir in ingress egress; do
       printf '### tc filter show dev %s %s\n' "$dev" "$dir"
-      tc filter show dev "$dev" "$dir" 2>/dev/null
+      tc filter show dev "$dev" "$dir" 2>/dev/null </dev/null
     done
   done
   return 0
@@ -126,12 +212,8 @@ item() {
   nft.txt) has nft || return 127; nft list ruleset ;;
   ipvs.txt) has ipvsadm || return 127; ipvsadm -Ln ;;
   tc.txt) tc_all ;;
-  cilium-bpf-lb-list.txt) cil bpf lb list ;;
-  cilium-bpf-endpoint-list.txt) cil bpf endpoint list ;;
-  cilium-bpf-ipcache-list.txt) cil bpf ipcache list ;;
-  cilium-bpf-policy-get.txt) cil bpf policy get --all ;;
-  cilium-bpf-ct-list-global.txt) cil bpf ct list global ;;
-  cilium-service-list.txt) cil service list ;;
+@@CILIUM@@
+  bpftool-net.txt) has bpftool || return 127; bpftool net show ;;
   pod:ip-route.txt) has ip || return 127; ip route show ;;
   pod:ip-neigh.txt) has ip || return 127; ip neigh show ;;
   pod:ip-addr.txt) has ip || return 127; ip addr show ;;
@@ -140,11 +222,20 @@ item() {
 }
 run() { mark begin "$1"; item "$1" </dev/null; rc=$?; endmark "$1" "$rc"; }
 for f in "$@"; do
+  case "$f" in
+  cli:cilium) CIL=cilium; continue ;;
+  cli:cilium-dbg) CIL=cilium-dbg; continue ;;
+  cli:auto) CIL=auto; continue ;;
+  esac
   run "$f"
   if [ "$f" = iptables-save.txt ] && [ "$rc" != 0 ]; then run iptables-nat-list.txt; fi
 done
 exit 0
 """
+# The Cilium cases come from CILIUM_COMMANDS (constant words only): one line per file.
+SCRIPT = _SCRIPT.replace("@@CILIUM@@", "\n".join(
+    f"  {c.name}.txt) cil {c.args} ;;" + (f"\n  {c.name}.json) cil {c.json} ;;" if c.json else "")
+    for c in CILIUM_COMMANDS))
 
 
 def new_token() -> str:
@@ -155,7 +246,7 @@ def script_argv(token: str, items: list[str]) -> list[str]:
     """The exec argv. The token is ours (hex) and the items are ITEMS keys: checked anyway."""
     if not re.fullmatch(r"[0-9a-f]{8,64}", token):
         raise ValueError("bad token")
-    unknown = [i for i in items if i not in ITEMS]
+    unknown = [i for i in items if i not in ITEMS and i not in CILIUM_CLIS]
     if unknown:
         raise ValueError(f"unknown items {unknown}")
     return ["sh", "-c", SCRIPT, "traceflow", token, *items]
@@ -169,6 +260,7 @@ class Result:
     rc: int | None
     stdout: bytes
     stderr: bytes = b""
+    why: str = ""        # why the output was cut off, when it was (rc None)
 
     @property
     def ok(self) -> bool:
@@ -177,21 +269,25 @@ class Result:
     def error_text(self, where: str = "") -> str:
         """Why it failed; ``where`` says where it ran (`the agent container ...`)."""
         if self.rc is None:
-            return "output cut off before the command finished"
+            return self.why or "output cut off before the command finished"
         if self.rc == 127:
-            return f"{ITEMS[self.file].binary} is not installed in {where or 'that image'}"
+            binary = ITEMS[self.file].binary
+            if binary == "cilium-dbg":
+                binary = "the Cilium CLI (cilium-dbg / cilium)"
+            return f"{binary} is not installed in {where or 'that image'}"
         err = self.stderr.decode("utf-8", "replace").strip().splitlines()
         return f"exit code {self.rc}" + (f": {err[-1][:200]}" if err else "")
 
 
-def split_output(stdout: bytes, stderr: bytes, token: str) -> dict[str, Result]:
-    """Cut the batched stdout/stderr back into one Result per item."""
+def split_output(stdout: bytes, stderr: bytes, token: str, cut: str = "") -> dict[str, Result]:
+    """Cut the batched stdout/stderr back into one Result per item. ``cut``: why the output
+    stopped early, if it did (given to the items left without an end marker)."""
     outs = _sections(stdout, token)
     errs = _sections(stderr, token)
     results = {}
     for file, (data, rc) in outs.items():
         err = errs.get(file, (b"", rc))[0]
-        results[file] = Result(file, rc, data, err)
+        results[file] = Result(file, rc, data, err, cut if rc is None else "")
     return results
 
 
@@ -247,7 +343,8 @@ class Agent:
                 return [(main, ovs_items + host)]
             return [(ovs, ovs_items), (main, host)]
         main = "cilium-agent" if "cilium-agent" in self.containers else self.containers[0]
-        return [(main, [i.file for i in CILIUM_ITEMS] + host)]
+        version = image_version(self.image)
+        return [(main, [f"cli:{cilium_cli(version)}"] + cilium_item_files(version) + host)]
 
 
 AGENT_SELECTORS = (("antrea", "component=antrea-agent"), ("cilium", "k8s-app=cilium"))
@@ -298,11 +395,18 @@ class TimeLimit(CollectionError):
     """The node's time limit passed: no fallback is tried (there is no time left for one)."""
 
 
+# The most one exec (or one SSH command) may print, stdout and stderr together. The largest
+# real listings (`bpf ct list global` on a busy node, `ovs-ofctl dump-flows` with 100k flows)
+# stay well below it; a runaway command is cut off there and said so.
+MAX_OUTPUT = 256 << 20
+
+
 @dataclass
 class ExecOutcome:
     stdout: bytes = b""
     stderr: bytes = b""
     status: dict = field(default_factory=dict)
+    cut: str = ""          # why reading stopped early (size cap), else ""
 
 
 def _handshake_error(reason: str) -> tuple[int, str]:
@@ -322,9 +426,10 @@ def _handshake_error(reason: str) -> tuple[int, str]:
 
 
 def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str], token: str,
-               deadline: float, node: str) -> ExecOutcome:
+               deadline: float, node: str, max_bytes: int = MAX_OUTPUT) -> ExecOutcome:
     """Run the script in one container through the API's exec websocket, bounded by
-    ``deadline`` (time.monotonic()). CollectionError with a clear reason otherwise."""
+    ``deadline`` (time.monotonic()) and ``max_bytes`` of output (past it the stream is closed
+    and the outcome says so). CollectionError with a clear reason otherwise."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
     from kubernetes.stream import stream
@@ -349,7 +454,9 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
             if status == 403:
                 raise CollectionError(
                     f"forbidden to exec into {where}: {msg or 'pods/exec denied'} (grant "
-                    f"`create` on pods/exec in {namespace}: see deploy/rbac.yaml)", node) from None
+                    f"`create` on pods/exec for this pod: `traceflow rbac | kubectl apply -f -` "
+                    "grants exactly the current CNI agent pods; see deploy/rbac.yaml)",
+                    node) from None
             if status:
                 raise CollectionError(f"exec into {where} refused ({status}): "
                                       f"{msg or exc.reason}", node) from None
@@ -357,6 +464,8 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                                   node) from None
         out = ExecOutcome()
         chunks_out, chunks_err = [], []
+        size = 0
+        status = b""
         try:
             while ws.is_open():
                 left = deadline - time.monotonic()
@@ -364,11 +473,16 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                     raise TimeLimit(f"exec into {where} did not finish within the time limit "
                                     "(per-node --timeout / --deadline)", node)
                 ws.update(timeout=min(left, 1.0))
+                for chunks, channel in ((chunks_out, 1), (chunks_err, 2)):
+                    data = ws.read_channel(channel) or b""
+                    size += len(data)
+                    chunks.append(data)
+                if size > max_bytes:
+                    break
+            if size <= max_bytes:
                 chunks_out.append(ws.read_channel(1) or b"")
                 chunks_err.append(ws.read_channel(2) or b"")
-            chunks_out.append(ws.read_channel(1) or b"")
-            chunks_err.append(ws.read_channel(2) or b"")
-            status = ws.read_channel(3) or b""
+                status = ws.read_channel(3) or b""
         except CollectionError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken stream, named
@@ -380,6 +494,12 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                 pass
         out.stdout = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_out)
         out.stderr = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_err)
+        if len(out.stdout) + len(out.stderr) > max_bytes:
+            # keep nothing past the cap: the item it cuts through has no end marker (rc None)
+            out.stdout = out.stdout[:max_bytes]
+            out.stderr = out.stderr[:max(0, max_bytes - len(out.stdout))]
+            out.cut = f"output cut off: the exec into {where} printed more than {max_bytes} bytes"
+            status = b""
         try:
             out.status = json.loads(status) if status else {}
         except ValueError:

@@ -69,27 +69,116 @@ def selector_string(selector: dict) -> str:
     return ",".join(parts)
 
 
-# ---- what never goes into a bundle --------------------------------------------------------
+# ---- what goes into a bundle: an allow-list ------------------------------------------------
+#
+# Pods, Nodes and Services are cut down to the fields a trace (or the collector itself) reads;
+# everything else - container command/args/env, probes and their httpHeaders, lifecycle hooks,
+# volumes (CSI volumeAttributes, secret names), annotations (last-applied-configuration embeds
+# whole manifests), managedFields, status details - is dropped as soon as a list page arrives,
+# before anything is kept. A field added to this list must be one a trace needs.
+# A spec: {key: True (keep the value as is) | nested spec | [nested spec] (a list of objects)
+# | frozenset (a mapping: only these keys, values as they are)}.
 
-_DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+_META = {"name": True, "namespace": True, "uid": True, "labels": True,
+         "creationTimestamp": True, "ownerReferences": [{"kind": True, "name": True}]}
+_CONTAINER = {"name": True, "image": True,
+              # named ports: NetworkPolicy ports by name resolve against them
+              "ports": [{"name": True, "containerPort": True, "protocol": True,
+                         "hostPort": True, "hostIP": True}]}
+# Node annotations where CNIs keep addressing facts (Cilium's cluster-pool IPAM puts the pod CIDR
+# here, not in spec.podCIDR); no other annotation is kept.
+NODE_ANNOTATIONS = frozenset({
+    "network.cilium.io/ipv4-pod-cidr", "network.cilium.io/ipv6-pod-cidr",
+    "network.cilium.io/ipv4-cilium-host", "network.cilium.io/ipv6-cilium-host",
+    "io.cilium.network.ipv4-pod-cidr", "io.cilium.network.ipv6-pod-cidr",
+    "io.cilium.network.ipv4-cilium-host", "io.cilium.network.ipv6-cilium-host",
+    "node.antrea.io/transport-addresses", "node.antrea.io/mac-address",
+})
+ALLOWED_FIELDS = {
+    "Pod": {
+        "metadata": _META,
+        "spec": {"nodeName": True, "hostNetwork": True, "containers": [_CONTAINER],
+                 "initContainers": [_CONTAINER]},
+        "status": {"phase": True, "podIP": True, "podIPs": [{"ip": True}], "hostIP": True,
+                   "hostIPs": [{"ip": True}]},
+    },
+    "Node": {
+        "metadata": dict(_META, annotations=NODE_ANNOTATIONS),
+        "spec": {"podCIDR": True, "podCIDRs": True, "providerID": True},
+        "status": {"addresses": [{"type": True, "address": True}],
+                   "nodeInfo": {"kernelVersion": True, "osImage": True,
+                                "containerRuntimeVersion": True, "kubeletVersion": True,
+                                "kubeProxyVersion": True, "operatingSystem": True,
+                                "architecture": True}},
+    },
+    "Service": {
+        "metadata": _META,
+        "spec": {"type": True, "clusterIP": True, "clusterIPs": True, "ports": [{
+                     "name": True, "protocol": True, "port": True, "targetPort": True,
+                     "nodePort": True, "appProtocol": True}],
+                 "selector": True, "sessionAffinity": True, "sessionAffinityConfig": True,
+                 "externalTrafficPolicy": True, "internalTrafficPolicy": True,
+                 "externalIPs": True, "loadBalancerIP": True, "loadBalancerSourceRanges": True,
+                 "healthCheckNodePort": True, "ipFamilies": True, "ipFamilyPolicy": True,
+                 "externalName": True, "publishNotReadyAddresses": True,
+                 "trafficDistribution": True},
+        "status": {"loadBalancer": {"ingress": [{"ip": True, "hostname": True,
+                                                 "ipMode": True}]}},
+    },
+    # the cilium-config ConfigMap: its settings (routing mode, KPR, masquerade...), nothing else
+    "ConfigMap": {"metadata": {"name": True, "namespace": True}, "data": True},
+}
+# Other kinds (EndpointSlices, NetworkPolicies, policy CRDs) are read whole, minus these:
+_DROP_META = ("managedFields", "annotations")
 
 
-def sanitize(obj: dict) -> dict:
-    """Strip what must never be stored: container env values and envFrom sources, the
-    last-applied-configuration annotation (it can embed a whole manifest with env values),
-    managedFields. Secrets are never listed at all."""
-    meta = obj.get("metadata") or {}
-    meta.pop("managedFields", None)
-    ann = meta.get("annotations")
-    if isinstance(ann, dict):
-        for key in _DROP_ANNOTATIONS:
-            ann.pop(key, None)
-        if not ann:
-            meta.pop("annotations", None)
-    spec = obj.get("spec")
-    if isinstance(spec, dict):
+def _allow(value, spec):
+    """``value`` cut down to ``spec`` (see ALLOWED_FIELDS); wrong shapes are kept as they are
+    only where the spec says True, else dropped (bundle validation reports shapes)."""
+    if spec is True:
+        return value
+    if isinstance(spec, frozenset):
+        if not isinstance(value, dict):
+            return None
+        kept = {k: v for k, v in value.items() if k in spec}
+        return kept or None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return None
+        return [_allow(v, spec[0]) for v in value]
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for key, sub in spec.items():
+        if key in value:
+            v = _allow(value[key], sub)
+            if v is not None:
+                out[key] = v
+    return out
+
+
+def sanitize(obj: dict, kind: str | None = None) -> dict:
+    """What of one object may be kept, changed in place and returned: the allow-listed fields
+    of a Pod, Node, Service or ConfigMap; for other kinds everything but managedFields,
+    annotations and (should a kind carry a pod template) container env/envFrom. Secrets are
+    never requested at all."""
+    kind = kind or obj.get("kind") or ""
+    if not kind and isinstance(obj.get("spec"), dict) and "containers" in obj["spec"]:
+        kind = "Pod"      # a list item without its kind (support bundles): pod-shaped
+    spec = ALLOWED_FIELDS.get(kind)
+    if spec is not None:
+        kept = _allow(obj, spec)
+        obj.clear()
+        obj.update(kept)
+        return obj
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        for key in _DROP_META:
+            meta.pop(key, None)
+    spec_ = obj.get("spec")
+    if isinstance(spec_, dict):
         for group in ("containers", "initContainers", "ephemeralContainers"):
-            for c in spec.get(group) or []:
+            for c in spec_.get(group) or []:
                 if isinstance(c, dict):
                     c.pop("env", None)
                     c.pop("envFrom", None)
@@ -135,6 +224,10 @@ CRD_RESOURCES = (
 )
 
 
+class DeadlinePassed(CollectionError):
+    """The overall deadline passed during an API call or list."""
+
+
 class ApiError(CollectionError):
     def __init__(self, status: int, reason: str):
         self.status = status
@@ -163,14 +256,46 @@ def kubeconfig_present(kubeconfig: str | None) -> bool:
     return Path("~/.kube/config").expanduser().exists()
 
 
+# Bounds on what one list may bring: per response (one page of 500 items is a few MB even for
+# large pods) and in items; the overall deadline bounds the time.
+MAX_RESPONSE = 64 << 20
+MAX_LIST_ITEMS = 1_000_000
+
+
+def _read_capped(resp, cap: int, what: str, deadline: float | None = None) -> bytes:
+    """The response body, read in chunks: refused past ``cap`` bytes, and abandoned at the
+    deadline (a socket timeout bounds each read, not a server that drips bytes)."""
+    import time
+    chunks, size = [], 0
+    read1 = getattr(resp, "read1", None)      # urllib3 >= 2: what one recv() brings
+    pieces = (iter(lambda: read1(1 << 16), b"") if read1 is not None
+              else resp.stream(1 << 12, decode_content=True))
+    try:
+        for chunk in pieces:
+            size += len(chunk)
+            if size > cap:
+                raise CollectionError(f"the API server's answer for {what} is larger than "
+                                      f"{cap} bytes: refused")
+            if deadline is not None and time.monotonic() > deadline:
+                raise DeadlinePassed(f"the overall --deadline passed while reading {what} "
+                                     "from the API server (the answer was still arriving)")
+            chunks.append(chunk)
+    finally:
+        resp.release_conn()
+    return b"".join(chunks)
+
+
 class Kube:
-    """A read-only view of one cluster. ``timeout`` bounds every API call (seconds)."""
+    """A read-only view of one cluster. ``timeout`` bounds every API call (seconds),
+    ``deadline`` (time.monotonic(), optional) the whole run."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, deadline: float | None = None):
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
         self.timeout = timeout
+        self.deadline = deadline
+        self.max_response = MAX_RESPONSE
         cfg = client.Configuration()
         # the client reads $KUBECONFIG once, at import: resolve it now (a list of paths is
         # merged by the client, as kubectl does)
@@ -229,8 +354,21 @@ class Kube:
             pass
 
     # ---- raw calls -----------------------------------------------------------------------
+    def _time_left(self, what: str) -> float:
+        """Seconds this call may take: the per-call timeout, capped by the overall deadline.
+        CollectionError when the deadline has passed."""
+        import time
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(f"the overall --deadline passed while reading {what} from "
+                                 "the API server")
+        return max(0.1, min(self.timeout, left))
+
     def _call(self, api: str, method: str, what: str, *args, **kwargs) -> dict:
-        """One generated-client call with the raw JSON kept (``_preload_content=False``).
+        """One generated-client call with the raw JSON kept (``_preload_content=False``),
+        bounded in time (``_time_left``) and size (MAX_RESPONSE bytes, read in chunks).
         ApiError on an HTTP error status, CollectionError when the server cannot be reached."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
@@ -238,8 +376,9 @@ class Kube:
         fn = getattr(getattr(client, api)(self.api_client), method)
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            data = resp.data
+            resp = fn(*args, _preload_content=False, _request_timeout=self._time_left(what),
+                      **kwargs)
+            data = _read_capped(resp, self.max_response, what, self.deadline)
         except ApiException as exc:
             raise self._api_error(exc, what) from None
         except (HTTPError, OSError) as exc:
@@ -265,37 +404,75 @@ class Kube:
             text = f"the API server answered {status} for {what}: {msg}"
         return ApiError(status, text)
 
-    def _list(self, api: str, method: str, what: str, *args, **kwargs) -> list[dict]:
-        """Every item of a list, following ``continue`` tokens (500 per page)."""
-        items, cont = [], None
+    def _list(self, api: str, method: str, what: str, kind: str, *args, **kwargs) -> list[dict]:
+        """Every item of a list, following ``continue`` tokens (500 per page), each item cut
+        down by ``sanitize`` as its page arrives. Bounded: the overall deadline (a server that
+        keeps sending ``continue`` tokens is stopped there), MAX_LIST_ITEMS items, and a
+        repeated token is an error at once."""
+        items, cont, pages, seen = [], None, 0, set()
         while True:
-            page = self._call(api, method, what, *args, limit=500, _continue=cont, **kwargs)
-            items.extend(page.get("items") or [])
+            try:
+                page = self._call(api, method, what, *args, limit=500, _continue=cont,
+                                  **kwargs)
+            except DeadlinePassed:
+                if not pages:
+                    raise
+                raise DeadlinePassed(self._endless(what, pages, len(items))) from None
+            pages += 1
+            got = page.get("items") or []
+            if not isinstance(got, list):
+                raise CollectionError(f"the API server returned a list of {what} whose items "
+                                      "are not a list")
+            items.extend(sanitize(i, kind) for i in got if isinstance(i, dict))
             cont = (page.get("metadata") or {}).get("continue")
             if not cont:
                 return items
+            if cont in seen or len(items) > MAX_LIST_ITEMS:
+                raise CollectionError(f"listing {what} does not end: the API server keeps "
+                                      f"sending continue tokens ({pages} pages, {len(items)} "
+                                      "items read)")
+            seen.add(cont)
+            if self.deadline is not None and __import__("time").monotonic() >= self.deadline:
+                raise DeadlinePassed(self._endless(what, pages, len(items)))
+
+    @staticmethod
+    def _endless(what: str, pages: int, items: int) -> str:
+        return (f"the overall --deadline passed while listing {what}: the API server was still "
+                f"sending continue tokens after {pages} pages ({items} items)")
 
     # ---- what traceflow reads ----------------------------------------------------------------
     def list_kind(self, res: "Resource") -> list[dict]:
         if res.custom:
             group, version = res.api_version.split("/")
             items = self._list("CustomObjectsApi", "list_cluster_custom_object",
-                               f"{res.plural}.{group}", group, version, res.plural)
+                               f"{res.plural}.{group}", res.kind, group, version, res.plural)
         else:
-            items = self._list(res.api, res.method, f"{res.plural} ({res.api_version})")
-        return [_with_type(sanitize(i), res.api_version, res.kind) for i in items]
+            items = self._list(res.api, res.method, f"{res.plural} ({res.api_version})",
+                               res.kind)
+        return [_with_type(i, res.api_version, res.kind) for i in items]
 
     def list_pods(self, namespace: str, selector: str | None = None) -> list[dict]:
         validate_name("namespace", namespace, "--namespace")
-        items = self._list("CoreV1Api", "list_namespaced_pod", f"pods in {namespace}",
+        items = self._list("CoreV1Api", "list_namespaced_pod", f"pods in {namespace}", "Pod",
                            namespace, label_selector=selector)
-        return [_with_type(sanitize(i), "v1", "Pod") for i in items]
+        return [_with_type(i, "v1", "Pod") for i in items]
 
     def get_deployment(self, namespace: str, name: str) -> dict:
+        """Only its selector is kept (the source pod is one of its pods)."""
         validate_name("namespace", namespace, "--namespace")
         validate_name("deployment", name, "deploy/NAME")
-        return self._call("AppsV1Api", "read_namespaced_deployment",
-                          f"deployment {namespace}/{name}", name, namespace)
+        dep = self._call("AppsV1Api", "read_namespaced_deployment",
+                         f"deployment {namespace}/{name}", name, namespace)
+        return {"metadata": {"name": name, "namespace": namespace},
+                "spec": {"selector": ((dep.get("spec") or {}).get("selector") or {})}}
+
+    def get_config_map(self, namespace: str, name: str) -> dict:
+        """One named ConfigMap (cilium-config), cut down to its name and data."""
+        validate_name("namespace", namespace)
+        validate_name("pod", name)     # a DNS-1123 subdomain, as ConfigMap names are
+        cm = self._call("CoreV1Api", "read_namespaced_config_map",
+                        f"configmap {namespace}/{name}", name, namespace)
+        return _with_type(sanitize(cm, "ConfigMap"), "v1", "ConfigMap")
 
     def list_crds(self, warn) -> dict[str, list[dict]]:
         """file -> items for every CNI policy CRD the API serves (404 = not installed)."""

@@ -52,7 +52,9 @@ class CollectOptions:
     timeout: float = 60.0              # per node (seconds)
     deadline: float = 300.0            # the whole collection (seconds)
     parallel: int = 10                 # nodes collected at once
-    pod_facts: bool = True             # exec `ip route/neigh/addr` in the query's pods
+    app_exec: bool = False             # exec `ip route/neigh/addr` in the query's own pods
+    #                                    (application containers): only when asked to
+    max_output: int = A.MAX_OUTPUT     # bytes per exec / SSH command
     progress: bool | None = None       # None: when stderr is a terminal
     log: Callable[[str], None] | None = None   # warnings/notes (default: stderr)
 
@@ -206,12 +208,16 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
     def ssh_run(items: list[str], why: str) -> CollectionError | None:
         status(f"ssh {target.describe()} ({why})")
         try:
-            stdout, stderr, _rc = S.run_script(target, items, ctx.token, deadline,
-                                                opts.insecure_accept_host_keys,
-                                                warn=ctx.display.message)
+            stdout, stderr, _rc, cut = S.run_script(target, items, ctx.token, deadline,
+                                                     opts.insecure_accept_host_keys,
+                                                     warn=ctx.display.message,
+                                                     max_bytes=opts.max_output)
         except CollectionError as exc:
             return exc
-        for f, r in A.split_output(stdout, stderr, ctx.token).items():
+        got = A.split_output(stdout, stderr, ctx.token, cut)
+        for f in items if cut else ():
+            got.setdefault(f, A.Result(f, None, b"", why=cut))
+        for f, r in got.items():
             prev = results.get(f)
             if prev is None or not prev[0].ok:
                 results[f] = (r, f"ssh {target.describe()}" + (" with sudo -n" if target.sudo
@@ -233,7 +239,8 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
                     results[f] = (got.get(f) or A.Result(f, None, b""), how)
                 for f, r in got.items():     # the iptables list-format fallback
                     results.setdefault(f, (r, how))
-    wanted = [i.file for i in _node_items(ctx.cni)]
+    wanted = ([f for _c, items in agent.plan() for f in items if f in A.ITEMS] if agent
+              else [i.file for i in _node_items(ctx.cni)])
     if opts.via == "ssh" or (exec_error is not None and opts.via == "auto" and target
                              and not isinstance(exec_error, A.TimeLimit)):
         if target is None:
@@ -266,6 +273,16 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
     return out
 
 
+def _command_text(item: A.Item, agent: A.Agent | None, how: str) -> str:
+    """The command as it ran: Cilium's CLI is `cilium` before 1.15."""
+    if item.binary != "cilium-dbg" or not how.startswith("exec") or agent is None:
+        return item.command
+    cli = A.cilium_cli(A.image_version(agent.image))
+    rest = item.command.removeprefix("cilium-dbg ")
+    return {"cilium": f"cilium {rest}", "auto": f"cilium-dbg (or cilium) {rest}"}.get(
+        cli, item.command)
+
+
 def _node_failed(out: NodeOutcome, node: str, reason: str, results: dict) -> NodeOutcome:
     """The node counts as failed; whatever did come back is kept (the trace uses it)."""
     out.errors.append({"node": node, "reason": reason})
@@ -286,8 +303,12 @@ def _exec_plan(ctx: _Context, agent: A.Agent, deadline: float, node: str) -> lis
     def one(container: str, items: list[str]) -> None:
         try:
             o = A.exec_batch(ctx.kube, agent.namespace, agent.pod, container, items, ctx.token,
-                             deadline, node)
-            got[container] = A.split_output(o.stdout, o.stderr, ctx.token)
+                             deadline, node, ctx.options.max_output)
+            res = A.split_output(o.stdout, o.stderr, ctx.token, o.cut)
+            if o.cut:      # the items after the cut never ran: say why
+                for f in items:
+                    res.setdefault(f, A.Result(f, None, b"", why=o.cut))
+            got[container] = res
         except CollectionError as exc:
             got[container] = exc
         except Exception as exc:  # noqa: BLE001 - reported as this node's failure
@@ -324,7 +345,7 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
                  f"the agent container ({how.removeprefix('exec ')})")
         if r.ok:
             out.files[path] = r.stdout
-            out.commands[path] = f"{item.command}  ({how})"
+            out.commands[path] = f"{_command_text(item, ctx.agents.get(node), how)}  ({how})"
             continue
         sub = SUBSTITUTES.get(f)
         if sub and sub in results and results[sub][0].ok:
@@ -341,8 +362,10 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
             text += " (no SSH configured for a fallback)"
         if required:
             out.errors.append({"node": node, "file": path, "reason": text})
-        elif r.rc == 127:
-            out.quiet.append(text)     # an optional tool the image does not ship: normal
+        elif r.rc == 127 or f.endswith(".json"):
+            # an optional tool the image does not ship, or a Cilium version whose listing has
+            # no `-o json` (the text form is there): normal, recorded only
+            out.quiet.append(text)
         else:
             out.notes.append(text)
 
@@ -351,7 +374,8 @@ def _collect_pod(ctx: _Context, node: str, ns: str, pod: str, container: str, de
                  out: NodeOutcome) -> None:
     items = [i.file for i in A.POD_ITEMS]
     try:
-        o = A.exec_batch(ctx.kube, ns, pod, container, items, ctx.token, deadline, node)
+        o = A.exec_batch(ctx.kube, ns, pod, container, items, ctx.token, deadline, node,
+                         ctx.options.max_output)
     except CollectionError as exc:
         out.notes.append(f"pods/{ns}/{pod}: no pod-side facts ({exc.reason}); the first hop is "
                          "derived from the CNI's conventions")
@@ -394,7 +418,8 @@ def collect(options: CollectOptions) -> Bundle:
         ssh_cfg = S.SshConfig.empty()
     enabled = sys.stderr.isatty() if opts.progress is None else opts.progress
     display = _Display(enabled, opts.log)
-    kube = K.Kube(opts.kubeconfig, opts.context, timeout=min(30.0, opts.timeout))
+    kube = K.Kube(opts.kubeconfig, opts.context, timeout=min(30.0, opts.timeout),
+                  deadline=deadline)
     try:
         return _collect(opts, kube, ssh_cfg, deadline, started, display)
     finally:
@@ -442,6 +467,7 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
     if cni is None:
         warn("traceflow: warning: no antrea-agent (component=antrea-agent) or cilium "
              "(k8s-app=cilium) pods in kube-system: node state can only come over SSH")
+    cilium_config = _cilium_config(kube, warn) if cni == "cilium" else None
     if opts.via != "ssh":
         A._set_socket_timeout(min(opts.timeout, opts.deadline))
     node_ips = {n: state.node_ip(n) for n in nodes}
@@ -458,7 +484,14 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
     ctx = _Context(opts, kube, cni, agents, ssh_cfg, node_ips, pods_by_node, deadline,
                    A.new_token(), display, kube_proxy_pods)
     jobs = {n: (lambda status, n=n: _collect_node(ctx, n, status)) for n in nodes}
-    if opts.pod_facts:
+    if pods_by_node and not opts.app_exec:
+        skipped = [f"pods/{ns}/{pod}" for pods in pods_by_node.values() for ns, pod, _c in pods]
+        app_note = (f"no pod-side facts for {', '.join(sorted(skipped))}: exec into "
+                    "application containers needs --app-exec; the first hop is derived from "
+                    "the CNI's conventions")
+    else:
+        app_note = None
+    if opts.app_exec:
         for node, pods in pods_by_node.items():
             for ns, pod, container in pods:
                 jobs[f"pod {ns}/{pod}"] = (lambda status, a=(node, ns, pod, container):
@@ -474,6 +507,10 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         if f"k8s/{file}" not in files:
             files[f"k8s/{file}"] = _yaml(K.list_document(items))
     commands: dict[str, str] = {}
+    if cilium_config is not None:
+        files["k8s/cilium-config.yaml"] = _yaml(cilium_config)
+        commands["k8s/cilium-config.yaml"] = ("GET ConfigMap kube-system/cilium-config "
+                                              "(name and data only)")
     errors: list[dict] = []
     cnotes: list[str] = []
     quiet: list[str] = []
@@ -489,6 +526,8 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         errors.extend(o.errors)
         cnotes.extend(o.notes)
         quiet.extend(o.quiet)
+    if app_note:
+        quiet.append(app_note)
     for e in errors:
         warn("traceflow: collection error: " + (f"{e['file']}: " if "file" in e else
                                                  f"node {e['node']}: ") + e["reason"]
@@ -503,7 +542,8 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         "collected_by": f"traceflow collect ({opts.via}); {time.monotonic() - started:.1f}s",
         "cni": cni or "unknown",
     }
-    version = next((A.image_version(a.image) for a in agents.values() if a.image), None)
+    version = next((A.image_version(a.image) for a in agents.values() if a.image), None) \
+        or _version_from_status(files)
     if version:
         manifest["cni_version"] = version
     manifest["kube_proxy"] = detect_kube_proxy(files, kube_proxy_pods)
@@ -530,6 +570,33 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
     files["manifest.yaml"] = ("# traceflow bundle v1, collected live by `traceflow collect`\n"
                               .encode() + _yaml(manifest))
     return Bundle(files, f"live:{kube.cluster}")
+
+
+def _cilium_config(kube, warn) -> dict | None:
+    """The one ConfigMap a Cilium trace reads (routing mode, KPR, masquerade...): by name,
+    nothing else from ConfigMaps. Missing or forbidden: a warning, the bundle goes on."""
+    from collectors import kube as K
+    try:
+        return kube.get_config_map(A.AGENT_NAMESPACE, "cilium-config")
+    except K.ApiError as err:
+        warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}"
+             + (" (`traceflow rbac` grants `get` on exactly this ConfigMap)"
+                if err.status == 403 else ""))
+        return None
+
+
+_STATUS_VERSION = re.compile(rb"^Cilium:\s+\S+\s+v?(\d+\.\d+\.\d+[^\s(]*)", re.M)
+
+
+def _version_from_status(files: dict[str, bytes]) -> str | None:
+    """The agent's version from `cilium status` (`Cilium:  Ok   1.14.2 (v1.14.2-...)`), when
+    the image tag does not say it (a digest, `latest`)."""
+    for path, data in sorted(files.items()):
+        if path.endswith("/cilium-status.txt"):
+            m = _STATUS_VERSION.search(data)
+            if m:
+                return "v" + m.group(1).decode()
+    return None
 
 
 def _grouped(notes: list[str], nodes: list[str], agents: dict) -> list[str]:
@@ -645,8 +712,14 @@ def _yaml(doc) -> bytes:
 
 # ---- writing ------------------------------------------------------------------------------------
 
-def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path) -> Path:
-    """Write a bundle as a folder, or as a ``.tar.gz`` / ``.tgz`` of one folder."""
+def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
+                 force: bool = False) -> Path:
+    """Write a bundle as a folder, or as a ``.tar.gz`` / ``.tgz`` of one folder.
+
+    An existing file is replaced only with ``force``; the archive is written to a temporary
+    file created exclusively (random name, O_EXCL, in the target folder, so nothing can be
+    planted there in advance and no symlink is followed) and renamed over the target at the
+    end. A folder must be new or empty; its files are created exclusively too."""
     if isinstance(bundle_or_files, Bundle):
         files = {n: bundle_or_files.raw(n) for n in bundle_or_files.names()}
     else:
@@ -657,25 +730,39 @@ def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path) -
             raise InputError(f"refusing to write a bundle file outside the bundle: {name!r}")
     path = Path(path)
     if path.name.endswith((".tar.gz", ".tgz")):
+        if (path.exists() or path.is_symlink()) and not force:
+            raise InputError("the output file exists: pass --force to replace it, or choose "
+                             "another name", str(path))
+        if path.is_dir():
+            raise InputError("the output path is a folder, not a file", str(path))
         top = re.sub(r"\.(tar\.gz|tgz)$", "", path.name) or "bundle"
-        buf = io.BytesIO()
-        now = int(time.time())
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for name in sorted(files):
-                data = files[name]
-                info = tarfile.TarInfo(f"{top}/{name}")
-                info.size, info.mtime, info.mode = len(data), now, 0o644
-                tar.addfile(info, io.BytesIO(data))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(path)
+        import os
+        import tempfile
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        try:
+            now = int(time.time())
+            with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
+                for name in sorted(files):
+                    data = files[name]
+                    info = tarfile.TarInfo(f"{top}/{name}")
+                    info.size, info.mtime, info.mode = len(data), now, 0o644
+                    tar.addfile(info, io.BytesIO(data))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)      # a symlink at `path` is replaced, never followed
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.is_symlink() or (path.exists() and (not path.is_dir() or any(path.iterdir()))):
         raise InputError("the output folder exists and is not empty (write a new folder or "
                          "a .tar.gz)", str(path))
+    import os
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     for name in sorted(files):
         target = path / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(files[name])
+        fd = os.open(target, flags, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(files[name])
     return path

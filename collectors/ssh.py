@@ -267,9 +267,12 @@ def _reason(exc) -> str:
 
 
 def run_script(target: Target, items: list[str], token: str, deadline: float,
-               insecure: bool = False, warn=lambda msg: None) -> tuple[bytes, bytes, int]:
-    """Run the batched script on the node: (stdout, stderr, exit status)."""
-    from collectors.agents import script_argv
+               insecure: bool = False, warn=lambda msg: None, max_bytes: int | None = None
+               ) -> tuple[bytes, bytes, int | None, str]:
+    """Run the batched script on the node: (stdout, stderr, exit status, cut). ``cut`` says
+    why reading stopped early (more than ``max_bytes`` of output), else ""."""
+    from collectors.agents import MAX_OUTPUT, script_argv
+    max_bytes = MAX_OUTPUT if max_bytes is None else max_bytes
     argv = script_argv(token, items)
     command = shlex.join(argv)
     if target.sudo:
@@ -295,14 +298,15 @@ def run_script(target: Target, items: list[str], token: str, deadline: float,
                                       node) from None
         _connect(client, target.host, target.port, target.user, target.key, target.agent,
                  timeout, sock, node, "node")
-        return _exec(client, command, deadline, target)
+        return _exec(client, command, deadline, target, max_bytes)
     finally:
         client.close()
         if jump_client is not None:
             jump_client.close()
 
 
-def _exec(client, command: str, deadline: float, target: Target) -> tuple[bytes, bytes, int]:
+def _exec(client, command: str, deadline: float, target: Target, max_bytes: int
+          ) -> tuple[bytes, bytes, int | None, str]:
     transport = client.get_transport()
     try:
         chan = transport.open_session(timeout=max(0.5, deadline - time.monotonic()))
@@ -311,36 +315,54 @@ def _exec(client, command: str, deadline: float, target: Target) -> tuple[bytes,
         raise CollectionError(f"SSH session on {target.describe()} failed: {_reason(exc)}",
                               target.node) from None
     out, err = [], []
+    size, cut, status = 0, "", None
     try:
         while True:
-            if chan.recv_ready():
-                out.append(chan.recv(1 << 16))
-                continue
-            if chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(1 << 16))
-                continue
-            if chan.exit_status_ready():
-                # drain what arrived with the exit status
-                while chan.recv_ready():
-                    out.append(chan.recv(1 << 16))
-                while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(1 << 16))
-                break
+            # checked on every turn, also while data keeps coming: a command that never stops
+            # printing is bounded by the time limit and by max_bytes
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectionError(f"the command over SSH on {target.describe()} did not "
                                       "finish within the time limit (--timeout / --deadline)",
                                       target.node)
+            if size > max_bytes:
+                cut = (f"output cut off: the command over SSH on {target.describe()} printed "
+                       f"more than {max_bytes} bytes")
+                break
+            if chan.recv_ready():
+                data = chan.recv(1 << 16)
+                out.append(data)
+                size += len(data)
+                continue
+            if chan.recv_stderr_ready():
+                data = chan.recv_stderr(1 << 16)
+                err.append(data)
+                size += len(data)
+                continue
+            if chan.exit_status_ready():
+                # drain what arrived with the exit status (bounded: nothing more can come)
+                while chan.recv_ready() and size <= max_bytes:
+                    data = chan.recv(1 << 16)
+                    out.append(data)
+                    size += len(data)
+                while chan.recv_stderr_ready() and size <= max_bytes:
+                    data = chan.recv_stderr(1 << 16)
+                    err.append(data)
+                    size += len(data)
+                status = chan.recv_exit_status()
+                break
             select.select([chan], [], [], min(left, 0.5))
-        status = chan.recv_exit_status()
     finally:
         chan.close()
-    if status != 0 and target.sudo and b"sudo" in b"".join(err):
+    if cut:      # keep nothing past the cap: the item it cuts through has no end marker
+        data_out, data_err = b"".join(out), b"".join(err)
+        return (data_out[:max_bytes], data_err[:max(0, max_bytes - len(data_out))], None, cut)
+    if status not in (0, None) and target.sudo and b"sudo" in b"".join(err):
         raise CollectionError(f"sudo -n failed on {target.describe()}: "
                               f"{b''.join(err).decode('utf-8', 'replace').strip()[:200]} "
                               "(passwordless sudo is needed for these read-only commands)",
                               target.node)
-    return b"".join(out), b"".join(err), status
+    return b"".join(out), b"".join(err), status, cut
 
 
 def ssh_target_for(config: SshConfig | None, node: str, node_ip: str | None) -> Target | None:

@@ -5,7 +5,7 @@ _traceflow() {
     prev="${COMP_WORDS[COMP_CWORD-1]}"
     cmd="${COMP_WORDS[1]}"
     if [[ ${COMP_CWORD} -eq 1 ]]; then
-        COMPREPLY=($(compgen -W "collect demo example-path nf-trace ovs-trace pod-to-pod pod-to-svc route-get --help --version" -- "$cur"))
+        COMPREPLY=($(compgen -W "collect demo example-path nf-trace ovs-trace pod-to-pod pod-to-svc rbac route-get --help --version" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -13,7 +13,7 @@ _traceflow() {
             case "$prev" in
                 --via) COMPREPLY=($(compgen -W "auto exec ssh" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--output -o --namespace -n --selector -l --port -p --nodes --all-nodes --context --kubeconfig --via --ssh-config --insecure-accept-host-keys --timeout --deadline --parallel --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--output -o --namespace -n --selector -l --port -p --nodes --all-nodes --context --kubeconfig --via --ssh-config --insecure-accept-host-keys --timeout --deadline --parallel --force --app-exec --help -h" -- "$cur"));;
         demo)
             case "$prev" in
                 --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
@@ -42,14 +42,19 @@ _traceflow() {
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
                 --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --force --app-exec --help -h" -- "$cur"));;
         pod-to-svc)
             case "$prev" in
                 --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
                 --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --endpoint --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --endpoint --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --force --app-exec --help -h" -- "$cur"));;
+        rbac)
+            case "$prev" in
+                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
+            esac
+            COMPREPLY=($(compgen -W "--bundle -b --context --kubeconfig --user --group --help -h" -- "$cur"));;
         route-get)
             case "$prev" in
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;

@@ -52,6 +52,7 @@ KINDS = {
     "nodes": ("nodes.yaml", "v1", "Node", False),
     "networkpolicies": ("networkpolicies.yaml", "networking.k8s.io/v1", "NetworkPolicy", True),
     "endpoints": ("endpoints.yaml", "v1", "Endpoints", True),
+    "configmaps": ("configmaps.yaml", "v1", "ConfigMap", True),
 }
 
 # The fake images: binary -> {exact argument string: (file, default text when the node lacks
@@ -192,6 +193,9 @@ class FakeKubeAPI:
         self.removed_binaries: dict[str, set[str]] = {}   # node -> binaries absent
         self.hang_nodes: set[str] = set()                  # agent exec never returns
         self.forbidden: list[str] = []                     # path regexes answered 403
+        self.endless_continue: set[str] = set()            # plurals whose lists never end
+        self.custom_images: dict[str, dict[str, dict[str, bytes]]] = {}
+        self.drip = 0.0                                    # seconds between answer bytes
         self.requests: list[tuple[str, str]] = []          # (method, path?query)
         self.execs: list[dict] = []
         self._lock = threading.Lock()
@@ -308,9 +312,38 @@ class FakeKubeAPI:
             self._images[key] = root
             return root
 
+    def set_node_image(self, node: str, outputs: dict[str, dict[str, bytes]]) -> None:
+        """The agent image of ``node``: binary -> {exact argument string: output}; a binary
+        not listed is absent (exit 127), other arguments fail as a real tool would."""
+        self.custom_images[node] = outputs
+
+    def _custom_image(self, node: str) -> Path:
+        with self._lock:
+            key = f"custom-{node}"
+            if key in self._images:
+                return self._images[key]
+            root = self._tmp / key
+            (root / "bin").mkdir(parents=True)
+            (root / "data").mkdir()
+            for binary, commands in self.custom_images[node].items():
+                cases = []
+                for i, (args, data) in enumerate(commands.items()):
+                    target = root / "data" / f"{binary}.{i}"
+                    target.write_bytes(data)
+                    cases.append(f'"{args}") exec /bin/cat "{target}";;')
+                stub = root / "bin" / binary
+                stub.write_text("#!/bin/sh\ncase \"$*\" in\n" + "\n".join(cases) + "\n"
+                                f'*) echo "{binary}: fake image: unsupported arguments: $*" >&2; '
+                                "exit 2;;\nesac\n")
+                stub.chmod(0o755)
+            self._images[key] = root
+            return root
+
     def image_for(self, namespace: str, pod: dict) -> Path | None:
         labels = pod["metadata"].get("labels") or {}
         node = pod["spec"].get("nodeName")
+        if labels.get("k8s-app") == "cilium" and node in self.custom_images:
+            return self._custom_image(node)
         if labels.get("component") == "antrea-agent" or labels.get("k8s-app") == "cilium":
             return self._image(f"node-{node}", NODE_IMAGE, self.node_files.get(node, {}),
                                self.removed_binaries.get(node, set()))
@@ -347,6 +380,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        if self.fake.drip:
+            # a server that answers one byte at a time, each well within a socket timeout
+            for i in range(len(body)):
+                if self.fake._stop.is_set():
+                    return
+                try:
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(self.fake.drip)
+            return
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802 - http.server naming
@@ -376,7 +421,7 @@ class _Handler(BaseHTTPRequestHandler):
             if items is None:
                 return self._json(404, _status(404, "NotFound", "the server could not find the "
                                                                 "requested resource"))
-            return self._list(items, f"{group}/{version}", plural, q)
+            return self._list(items, f"{group}/{version}", plural, q, plural)
         if plural == "deployments":
             obj = fake.find("deployments", ns, name) if name else None
             if obj is None:
@@ -397,9 +442,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, obj)
         items = [i for i in fake.objects[plural]
                  if ns is None or i["metadata"].get("namespace") == ns]
-        return self._list(items, api_version, kind + "List", q)
+        return self._list(items, api_version, kind + "List", q, plural)
 
-    def _list(self, items: list[dict], api_version: str, kind: str, q: dict) -> None:
+    def _list(self, items: list[dict], api_version: str, kind: str, q: dict,
+              plural: str = "") -> None:
         sel = (q.get("labelSelector") or [None])[0]
         items = [i for i in items if selector_matches(sel, i["metadata"].get("labels") or {})]
         start = int((q.get("continue") or ["0"])[0] or 0)
@@ -410,6 +456,8 @@ class _Handler(BaseHTTPRequestHandler):
         meta = {"resourceVersion": "4242"}
         if size and start + size < len(items):
             meta["continue"] = str(start + size)
+        if plural in self.fake.endless_continue:
+            meta["continue"] = str(start + 1)     # a broken server: there is always more
         out = []
         for it in page:   # the API leaves apiVersion/kind out of list items
             it = dict(it)
@@ -461,7 +509,8 @@ class _Handler(BaseHTTPRequestHandler):
         with fake._lock:
             fake.execs.append(record)
         sock = self.connection
-        agent = (pod["metadata"].get("labels") or {}).get("component") == "antrea-agent"
+        labels = pod["metadata"].get("labels") or {}
+        agent = labels.get("component") == "antrea-agent" or labels.get("k8s-app") == "cilium"
         if agent and pod["spec"].get("nodeName") in fake.hang_nodes:
             # a command that never finishes: hold the stream open until the client goes away
             sock.settimeout(0.2)
@@ -506,6 +555,210 @@ class _Handler(BaseHTTPRequestHandler):
                       "details": {"causes": [{"reason": "ExitCode",
                                               "message": str(proc.returncode)}]}}
         return proc.stdout, proc.stderr, status
+
+
+# ---- a Cilium cluster -------------------------------------------------------------------------
+#
+# The example's pods and services with Cilium agents instead of Antrea's. The agents' outputs
+# are real ones where a real capture exists (tests/data/realworld/, byte-identical copies of
+# public captures: see the report of the change that added them); the rest is written here in
+# the format the Cilium source prints (small, and marked WRITTEN below). Arguments are those
+# the Cilium CLI and the tools document, not taken from the collector's script.
+
+REALWORLD = Path(__file__).resolve().parent / "data" / "realworld"
+
+
+def _real(rel: str) -> bytes:
+    return (REALWORLD / rel).read_bytes()
+
+
+# WRITTEN: `cilium-dbg status --verbose` (1.18 layout, abridged)
+CILIUM_STATUS = """KVStore:                 Disabled
+Kubernetes:              Ok         1.33 (v1.33.2) [linux/amd64]
+KubeProxyReplacement:    True   [eth0   192.168.10.101 fe80::a00:27ff:fe71:ba6e (Direct Routing)]
+Host firewall:           Disabled
+Cilium:                  Ok   {version} (v{version}-e9d1a2bc)
+Routing:                 Network: Tunnel [vxlan]   Host: BPF
+Masquerading:            BPF   [eth0]   10.0.0.0/8 [IPv4: Enabled, IPv6: Disabled]
+KubeProxyReplacement Details:
+  Status:                True
+  Socket LB:             Enabled
+  Session Affinity:      Enabled
+"""
+# WRITTEN: `cilium-dbg bpf endpoint list` (pkg/maps/lxcmap String())
+CILIUM_BPF_ENDPOINTS = b"""IP ADDRESS          LOCAL ENDPOINT INFO
+172.20.1.219:0      id=200   sec_id=2219  flags=0x0000 ifindex=9   mac=62:1B:D2:E4:0C:11 nodemac=2E:E8:DE:6B:2F:A0
+172.20.1.117:0      id=3691  sec_id=55713 flags=0x0000 ifindex=11  mac=D6:3A:86:95:4C:22 nodemac=8A:1F:8D:BC:31:76
+192.168.10.101:0    (localhost)
+"""
+# WRITTEN: `cilium-dbg bpf policy get --all -n` (1.14+ columns, one endpoint)
+CILIUM_POLICY = b"""/sys/fs/bpf/tc/globals/cilium_policy_v2_00200:
+
+POLICY   DIRECTION   IDENTITY   PORT/PROTO   PROXY PORT   AUTH TYPE   BYTES   PACKETS   PREFIX
+Allow    Ingress     0          ANY          NONE         disabled    0       0         0
+Allow    Egress      0          ANY          NONE         disabled    0       0         0
+"""
+# WRITTEN: `cilium-dbg identity list`
+CILIUM_IDENTITIES = b"""ID      LABELS
+1       reserved:host
+2       reserved:world
+2219    k8s:app=webpod
+        k8s:io.kubernetes.pod.namespace=default
+"""
+# WRITTEN: `cilium-dbg bpf ct list global` (1.16+ fields), `bpf nat list`, `bpf tunnel list`,
+# `bpf lb maglev list`, db/show tables
+CILIUM_CT = (b"TCP OUT 172.20.1.219:41234 -> 172.20.0.158:80 expires=17443 Packets=0 Bytes=0 "
+             b"RxFlagsSeen=0x1b LastRxReport=17434 TxFlagsSeen=0x1b LastTxReport=17434 "
+             b"Flags=0x0013 [ RxClosing TxClosing SeenNonSyn ] RevNAT=20 SourceSecurityID=2219 "
+             b"BackendID=0\n")
+CILIUM_NAT = (b"TCP OUT 172.20.1.219:41234 -> 192.168.10.100:6443 XLATE_SRC 192.168.10.101:41234 "
+              b"Created=120sec ago NeedsCT=1\n")
+CILIUM_TUNNEL = b"TUNNEL             VALUE\n172.20.0.0:0       192.168.10.100:0\n"
+CILIUM_MAGLEV = b""
+CILIUM_DB_BACKENDS = (b"Address                 Instances                       NodeName\n"
+                      b"172.20.0.158:80/TCP     default/webpod (http)           k8s-w1\n")
+CILIUM_DB_SERVICES = (b"Name                     Source   PortNames   TrafficPolicy   Flags\n"
+                      b"default/webpod           k8s      http=80     Cluster\n")
+# WRITTEN: tc/tcx listings of a 1.18 node on a kernel with tcx: tc shows nothing, bpftool does
+CILIUM_LINKS = b"""1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00
+2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc fq_codel state UP mode DEFAULT group default qlen 1000\\    link/ether 08:00:27:71:ba:6e brd ff:ff:ff:ff:ff:ff
+3: cilium_net@cilium_host: <BROADCAST,MULTICAST,NOARP,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 6a:e2:7c:1f:5b:20 brd ff:ff:ff:ff:ff:ff
+4: cilium_host@cilium_net: <BROADCAST,MULTICAST,NOARP,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 2e:e8:de:6b:2f:a0 brd ff:ff:ff:ff:ff:ff
+5: cilium_vxlan: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/ether 1e:44:9a:2b:7d:10 brd ff:ff:ff:ff:ff:ff
+9: lxc4b1e2f6a7c8d@if8: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 2e:e8:de:6b:2f:a1 brd ff:ff:ff:ff:ff:ff link-netns cni-1
+"""
+CILIUM_DEVICES = ("lo", "eth0", "cilium_net", "cilium_host", "cilium_vxlan", "lxc4b1e2f6a7c8d")
+CILIUM_BPFTOOL = b"""xdp:
+
+tc:
+
+flow_dissector:
+
+netfilter:
+
+tcx:
+eth0(2) tcx/ingress cil_from_netdev prog_id 1139 link_id 17 
+eth0(2) tcx/egress cil_to_netdev prog_id 1146 link_id 18 
+cilium_net(3) tcx/ingress cil_to_host prog_id 1125 link_id 16 
+cilium_host(4) tcx/ingress cil_to_host prog_id 1110 link_id 14 
+cilium_host(4) tcx/egress cil_from_host prog_id 1117 link_id 15 
+cilium_vxlan(5) tcx/ingress cil_from_overlay prog_id 1098 link_id 12 
+cilium_vxlan(5) tcx/egress cil_to_overlay prog_id 1103 link_id 13 
+lxc4b1e2f6a7c8d(9) tcx/ingress cil_from_container prog_id 1182 link_id 22 
+"""
+# WRITTEN: 1.14 on an older kernel: the programs show in tc
+CILIUM_TC_LXC_INGRESS = (b"filter protocol all pref 1 bpf chain 0 \n"
+                         b"filter protocol all pref 1 bpf chain 0 handle 0x1 "
+                         b"cil_from_container-lxc4b1e2f6a7c8d direct-action not_in_hw id 1182 "
+                         b"tag 4ba1e2a8f5c1d1b2 jited \n")
+
+
+def cilium_outputs(version: str, cli: str, tcx: bool) -> dict[str, dict[str, bytes]]:
+    """binary -> {arguments: output} of a Cilium agent image (and its host tools)."""
+    status = CILIUM_STATUS.format(version=version.lstrip("v")).encode()
+    c = {
+        "status --verbose": status,
+        "status -o json": json.dumps({"cilium": {"state": "Ok", "msg": version.lstrip("v")},
+                                      "kube-proxy-replacement": {"mode": "True"}},
+                                     indent=2).encode() + b"\n",
+        "bpf lb list": _real("cilium/imroc-tke-cilium_bpf-lb-list_empty-backends.txt"),
+        "bpf lb list -o json": b'{\n  "10.15.1.8:443/TCP (0)": [\n    "0.0.0.0:0 (14) (0) '
+                               b'[LoadBalancer]"\n  ]\n}\n',
+        "service list": _real("cilium/kwx4957-week4_cilium-dbg-service-list.txt"),
+        "service list -o json": b"[]\n",
+        "bpf lb maglev list": CILIUM_MAGLEV,
+        "bpf lb maglev list -o json": b"{}\n",
+        "bpf ipcache list": _real("cilium/kwx4957-week4_cilium-dbg-bpf-ipcache-list.txt"),
+        "bpf ipcache list -o json": b'{\n  "172.20.0.53/32": [\n    "identity=2163 '
+                                    b'encryptkey=0 tunnelendpoint=0.0.0.0 flags=<none>"\n  ]\n}\n',
+        "endpoint list": _real("cilium/kwx4957-week4_cilium-dbg-endpoint-list.txt"),
+        "endpoint list -o json": b"[]\n",
+        "bpf endpoint list": CILIUM_BPF_ENDPOINTS,
+        "bpf endpoint list -o json": b"[]\n",
+        "bpf policy get --all -n": CILIUM_POLICY,
+        "bpf policy get --all -n -o json": b"{}\n",
+        "identity list": CILIUM_IDENTITIES,
+        "identity list -o json": b"[]\n",
+        "bpf ct list global": CILIUM_CT,
+        "bpf ct list global -o json": b"[]\n",
+        "bpf nat list": CILIUM_NAT,
+        "bpf nat list -o json": b"[]\n",
+        "bpf tunnel list": CILIUM_TUNNEL,
+        "bpf tunnel list -o json": b"{}\n",
+        "bpf ipmasq list": _real("cilium/kwx4957-week3_cilium-dbg-bpf-ipmasq-list.txt"),
+        "bpf ipmasq list -o json": b"[]\n",
+    }
+    if cli == "cilium-dbg":      # statedb tables: 1.17+ (cilium-dbg era)
+        c.update({
+            "shell -- db/show frontends": _real(
+                "cilium/imroc-tke-cilium_shell-db-show-frontends.txt"),
+            "shell -- db/show --format=json frontends": b"[]\n",
+            "shell -- db/show backends": CILIUM_DB_BACKENDS,
+            "shell -- db/show --format=json backends": b"[]\n",
+            "shell -- db/show services": CILIUM_DB_SERVICES,
+            "shell -- db/show --format=json services": b"[]\n",
+        })
+    tc = {f"filter show dev {d} {h}": b"" for d in CILIUM_DEVICES for h in ("ingress", "egress")}
+    if not tcx:
+        tc["filter show dev lxc4b1e2f6a7c8d ingress"] = CILIUM_TC_LXC_INGRESS
+    return {
+        cli: c,
+        "ip": {
+            "rule list": _real("iproute/kwx4957-week8_cilium_ip-rule-show.txt"),
+            "route show table all": _real(
+                "iproute/kwx4957-week8_cilium-native-routing_ip-route.txt"),
+            "neigh show": _real("iproute/g00ntar-cilium-sysdump-k3s_ip-4-neigh.txt"),
+            "addr show": _real("iproute/imroc-ack-cilium-eni_ip-a.txt"),
+            "-d link show": _real("iproute/g00ntar-cilium-sysdump-k3s_ip-d-s-link.txt"),
+            "-o link show": CILIUM_LINKS,
+        },
+        "iptables-save": {"": _real(
+            "iptables-save/g00ntar-cilium-sysdump-k3s_iptables-save-c.txt")},
+        "tc": tc,
+        "bpftool": {"net show": CILIUM_BPFTOOL},
+    }
+
+
+CILIUM_CONFIG = {
+    "apiVersion": "v1", "kind": "ConfigMap",
+    "metadata": {"name": "cilium-config", "namespace": "kube-system",
+                 "annotations": {"meta.helm.sh/release-name": "cilium"},
+                 "managedFields": [{"manager": "helm"}]},
+    "data": {"routing-mode": "tunnel", "tunnel-protocol": "vxlan",
+             "kube-proxy-replacement": "true", "enable-bpf-masquerade": "true",
+             "bpf-lb-algorithm": "random", "enable-tcx": "true", "ipam": "cluster-pool"},
+}
+
+
+def cilium_cluster(version: str = "v1.18.1", cli: str = "cilium-dbg", tcx: bool = True,
+                   tagged: bool = True, **kw) -> FakeKubeAPI:
+    """The example cluster with Cilium agents (one per worker) instead of Antrea's.
+    ``tagged=False``: the agent image is named by digest only (no version in it)."""
+    api = FakeKubeAPI(**kw)
+    pods = [p for p in api.objects["pods"]
+            if (p["metadata"].get("labels") or {}).get("component") != "antrea-agent"]
+    for i, node in enumerate(("worker1", "worker2")):
+        pods.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"cilium-{'x7k2q' if i == 0 else 'p9m4z'}",
+                         "namespace": "kube-system",
+                         "labels": {"k8s-app": "cilium", "app.kubernetes.io/name": "cilium-agent"}},
+            "spec": {"nodeName": node, "hostNetwork": True,
+                     "containers": [{"name": "cilium-agent",
+                                     "image": (f"quay.io/cilium/cilium:{version}" if tagged
+                                               else "quay.io/cilium/cilium")
+                                              + "@sha256:" + "ab" * 32}],
+                     "initContainers": [{"name": "mount-cgroup",
+                                         "image": "quay.io/cilium/cilium@sha256:" + "ab" * 32}]},
+            "status": {"phase": "Running", "podIP": f"192.168.10.10{i + 1}",
+                       "hostIP": f"192.168.10.10{i + 1}"}})
+        api.set_node_image(node, cilium_outputs(version, cli, tcx))
+    api.objects["pods"] = pods
+    api.objects["configmaps"] = [copy.deepcopy(CILIUM_CONFIG),
+                                 {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "other", "namespace": "kube-system"},
+                                  "data": {"password": "not-for-traceflow"}}]
+    return api
 
 
 def free_port() -> int:

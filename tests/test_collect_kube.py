@@ -73,7 +73,7 @@ def _same_trace(a: dict, b: dict, why: str = "") -> None:
 # ---- the happy path ----------------------------------------------------------------------------
 
 def test_live_trace_equals_the_bundle_trace(fake, reference):
-    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json", "--app-exec")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     _same_trace(doc, reference, r.stderr)
@@ -85,10 +85,24 @@ def test_live_trace_equals_the_bundle_trace(fake, reference):
     per = sorted((e["pod"], e["container"]) for e in fake.execs if e["namespace"] == "kube-system")
     assert per == [("antrea-agent-f76q2", "antrea-agent"), ("antrea-agent-f76q2", "antrea-ovs"),
                    ("antrea-agent-fv5x9", "antrea-agent"), ("antrea-agent-fv5x9", "antrea-ovs")]
-    # pod-side facts from inside the source pod and the endpoints
+    # pod-side facts from inside the source pod and the endpoints (asked for: --app-exec)
     assert {e["pod"] for e in fake.execs if e["namespace"] == "default"} == \
         {"frontend", "backend1", "backend2"}
     assert {e["subprotocol"] for e in fake.execs} == {"v5.channel.k8s.io"}
+
+
+def test_no_exec_into_application_pods_without_the_flag(fake, reference):
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert {e["namespace"] for e in fake.execs} == {"kube-system"}
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "delivered" and doc["query"] == reference["query"]
+    # the first hop is derived instead, and the trace says so
+    assert "derived from Antrea's conventions" in r.stdout
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
+    assert not [n for n in b.names() if n.startswith("pods/")]
+    assert any("needs --app-exec" in n for n in b.manifest["collection_notes"])
 
 
 def test_exec_commands_are_the_fixed_script_with_constant_arguments(fake):
@@ -101,13 +115,14 @@ def test_exec_commands_are_the_fixed_script_with_constant_arguments(fake):
         assert cmd[5:] and all(item in A.ITEMS for item in cmd[5:])
     tokens = {e["command"][4] for e in fake.execs}
     assert len(tokens) == 1               # one random token per run
+    import re
     for word in ("frontend", "backendsvc", "worker1", "kube-system", "antrea-agent-f76q2"):
-        assert word not in A.SCRIPT
+        assert not re.search(rf"\b{word}\b", A.SCRIPT), word
 
 
 def test_collect_writes_a_bundle_that_traces_identically(fake, reference, tmp_path):
     out = tmp_path / "live.tar.gz"
-    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out))
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out), "--app-exec")
     assert r.exit_code == 0, r.stderr
     assert "2 node(s)" in r.stdout
     r2 = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--bundle", str(out),
@@ -152,7 +167,7 @@ def test_collect_folder_and_all_nodes(fake, tmp_path):
 
 
 def test_pod_to_pod_on_one_node_collects_only_that_node(fake):
-    r = _live(fake, "pod-to-pod", "frontend", "backend1", "-o", "json")
+    r = _live(fake, "pod-to-pod", "frontend", "backend1", "-o", "json", "--app-exec")
     assert r.exit_code in (0, 1), r.stderr
     assert {e["pod"] for e in fake.execs if e["namespace"] == "kube-system"} == \
         {"antrea-agent-f76q2"}
@@ -168,7 +183,7 @@ def test_save_bundle_and_v4_protocol(tmp_path, reference):
         kc = api.write_kubeconfig(tmp_path / "kc", exec_plugin=False)
         saved = tmp_path / "saved.tar.gz"
         r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--kubeconfig", str(kc),
-                                "--save-bundle", str(saved), "-o", "json"])
+                                "--save-bundle", str(saved), "-o", "json", "--app-exec"])
         assert r.exit_code == 0, r.stderr
         _same_trace(json.loads(r.stdout), reference, r.stderr)
         assert {e["subprotocol"] for e in api.execs} == {"v4.channel.k8s.io"}
@@ -177,20 +192,77 @@ def test_save_bundle_and_v4_protocol(tmp_path, reference):
         api.stop()
 
 
-def test_no_secrets_no_env_no_last_applied(fake):
+SECRETS = [f"s3cr3t-{i:02d}-planted" for i in range(12)]
+
+
+def _plant_secrets(fake):
+    """Twelve secret values where real clusters keep them, in pods, nodes and services."""
+    s = SECRETS
     pod = fake.find("pods", "default", "frontend")
-    pod["spec"]["containers"][0]["env"] = [{"name": "DB_PASSWORD", "value": "hunter2"}]
-    pod["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "db"}}]
+    c = pod["spec"]["containers"][0]
+    c["args"] = ["--password", s[0]]
+    c["command"] = ["/app", f"--token={s[1]}"]
+    c["env"] = [{"name": "DB_PASSWORD", "value": s[2]}]
+    c["envFrom"] = [{"secretRef": {"name": s[3]}}]
+    c["livenessProbe"] = {"httpGet": {"path": "/healthz", "port": 80,
+                                      "httpHeaders": [{"name": "Authorization",
+                                                       "value": f"Bearer {s[4]}"}]}}
+    c["lifecycle"] = {"postStart": {"exec": {"command": ["sh", "-c", f"login {s[5]}"]}}}
+    pod["spec"]["volumes"] = [{"name": "v", "csi": {"driver": "secrets-store.csi.k8s.io",
+                                                    "volumeAttributes": {"key": s[6]}}}]
     pod["metadata"]["annotations"] = {
-        "kubectl.kubernetes.io/last-applied-configuration": '{"env": "hunter2"}', "keep": "me"}
-    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
-                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
-    text = b.text("k8s/pods.yaml")
-    assert "hunter2" not in text and "DB_PASSWORD" not in text and "secretRef" not in text
-    assert "last-applied-configuration" not in text and "keep: me" in text
+        "vault.example.com/token": s[7],
+        "kubectl.kubernetes.io/last-applied-configuration": json.dumps({"env": s[8]})}
+    pod["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {f"f:{s[9]}": {}}}]
+    node = fake.find("nodes", None, "worker1")
+    node["metadata"]["annotations"] = {"cloud.example.com/credentials": s[10]}
+    svc = fake.find("services", "default", "backendsvc")
+    svc["metadata"]["annotations"] = {"lb.example.com/api-key": s[11]}
+
+
+def test_no_secret_reaches_the_bundle(fake, tmp_path):
+    _plant_secrets(fake)
+    out = tmp_path / "b.tar.gz"
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out), "--app-exec")
+    assert r.exit_code == 0, r.stderr
+    import tarfile
+    with tarfile.open(out) as tar:
+        blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+    leaked = [s for s in SECRETS if s.encode() in blob]
+    assert leaked == []
+    for word in (b"DB_PASSWORD", b"secretRef", b"httpHeaders", b"last-applied", b"volumes",
+                 b"managedFields", b"annotations"):
+        assert word not in blob, word
+    # what a trace reads is still there
+    b = Bundle.open(out)
+    pods = yaml.safe_load(b.text("k8s/pods.yaml"))["items"]
+    front = next(p for p in pods if p["metadata"]["name"] == "frontend")
+    assert front["status"]["podIP"] and front["spec"]["nodeName"] == "worker1"
+    assert front["metadata"]["labels"] and front["spec"]["containers"][0]["name"]
     assert not any("secret" in path.lower() for _method, path in fake.requests)
+    assert not any("configmaps" in path for _method, path in fake.requests)
     # every list was read page by page (the fake serves 2 items per page)
     assert any("continue=" in path for _m, path in fake.requests)
+
+
+def test_allow_list_keeps_only_listed_fields():
+    from collectors.kube import sanitize
+    svc = {"kind": "Service", "metadata": {"name": "a", "namespace": "b",
+                                           "annotations": {"x": "y"}},
+           "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80, "extra": "z"}],
+                    "sessionAffinity": "ClientIP", "unknownField": "secret"},
+           "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4", "x": 1}]}}}
+    assert sanitize(svc) == {
+        "metadata": {"name": "a", "namespace": "b"},
+        "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}], "sessionAffinity": "ClientIP"},
+        "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}}
+    node = {"kind": "Node", "metadata": {"name": "n", "annotations": {
+        "network.cilium.io/ipv4-pod-cidr": "10.0.1.0/24", "vault/token": "x"}}}
+    assert sanitize(node) == {"metadata": {"name": "n", "annotations": {
+        "network.cilium.io/ipv4-pod-cidr": "10.0.1.0/24"}}}
+    # a list item without its kind but pod-shaped is cut like a pod (support bundles)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "args": ["x"]}]}}
+    assert sanitize(pod) == {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
 
 
 def test_deploy_and_selector_resolution(fake):
@@ -272,6 +344,52 @@ def test_overall_deadline_bounds_everything(fake, tmp_path):
     assert r.exit_code == 3 and "worker1" in r.stderr and "worker2" in r.stderr
 
 
+def test_endless_continue_tokens_stop_at_the_deadline(fake):
+    fake.endless_continue = {"pods"}
+    t0 = time.monotonic()
+    # (the client's imports and credential plugin take a second or two on a busy machine)
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "--deadline", "5")
+    took = time.monotonic() - t0
+    assert took < 12, took
+    assert r.exit_code == 3
+    assert "the overall --deadline passed while listing pods" in r.stderr
+    assert "still sending continue tokens" in r.stderr
+    assert "Traceback" not in r.output
+    assert fake.execs == []
+
+
+def test_an_answer_dripping_byte_by_byte_stops_at_the_deadline(fake):
+    fake.drip = 0.05
+    t0 = time.monotonic()
+    r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "--deadline", "5")
+    assert time.monotonic() - t0 < 12
+    assert r.exit_code == 3 and "the answer was still arriving" in r.stderr
+
+
+def test_a_repeated_continue_token_is_refused_at_once(fake, monkeypatch):
+    from collectors import kube as K
+    calls = []
+
+    def call(self, api, method, what, *args, **kwargs):
+        calls.append(kwargs.get("_continue"))
+        return {"items": [], "metadata": {"continue": "same"}}
+    monkeypatch.setattr(K.Kube, "_call", call)
+    kube = K.Kube(str(fake.kubeconfig))
+    with pytest.raises(K.CollectionError, match="keeps sending continue tokens"):
+        kube.list_pods("default")
+    assert calls == [None, "same"]
+
+
+def test_exec_output_is_capped(fake):
+    b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None,
+                               max_output=3000))
+    errs = b.manifest["collection_errors"]
+    assert any("printed more than 3000 bytes" in e["reason"] for e in errs), errs
+    assert all(len(b.raw(n)) <= 3000 for n in b.names() if n.startswith("nodes/"))
+    assert {e["node"] for e in errs} == {"worker1", "worker2"}
+
+
 def test_exec_forbidden_by_rbac(fake):
     fake.forbidden = [r"^/api/v1/namespaces/kube-system/pods/[^/]+/exec$"]
     r = _live(fake, "pod-to-svc", "frontend", "backendsvc", "-o", "json")
@@ -285,7 +403,8 @@ def test_pod_side_exec_forbidden_is_only_a_note(fake, reference):
     # the recommended RBAC grants pods/exec in kube-system only
     fake.forbidden = [r"^/api/v1/namespaces/default/pods/[^/]+/exec$"]
     b = collect(CollectOptions(kubeconfig=str(fake.kubeconfig), source="frontend",
-                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None))
+                               destination="backendsvc", kind="pod-to-svc", log=lambda m: None,
+                               app_exec=True))
     assert "collection_errors" not in b.manifest
     assert not [n for n in b.names() if n.startswith("pods/")]
     assert any("no pod-side facts" in n for n in b.manifest["collection_notes"])
@@ -402,6 +521,51 @@ def test_write_bundle_refuses_paths_outside(tmp_path):
         write_bundle({"manifest.yaml": b""}, tmp_path / "full")
 
 
+def test_write_bundle_never_overwrites_without_force(tmp_path):
+    from traceflow.errors import InputError
+    out = tmp_path / "x.tar.gz"
+    out.write_bytes(b"precious")
+    with pytest.raises(InputError, match="exists: pass --force"):
+        write_bundle({"manifest.yaml": b"format: 1\n"}, out)
+    assert out.read_bytes() == b"precious"
+    write_bundle({"manifest.yaml": b"format: 1\n"}, out, force=True)
+    import tarfile
+    with tarfile.open(out) as tar:
+        assert tar.getnames() == ["x/manifest.yaml"]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.tar.gz"]     # no temp file left
+
+
+def test_write_bundle_follows_no_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    out = tmp_path / "x.tar.gz"
+    # the old predictable temp path, and the target itself, as symlinks to a victim
+    (tmp_path / "x.tar.gz.part").symlink_to(victim)
+    write_bundle({"manifest.yaml": b"format: 1\n"}, out)
+    assert victim.read_bytes() == b"keep"
+    out.unlink()
+    out.symlink_to(victim)
+    from traceflow.errors import InputError
+    with pytest.raises(InputError, match="exists"):
+        write_bundle({"manifest.yaml": b""}, out)
+    write_bundle({"manifest.yaml": b""}, out, force=True)
+    assert victim.read_bytes() == b"keep" and not out.is_symlink()
+    # a folder given as a symlink is refused
+    (tmp_path / "dirlink").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(InputError):
+        write_bundle({"manifest.yaml": b""}, tmp_path / "dirlink")
+
+
+def test_collect_refuses_to_overwrite_without_force(fake, tmp_path):
+    out = tmp_path / "b.tar.gz"
+    out.write_bytes(b"old")
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out))
+    assert r.exit_code == 2 and "pass --force" in r.stderr and out.read_bytes() == b"old"
+    r = _live(fake, "collect", "frontend", "backendsvc", "-o", str(out), "--force")
+    assert r.exit_code == 0, r.stderr
+    assert Bundle.open(out).manifest["query"]["source"] == "default/frontend"
+
+
 def test_cli_start_up_imports_no_kubernetes_or_paramiko():
     code = ("import sys, traceflow.cli, collectors.live, collectors.agents, collectors.kube, "
             "collectors.ssh\n"
@@ -416,34 +580,81 @@ def test_cli_start_up_imports_no_kubernetes_or_paramiko():
 
 # ---- RBAC ----------------------------------------------------------------------------------
 
-def _rbac():
-    docs = list(yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()))
-    return ([d for d in docs if d["kind"] == "ClusterRole"],
-            [d for d in docs if d["kind"] == "Role"])
+def _docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
-def _allowed(group: str, resource: str, verb: str, namespace: str | None) -> bool:
-    cluster_roles, roles = _rbac()
-    rules = [r for c in cluster_roles for r in c["rules"]]
-    rules += [r for role in roles if role["metadata"]["namespace"] == namespace
-              for r in role["rules"]]
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-               for r in rules)
+def _allowed(docs: list[dict], group: str, resource: str, verb: str, namespace: str | None,
+             name: str | None) -> bool:
+    """Kubernetes RBAC semantics for these documents: ClusterRoles bound cluster-wide, Roles in
+    their namespace, resourceNames restricting by object name (a list/create without a name
+    never matches a rule that has resourceNames)."""
+    rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    rules += [r for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == namespace
+              for r in d["rules"]]
+    for r in rules:
+        if group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]:
+            names = r.get("resourceNames")
+            if not names or (name is not None and name in names):
+                return True
+    return False
 
 
-def test_rbac_is_read_only_and_covers_every_request_the_collector_makes(fake):
+def test_deploy_rbac_is_the_read_only_part_and_grants_no_exec():
+    from collectors import rbac as R
+    docs = _docs((ROOT / "deploy" / "rbac.yaml").read_text())
+    assert {d["kind"] for d in docs} == {"Namespace", "ServiceAccount", "ClusterRole",
+                                         "ClusterRoleBinding"}
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == R.reader_documents(R.subject())[0]["rules"]
+    for r in role["rules"]:
+        assert set(r["verbs"]) <= {"get", "list"}, r
+        assert not {"secrets", "configmaps", "pods/exec", "*"} & set(r["resources"]), r
+        assert "*" not in r["apiGroups"]
+
+
+def test_generated_rbac_grants_exec_on_the_agent_pods_only(fake, tmp_path):
+    r = _live(fake, "rbac")
+    assert r.exit_code == 0, r.stderr
+    docs = _docs(r.stdout)
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert [x["metadata"]["namespace"] for x in roles] == ["kube-system"]
+    agent_pods = sorted(p["metadata"]["name"] for p in fake.objects["pods"]
+                        if (p["metadata"].get("labels") or {}).get("component") == "antrea-agent")
+    exec_rules = [x for d in docs if d["kind"] in ("Role", "ClusterRole") for x in d["rules"]
+                  if {"pods/exec", "pods/*", "*"} & set(x["resources"])]
+    assert len(exec_rules) == 1 and exec_rules[0]["resourceNames"] == agent_pods
+    assert set(exec_rules[0]["verbs"]) == {"create", "get"}
+    others = [p for p in fake.objects["pods"] if p["metadata"]["name"] not in agent_pods]
+    assert any(p["metadata"]["namespace"] == "kube-system" for p in others)   # coredns
+    for p in others:   # no other pod, in kube-system or anywhere: not even by another verb
+        for verb in ("create", "get"):
+            assert not _allowed(docs, "", "pods/exec", verb, p["metadata"]["namespace"],
+                                p["metadata"]["name"]), p["metadata"]["name"]
+    for d in docs:
+        for x in d.get("rules") or []:
+            assert "secrets" not in x["resources"]
+            assert set(x["verbs"]) <= {"get", "list", "create"}
+            if "create" in x["verbs"]:
+                assert x["resources"] == ["pods/exec"] and x["resourceNames"]
+    # from a bundle's manifest: the same grant
+    out = tmp_path / "b.tar.gz"
+    assert _live(fake, "collect", "-o", str(out), "--nodes", "worker1,worker2").exit_code == 0
+    r2 = runner.invoke(app, ["rbac", "--bundle", str(out), "--user", "alice"])
+    assert r2.exit_code == 0, r2.output
+    docs2 = _docs(r2.stdout)
+    rule2 = next(x for d in docs2 if d["kind"] == "Role" for x in d["rules"])
+    assert rule2["resourceNames"] == ["antrea-agent-f76q2", "antrea-agent-fv5x9"]
+    assert all(d["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                  "name": "alice"}] for d in docs2 if "subjects" in d)
+
+
+def test_every_request_the_collector_makes_is_allowed_by_the_generated_rbac(fake):
     import re
-    cluster_roles, roles = _rbac()
-    for c in cluster_roles:
-        for r in c["rules"]:
-            assert set(r["verbs"]) <= {"get", "list"}, r
-            assert not {"secrets", "configmaps", "*"} & set(r["resources"]), r
-    assert [r["metadata"]["namespace"] for r in roles] == ["kube-system"]
-    exec_rules = [r for role in roles for r in role["rules"] if "pods/exec" in r["resources"]]
-    assert exec_rules and not any("pods/exec" in r["resources"] for c in cluster_roles
-                                  for r in c["rules"])
+    docs = _docs(_live(fake, "rbac").stdout)
+    fake.requests.clear()
     fake.add_deployment("default", "front", {"role": "frontend"})
-    r = _live(fake, "pod-to-svc", "deploy/front", "backendsvc", "-o", "json")
+    r = _live(fake, "pod-to-svc", "deploy/front", "backendsvc", "-o", "json", "--app-exec")
     assert r.exit_code == 0, r.stderr
     seen = set()
     for _method, path in fake.requests:
@@ -456,9 +667,26 @@ def test_rbac_is_read_only_and_covers_every_request_the_collector_makes(fake):
         verb = "create" if sub == "exec" else ("get" if name else "list")
         seen.add((group or "", resource, ns))
         if sub == "exec" and ns != "kube-system":
-            assert not _allowed(group or "", resource, verb, ns)   # pod-side: by design
+            # application pods (--app-exec): never granted by traceflow's RBAC
+            assert not _allowed(docs, group or "", resource, verb, ns, name)
             continue
-        assert _allowed(group or "", resource, verb, ns), (verb, path)
+        assert _allowed(docs, group or "", resource, verb, ns, name), (verb, path)
     assert ("apps", "deployments", "default") in seen
     assert ("", "pods/exec", "kube-system") in seen
     assert ("crd.antrea.io", "clusternetworkpolicies", None) in seen   # probed, 404: absent
+
+
+def test_rbac_from_a_bundle_with_a_bad_agent_name_is_exit_2(tmp_path):
+    write_bundle({"manifest.yaml": b"format: traceflow-bundle/v1\ncni: antrea\nnodes:\n  w1:\n"
+                                   b"    agent_pod: 'kube-system/x; kubectl delete'\n"},
+                 tmp_path / "b")
+    r = runner.invoke(app, ["rbac", "--bundle", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "invalid pod name" in r.stderr and "agent_pod" in r.stderr
+
+
+def test_rbac_without_agent_pods_is_a_clear_error(fake):
+    fake.objects["pods"] = [p for p in fake.objects["pods"]
+                            if (p["metadata"].get("labels") or {}).get("component")
+                            != "antrea-agent"]
+    r = _live(fake, "rbac")
+    assert r.exit_code == 3 and "no CNI agent pods found" in r.stderr

@@ -108,7 +108,7 @@ def node_ns():
 
 
 class Sshd:
-    def __init__(self, root: Path, ns: str):
+    def __init__(self, root: Path, ns: str, command: str | None = None):
         self.root = root
         self.port = _free_port()
         self.log = root / "commands.log"
@@ -118,9 +118,11 @@ class Sshd:
         (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
         force = root / "force.sh"
         # every command that reaches the node is logged, then run inside the namespace
+        # (``command``: run that instead, whatever was asked - a misbehaving node)
+        run = command or f"exec ip netns exec '{ns}' sh -c \"$SSH_ORIGINAL_COMMAND\""
         force.write_text("#!/bin/sh\n"
                          f"printf 'ran\\n' >> '{self.log}'\n"
-                         f"exec ip netns exec '{ns}' sh -c \"$SSH_ORIGINAL_COMMAND\"\n")
+                         f"{run}\n")
         force.chmod(0o755)
         (root / "sshd_config").write_text(f"""\
 Port {self.port}
@@ -190,9 +192,9 @@ def _strip_stamps(data: bytes) -> bytes:
 
 def _collect(target, items, insecure=False, warnings=None):
     token = A.new_token()
-    out, err, rc = S.run_script(target, items, token, time.monotonic() + 20, insecure,
-                                warn=(warnings.append if warnings is not None else
-                                      (lambda m: None)))
+    out, err, rc, _cut = S.run_script(target, items, token, time.monotonic() + 20, insecure,
+                                      warn=(warnings.append if warnings is not None else
+                                            (lambda m: None)))
     return A.split_output(out, err, token), rc
 
 
@@ -413,3 +415,34 @@ def test_agent_image_lacks_a_command_ssh_fallback_is_recorded(sshd, fake_api, tm
     # worker2's image has ipset: exec'd, not SSH
     assert "(exec kube-system/antrea-agent-fv5x9" in b.manifest["files"]["nodes/worker2/ipset.txt"]
     assert "collection_errors" not in b.manifest
+
+
+@pytest.fixture(scope="module")
+def flooding_sshd(tmp_path_factory):
+    """A real sshd whose node answers every command with an endless stream (`yes`)."""
+    if not Path(SSHD).exists() or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed")
+    server = Sshd(tmp_path_factory.mktemp("sshd-flood"), "unused",
+                  command="exec yes 0123456789abcdef0123456789abcdef")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_ssh_read_obeys_the_deadline_while_data_keeps_coming(flooding_sshd):
+    t0 = time.monotonic()
+    with pytest.raises(CollectionError, match="did not finish within the time limit"):
+        S.run_script(flooding_sshd.target(), ["ip-route.txt"], A.new_token(),
+                     time.monotonic() + 2, max_bytes=1 << 40)
+    assert time.monotonic() - t0 < 8
+
+
+def test_ssh_output_is_capped(flooding_sshd):
+    t0 = time.monotonic()
+    token = A.new_token()
+    out, err, rc, cut = S.run_script(flooding_sshd.target(), ["ip-route.txt"], token,
+                                     time.monotonic() + 60, max_bytes=1 << 20)
+    assert time.monotonic() - t0 < 30
+    assert rc is None and "printed more than 1048576 bytes" in cut
+    assert len(out) + len(err) <= 1 << 20

@@ -74,6 +74,11 @@ DeadlineOpt = typer.Option(300.0, "--deadline", help="Time limit for the whole c
                            "seconds.", rich_help_panel=LIVE)
 SshConfigOpt = typer.Option(None, "--ssh-config", help="Config file with an ssh: section "
                             "(default: ~/.config/traceflow/config.yaml).", rich_help_panel=LIVE)
+ForceOpt = typer.Option(False, "--force", help="Replace an existing bundle file.",
+                        rich_help_panel=LIVE)
+AppExecOpt = typer.Option(False, "--app-exec", help="Also exec `ip route/neigh/addr` inside the "
+                          "traced pods' own (application) containers for their first hop. Off: "
+                          "it is derived from the CNI's conventions.", rich_help_panel=LIVE)
 InsecureHostKeysOpt = typer.Option(False, "--insecure-accept-host-keys",
                                    help="Accept unknown SSH host keys, with a warning, instead of "
                                         "refusing them. A changed key is still refused.",
@@ -114,8 +119,9 @@ class _Live:
     """Live-collection settings of a trace command, and what the collection reported."""
 
     def __init__(self, context, kubeconfig, save_bundle, timeout, deadline, ssh_config,
-                 insecure):
+                 insecure, force=False, app_exec=False):
         self.context, self.kubeconfig, self.save_bundle = context, kubeconfig, save_bundle
+        self.force, self.app_exec = force, app_exec
         self.timeout, self.deadline = timeout, deadline
         self.ssh_config, self.insecure = ssh_config, insecure
         self.errors: list = []
@@ -129,9 +135,9 @@ class _Live:
             namespace=namespace, kind=kind, source=source, destination=destination, port=port,
             ssh_config=str(self.ssh_config) if self.ssh_config else None,
             insecure_accept_host_keys=self.insecure, timeout=self.timeout,
-            deadline=self.deadline))
+            deadline=self.deadline, app_exec=self.app_exec))
         if self.save_bundle is not None:
-            write_bundle(bundle, self.save_bundle)
+            write_bundle(bundle, self.save_bundle, force=self.force)
             typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
         self.errors = list(bundle.manifest.get("collection_errors") or [])
         q = bundle.manifest["query"]
@@ -255,12 +261,15 @@ def pod_to_svc(
     verbose: bool = VerboseOpt,
     wide: bool = WideOpt,
     hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
 ):
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
-                                                  deadline, ssh_config, insecure_accept_host_keys)
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force, app_exec)
 
     def build():
         from traceflow.solver import Query, Solver
@@ -307,12 +316,15 @@ def pod_to_pod(
     verbose: bool = VerboseOpt,
     wide: bool = WideOpt,
     hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
 ):
     """Trace a connection from one pod to another pod's IP, request and reply.
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
-                                                  deadline, ssh_config, insecure_accept_host_keys)
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force, app_exec)
 
     def build():
         from traceflow.solver import Query, Solver
@@ -391,6 +403,8 @@ def collect_cmd(
     deadline: float = DeadlineOpt,
     parallel: int = typer.Option(10, "--parallel", help="Nodes collected at once.",
                                  rich_help_panel=LIVE),
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
 ):
     """Collect a bundle from the cluster (read-only): the nodes a trace can touch, or all."""
     from collectors.live import CollectOptions, collect, write_bundle
@@ -407,8 +421,8 @@ def collect_cmd(
             port=port, nodes=node_list, all_nodes=all_nodes, via=via.value,
             ssh_config=str(ssh_config) if ssh_config else None,
             insecure_accept_host_keys=insecure_accept_host_keys, timeout=timeout,
-            deadline=deadline, parallel=parallel))
-        write_bundle(b, out)
+            deadline=deadline, parallel=parallel, app_exec=app_exec))
+        write_bundle(b, out, force=force)
         return b
     b = _run(build)
     errors = b.manifest.get("collection_errors") or []
@@ -419,6 +433,47 @@ def collect_cmd(
             "; the trace went as far as the collected state allows", "; the bundle records it"),
             err=True)
         raise typer.Exit(int(ExitCode.COLLECTION))
+
+
+@app.command("rbac")
+def rbac_cmd(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", "-b", help="Take the CNI agent pods "
+                                          "from this bundle's manifest instead of the cluster."),
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    user: Optional[str] = typer.Option(None, "--user", help="Bind to this user instead of the "
+                                       "traceflow/traceflow ServiceAccount."),
+    group: Optional[str] = typer.Option(None, "--group", help="Bind to this group instead."),
+):
+    """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
+    current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
+    def build():
+        from collectors import rbac as R
+        if user and group:
+            raise InputError("give --user or --group, not both", "--user")
+        subj = (R.subject("User", user) if user else R.subject("Group", group) if group
+                else R.subject())
+        if bundle is not None:
+            from collectors.bundle import Bundle
+            cni, pods = R.agents_from_bundle(Bundle.open(bundle))
+            where = f"bundle {bundle}"
+        else:
+            from collectors.kube import Kube
+            kube = Kube(str(kubeconfig) if kubeconfig else None, context)
+            try:
+                cni, pods = R.agents_from_cluster(
+                    kube, lambda m: typer.echo(f"traceflow: warning: {m}", err=True))
+            finally:
+                kube.close()
+            where = f"cluster {kube.cluster}"
+        if not pods:
+            raise CollectionError(f"no CNI agent pods found in the {where} (antrea-agent or "
+                                  "cilium in kube-system): nothing to grant exec on")
+        docs = ([] if user or group else R.service_account_documents())
+        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
+                              "only; regenerate after the agents are restarted\n")
+    typer.echo(_run(build), nl=False)
 
 
 @app.command("example-path")

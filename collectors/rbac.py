@@ -1,0 +1,113 @@
+"""The least-privilege RBAC for live collection, as `traceflow rbac` prints it.
+
+Two parts:
+
+- ``traceflow-reader`` (ClusterRole): get/list on what a trace reads; nothing writable, no
+  Secrets, no ConfigMaps. ``deploy/rbac.yaml`` holds exactly this part (a test compares).
+- ``traceflow-agent-exec`` (Role in kube-system), generated: ``pods/exec`` on the CNI agent
+  pods **by name** (``resourceNames``), and for Cilium ``get`` on the one ConfigMap
+  ``cilium-config``. Exec into any privileged pod is root on its node, so the grant names the
+  agent pods traceflow execs into and no other pod. The names come from the cluster (the agent
+  DaemonSet's current pods) or from a bundle's manifest; a rollout renames the pods, so the
+  Role is generated again then (the 403 message says so).
+
+Exec into application pods (``--app-exec``) is never granted here.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from collectors.agents import AGENT_NAMESPACE
+from collectors.kube import validate_name
+
+# (apiGroups, resources, verbs, why): every permission and what it is for.
+READER_RULES = (
+    ([""], ["pods", "services", "nodes"], ["get", "list"],
+     "pods: the source/destination pods, endpoints' nodes, the CNI agent pods (found by label); "
+     "services: cluster IP and ports; nodes: InternalIP and pod CIDRs"),
+    (["discovery.k8s.io"], ["endpointslices"], ["get", "list"], "a Service's endpoints"),
+    (["networking.k8s.io"], ["networkpolicies"], ["get", "list"],
+     "naming the NetworkPolicy behind a drop"),
+    (["apps"], ["deployments"], ["get"], "`deploy/NAME` as the source: its selector"),
+    (["crd.antrea.io"], ["clusternetworkpolicies", "networkpolicies"], ["get", "list"],
+     "Antrea-native policies, when installed"),
+    (["cilium.io"], ["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"],
+     ["get", "list"], "Cilium policies, when installed"),
+)
+
+SUBJECT_KINDS = ("ServiceAccount", "User", "Group")
+
+
+def _rules(rules) -> list[dict]:
+    return [{"apiGroups": list(g), "resources": list(r), "verbs": list(v)} for g, r, v, _ in rules]
+
+
+def reader_documents(subject: dict) -> list[dict]:
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "traceflow-reader"}, "rules": _rules(READER_RULES)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "traceflow-reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "traceflow-reader"},
+         "subjects": [subject]},
+    ]
+
+
+def exec_documents(cni: str, pods: list[str], subject: dict) -> list[dict]:
+    """The Role granting exec on exactly these agent pods (and cilium-config for Cilium)."""
+    rules = [{"apiGroups": [""], "resources": ["pods/exec"],
+              # create: websocket exec since Kubernetes 1.30; get: what it was before
+              "verbs": ["create", "get"], "resourceNames": sorted(pods)}]
+    if cni == "cilium":
+        rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                      "resourceNames": ["cilium-config"]})
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "traceflow-agent-exec", "namespace": AGENT_NAMESPACE},
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "traceflow-agent-exec", "namespace": AGENT_NAMESPACE},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "traceflow-agent-exec"},
+         "subjects": [subject]},
+    ]
+
+
+def subject(kind: str = "ServiceAccount", name: str = "traceflow",
+            namespace: str = "traceflow") -> dict:
+    if kind == "ServiceAccount":
+        return {"kind": kind, "name": name, "namespace": namespace}
+    return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}
+
+
+def service_account_documents(namespace: str = "traceflow", name: str = "traceflow") -> list:
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": name, "namespace": namespace}}]
+
+
+def render(docs: list[dict], header: str = "") -> str:
+    body = "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+    return header + body
+
+
+def agents_from_bundle(bundle) -> tuple[str, list[str]]:
+    """(cni, agent pod names) from a bundle's manifest (`nodes: {n: {agent_pod: ns/name}}`)."""
+    m = bundle.manifest or {}
+    nodes = m.get("nodes") if isinstance(m.get("nodes"), dict) else {}
+    pods = []
+    for facts in nodes.values():
+        ref = facts.get("agent_pod") if isinstance(facts, dict) else None
+        if isinstance(ref, str) and ref.startswith(AGENT_NAMESPACE + "/"):
+            name = ref.split("/", 1)[1]
+            validate_name("pod", name, "manifest.yaml: nodes.*.agent_pod")
+            pods.append(name)
+    return str(m.get("cni") or "unknown"), sorted(set(pods))
+
+
+def agents_from_cluster(kube, warn) -> tuple[str | None, list[str]]:
+    from collectors.agents import find_agents
+    cni, agents = find_agents(kube, warn)
+    return cni, sorted({a.pod for a in agents.values()})
