@@ -1,0 +1,542 @@
+"""Service load-balancing inputs: `bpf lb list` (and `--frontends`), `service list`,
+`bpf lb maglev list`, and the 1.17+ statedb tables `db/show frontends|backends|services`.
+
+`bpf lb list` is the map from-container's lb4_lookup_service reads. Its text is a Go map
+printed in random order; from 1.16 every slot of a service is its own line (the slot is part of
+the key), so backends are grouped by the key (address, port, protocol, scope) parsed from each
+line, never by the line they follow. Before 1.16 a key line is followed by indented
+continuation lines of the same key (Cilium's TablePrinter), which is the only place position
+counts. Per version:
+
+  <=1.11   SERVICE ADDRESS   BACKEND ADDRESS
+           10.96.0.10:53     0.0.0.0:0 (5) [ClusterIP]          slot 0: the service itself
+                             10.0.1.5:53 (5)                     a backend (slot not printed)
+  1.12-15  ... BACKEND ADDRESS (REVNAT_ID) (SLOT); entries ``IP:port (revnat) (slot)``
+  1.16     key ``10.96.0.10:53 (1)``: one line per slot
+  1.17+    key and backend carry the protocol ``10.96.0.10:53/UDP (1)  10.0.1.5:53/UDP (5) (1)``,
+           slot 0 may end in ``(L7LB Proxy Port: N)``; `/i` after the key marks internal scope.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from traceflow.errors import InputError, Source
+
+from .common import (ADDR, PROTOS, bad, ip as _ip, is_json, json_error, json_source, lines,
+                     load_json)
+from .records import (DbBackend, DbService, LbBackend, LbFrontendSlot, LbService, MaglevTable)
+
+SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalIPs", "HostPort", "LoadBalancer",
+                 "LocalRedirect")
+_PROTO = r"(?:/(?P<{0}>[A-Za-z0-9]+))?"
+
+_KEY = re.compile(r"^" + ADDR.replace("?P<ip>", "?P<kip>").replace("?P<port>", "?P<kport>")
+                  + _PROTO.format("kproto") + r"(?P<kscope>/i)?(?:\s\((?P<kslot>\d+)\))?$")
+_MASTER = re.compile(r"^(?:0\.0\.0\.0|\[::\]|::):0\s+\((?P<revnat>\d+)\)(?:\s+\((?P<slot>\d+)\))?"
+                     r"(?:\s+\[(?P<flags>[^\]]*)\])?"
+                     r"(?:\s+\(L7LB Proxy Port: (?P<l7>\d+)\))?$")
+_BACKEND = re.compile(r"^" + ADDR + _PROTO.format("proto")
+                      + r"\s+\((?P<revnat>\d+)\)(?:\s+\((?P<slot>\d+)\))?$")
+_NOT_FOUND = re.compile(r"^backend (?P<id>\d+) not found$")
+
+
+def _check_proto(p: str | None, src) -> str | None:
+    if p is not None and p.upper() not in {x.upper() for x in PROTOS}:
+        raise bad(src, "cilium bpf lb list", f"unknown protocol {p!r}")
+    return p
+
+
+def _split_key_value(src: Source, line: str):
+    """`KEY<spaces>VALUE` of a TablePrinter row; the key itself may contain one space before
+    its ``(slot)``."""
+    m = re.match(r"^(?P<key>\S+(?:\s\(\d+\))?)\s+(?P<value>.+?)\s*$", line)
+    if not m:
+        raise bad(src, "cilium bpf lb list")
+    return m.group("key"), m.group("value")
+
+
+def parse_lb_list(text: str, path: str, version=None) -> list[LbService]:
+    """`cilium bpf lb list` (text, or its `-o json` map of key -> entries), every version."""
+    if is_json(text):
+        return _lb_list_json(text, path)
+    rows = []           # (Source, key text, value text)
+    key = None
+    header_seen = False
+    for src in lines(text, path):
+        line = src.text.rstrip()
+        if not header_seen:
+            if re.match(r"^SERVICE ADDRESS\s+BACKEND ADDRESS(?:\s+\(REVNAT_ID\)\s+\(SLOT\))?\s*$",
+                        line):
+                header_seen = True
+                continue
+            if re.match(r"^SERVICE ADDRESS\s+BACKEND ID\s*$", line):
+                raise InputError.at(src, "this is `cilium bpf lb list --frontends` output; "
+                                         "read it with parse_lb_frontends")
+            raise bad(src, "cilium bpf lb list", "expected the header "
+                      "`SERVICE ADDRESS   BACKEND ADDRESS ...`")
+        if line[:1].isspace():                      # continuation: same key as the row above
+            if key is None:
+                raise bad(src, "cilium bpf lb list", "a continuation line with no key above")
+            rows.append((src, key, line.strip()))
+            continue
+        key, value = _split_key_value(src, line)
+        rows.append((src, key, value))
+    return _group(rows, path)
+
+
+def _lb_list_json(text: str, path: str) -> list[LbService]:
+    data = load_json(text, path)
+    if not isinstance(data, dict) or not all(
+            isinstance(v, list) and all(isinstance(e, str) for e in v) for v in data.values()):
+        raise json_error(path, "top level", "expected an object of service key -> list of "
+                                            "entry strings (`cilium bpf lb list -o json`)")
+    rows = []
+    n = 0
+    for key in data:
+        for entry in data[key]:
+            n += 1
+            rows.append((json_source(path, n, {key: entry}), key, entry))
+    return _group(rows, path)
+
+
+def _group(rows, path: str) -> list[LbService]:
+    groups: dict[tuple, dict] = {}
+    for src, key_text, value in rows:
+        k = _KEY.match(key_text.strip())
+        if not k:
+            raise bad(src, "cilium bpf lb list", f"key {key_text!r} is not ADDRESS:PORT")
+        gkey = (_ip(k.group("kip")), int(k.group("kport")),
+                _check_proto(k.group("kproto"), src), "internal" if k.group("kscope") else "external")
+        g = groups.setdefault(gkey, {"master": None, "slots": {}, "unslotted": [], "missing": [],
+                                     "sources": []})
+        g["sources"].append(src)
+        key_slot = int(k.group("kslot")) if k.group("kslot") is not None else None
+        m = _MASTER.match(value)
+        if m:
+            slot = _slot(key_slot, m.group("slot"), src)
+            if slot not in (None, 0):
+                raise bad(src, "cilium bpf lb list", "the service entry 0.0.0.0:0 in a slot other than 0")
+            if g["master"] is not None:
+                raise InputError.at(src, f"a second slot-0 entry for service {key_text.split()[0]} "
+                                         f"(first at line {g['master'][0].line})")
+            g["master"] = (src, m)
+            continue
+        m = _NOT_FOUND.match(value)
+        if m:
+            g["missing"].append((key_slot, int(m.group("id"))))
+            continue
+        m = _BACKEND.match(value)
+        if not m:
+            raise bad(src, "cilium bpf lb list", f"entry {value!r} is neither the service "
+                      "(0.0.0.0:0 (revnat) [flags]) nor a backend (IP:port (revnat) (slot))")
+        slot = _slot(key_slot, m.group("slot"), src)
+        be = LbBackend(_ip(m.group("ip")), int(m.group("port")),
+                       _check_proto(m.group("proto"), src), None, slot, src,
+                       rev_nat=int(m.group("revnat")))
+        if slot is None:
+            g["unslotted"].append(be)
+        elif slot in g["slots"]:
+            raise InputError.at(src, f"slot {slot} of service {key_text.split()[0]} appears twice "
+                                     f"(first at line {g['slots'][slot].source.line})")
+        else:
+            g["slots"][slot] = be
+    out = []
+    for (fip, fport, proto, scope), g in groups.items():
+        if g["master"] is None:
+            first = g["sources"][0]
+            raise InputError.at(first, f"backend slots of {fip}:{fport} but no slot-0 entry "
+                                       "(0.0.0.0:0 ... [flags]) for the service itself")
+        src, m = g["master"]
+        flags = tuple(f.strip() for f in (m.group("flags") or "").split(",") if f.strip())
+        kind = next((f for f in flags if f in SERVICE_TYPES), None)
+        backends = tuple(g["slots"][s] for s in sorted(g["slots"])) + tuple(g["unslotted"])
+        if proto is None:   # <=1.16: no protocol in the key; the backends may say it
+            protos = {b.protocol for b in backends if b.protocol}
+            proto = protos.pop() if len(protos) == 1 else None
+        out.append(LbService(fip, fport, proto, kind, backends, src,
+                             flags=tuple(f for f in flags if f != kind), scope=scope,
+                             rev_nat=int(m.group("revnat")),
+                             l7_proxy_port=int(m.group("l7")) if m.group("l7") else None,
+                             missing=tuple(g["missing"]), sources=tuple(g["sources"])))
+    return out
+
+
+def _slot(key_slot, value_slot, src) -> int | None:
+    vs = int(value_slot) if value_slot is not None else None
+    if key_slot is not None and vs is not None and key_slot != vs:
+        raise bad(src, "cilium bpf lb list", f"slot {key_slot} in the key but {vs} in the entry")
+    return key_slot if key_slot is not None else vs
+
+
+# ---- --frontends ------------------------------------------------------------------------------
+
+_FRONTEND_VALUE = re.compile(
+    r"^(?P<beid>\d+)(?:\s+(?P<count>\d+)(?:\[(?P<qcount>\d+)\])?)?\s+\((?P<revnat>\d+)\)\s+"
+    r"\[(?:FLAGS:\s*(?P<oflags>0x[0-9a-fA-F]+)|(?P<flags>0x[0-9a-fA-F]+)\s+(?P<flags2>0x[0-9a-fA-F]+))\]$")
+
+
+def parse_lb_frontends(text: str, path: str, version=None) -> list[LbFrontendSlot]:
+    """`cilium bpf lb list --frontends`: the raw service map, one entry per (key, slot); the only
+    output that shows a service's backend ``count`` (and ``qcount``, 1.16+)."""
+    if is_json(text):
+        data = load_json(text, path)
+        if not isinstance(data, dict):
+            raise json_error(path, "top level", "expected an object of key -> entries")
+        rows = [(json_source(path, i, {k: e}), k, e)
+                for i, (k, e) in enumerate(((k, e) for k, v in data.items() for e in v), 1)]
+    else:
+        rows, key, header = [], None, False
+        for src in lines(text, path):
+            line = src.text.rstrip()
+            if not header:
+                if not re.match(r"^SERVICE ADDRESS\s+BACKEND ID\s*$", line):
+                    raise bad(src, "cilium bpf lb list --frontends",
+                              "expected the header `SERVICE ADDRESS   BACKEND ID`")
+                header = True
+                continue
+            if line[:1].isspace():
+                if key is None:
+                    raise bad(src, "cilium bpf lb list --frontends")
+                rows.append((src, key, line.strip()))
+                continue
+            key, value = _split_key_value(src, line)
+            rows.append((src, key, value))
+    out = []
+    for src, key, value in rows:
+        k = _KEY.match(key.strip())
+        m = _FRONTEND_VALUE.match(value.strip()) if k else None
+        if not m:
+            raise bad(src, "cilium bpf lb list --frontends")
+        out.append(LbFrontendSlot(
+            _ip(k.group("kip")), int(k.group("kport")), k.group("kproto"),
+            "internal" if k.group("kscope") else "external",
+            int(k.group("kslot")) if k.group("kslot") else None, int(m.group("beid")),
+            int(m.group("count")) if m.group("count") else None,
+            int(m.group("qcount")) if m.group("qcount") else None, int(m.group("revnat")),
+            int(m.group("flags") or m.group("oflags"), 16),
+            int(m.group("flags2"), 16) if m.group("flags2") else None, src))
+    return out
+
+
+# ---- service list -----------------------------------------------------------------------------
+
+_SVC_ADDR = ADDR + _PROTO.format("proto") + r"(?P<scope>/i)?"
+_SERVICE_HEAD = re.compile(r"^(?P<id>\d+)\s+" + _SVC_ADDR
+                           + r"\s+(?P<type>[A-Za-z]+)(?:\s+(?P<rest>.*?))?\s*$")
+_SERVICE_BACKEND = re.compile(r"^(?P<n>\d+)\s+=>\s+" + ADDR + _PROTO.format("proto")
+                              + r"(?:\s+\((?P<state>[a-z-]+)\))?(?P<pref>\s+\(preferred\))?\s*$")
+
+
+def parse_service_list(text: str, path: str, version=None) -> list[LbService]:
+    """`cilium service list`: ``ID Frontend Service-Type Backend`` with ``N => IP:port/PROTO
+    (state)`` backends continuing on the following lines; 1.8 prints no protocol or state,
+    1.14+ may add ``(preferred)``. Also its `-o json` form."""
+    if is_json(text):
+        return _service_list_json(text, path)
+    services: list[dict] = []
+    header = False
+    for src in lines(text, path):
+        line = src.text.strip()
+        if not header:
+            if not re.match(r"^ID\s+Frontend\s+Service Type\s+Backend\s*$", line):
+                raise bad(src, "cilium service list",
+                          "expected the header `ID  Frontend  Service Type  Backend`")
+            header = True
+            continue
+        m = _SERVICE_HEAD.match(line)
+        if m:
+            services.append({"m": m, "src": src, "backends": [], "sources": [src]})
+            rest = (m.group("rest") or "").strip()
+            if rest:
+                services[-1]["backends"].append(_service_backend(rest, src))
+            continue
+        if services and src.text[:1].isspace():
+            services[-1]["backends"].append(_service_backend(line, src))
+            services[-1]["sources"].append(src)
+            continue
+        raise bad(src, "cilium service list")
+    out = []
+    for s in services:
+        m = s["m"]
+        if m.group("type") not in SERVICE_TYPES:
+            raise bad(s["src"], "cilium service list", f"unknown service type {m.group('type')!r}")
+        out.append(LbService(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
+                             m.group("type"), tuple(s["backends"]), s["src"],
+                             service_id=int(m.group("id")),
+                             scope="internal" if m.group("scope") else "external",
+                             rev_nat=int(m.group("id")), sources=tuple(s["sources"])))
+    return out
+
+
+def _service_backend(text: str, src: Source) -> LbBackend:
+    m = _SERVICE_BACKEND.match(text)
+    if not m:
+        raise bad(src, "cilium service list", "expected a backend `N => IP:port/PROTO (state)`")
+    return LbBackend(_ip(m.group("ip")), int(m.group("port")), m.group("proto"), m.group("state"),
+                     int(m.group("n")), src, preferred=bool(m.group("pref")))
+
+
+def _service_list_json(text: str, path: str) -> list[LbService]:
+    data = load_json(text, path)
+    if not isinstance(data, list):
+        raise json_error(path, "top level", "expected a list of services (`service list -o json`)")
+    out = []
+    for i, svc in enumerate(data, 1):
+        src = json_source(path, i, svc)
+        try:
+            spec = (svc.get("status") or {}).get("realized") or svc["spec"]
+            fe = spec["frontend-address"]
+            flags = spec.get("flags") or {}
+            backends = []
+            for n, be in enumerate(spec.get("backend-addresses") or [], 1):
+                backends.append(LbBackend(be["ip"], int(be["port"]), be.get("protocol"),
+                                          be.get("state"), n, src,
+                                          preferred=bool(be.get("preferred")),
+                                          weight=be.get("weight")))
+            kind = flags.get("type")
+            name = (f"{flags['namespace']}/{flags['name']}"
+                    if flags.get("name") and flags.get("namespace") else flags.get("name"))
+            out.append(LbService(fe["ip"], int(fe["port"]), fe.get("protocol"), kind,
+                                 tuple(backends), src, service_id=spec.get("id"), name=name,
+                                 scope="internal" if fe.get("scope") == "internal" else "external",
+                                 rev_nat=spec.get("id"),
+                                 traffic_policy=flags.get("extTrafficPolicy")
+                                 or flags.get("trafficPolicy"),
+                                 sources=(src,)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise json_error(path, f"service {i}", f"missing or bad field {e}") from None
+    return out
+
+
+# ---- maglev -----------------------------------------------------------------------------------
+
+_MAGLEV = re.compile(r"^(?P<id>\d+)(?:/(?P<fam>v[46]))?\s+(?P<ids>\[?[\d ,]+\]?)\s*$")
+
+
+def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
+    """`cilium bpf lb maglev list`: ``SVC ID  LUT`` rows, the LUT a list of backend ids
+    (``[ 1 2 1 ... ]`` or ``1, 2, 1``); the id may carry ``/v4`` or ``/v6``."""
+    if is_json(text):
+        data = load_json(text, path)
+        if not isinstance(data, dict):
+            raise json_error(path, "top level", "expected an object of service id -> lookup table")
+        out = []
+        for i, (k, v) in enumerate(data.items(), 1):
+            src = json_source(path, i, {k: v})
+            ids = v if isinstance(v, list) else [v]
+            try:
+                backend_ids = tuple(int(x) for s in ids for x in re.split(r"[\s,\[\]]+", str(s)) if x)
+                sid, _, fam = str(k).partition("/")
+                out.append(MaglevTable(int(sid), backend_ids, src, fam or "v4"))
+            except ValueError:
+                raise json_error(path, f"key {k}", "not a service id with backend ids") from None
+        return out
+    out = []
+    header = False
+    for src in lines(text, path):
+        line = src.text.strip()
+        if not header:
+            if not re.match(r"^SVC ID\s+LUT\s*$", line):
+                raise bad(src, "cilium bpf lb maglev list", "expected the header `SVC ID   LUT`")
+            header = True
+            continue
+        m = _MAGLEV.match(line)
+        if not m:
+            raise bad(src, "cilium bpf lb maglev list")
+        ids = tuple(int(x) for x in re.split(r"[\s,\[\]]+", m.group("ids")) if x)
+        out.append(MaglevTable(int(m.group("id")), ids, src, m.group("fam") or "v4"))
+    return out
+
+
+# ---- statedb tables (1.17+) ------------------------------------------------------------------
+
+def _table(text: str, path: str, required: tuple, what: str):
+    """Rows of a `db/show` table as (Source, {column: cell}); columns are located from the
+    header (tabwriter pads every cell to the column start)."""
+    it = iter(lines(text, path))
+    first = next(it, None)
+    if first is None:
+        return []
+    cols = [(m.start(), m.group(0)) for m in re.finditer(r"\S+", first.text)]
+    names = [c for _, c in cols]
+    if any(r not in names for r in required):
+        raise bad(first, what, f"expected a header with the columns {', '.join(required)}")
+    rows = []
+    for src in it:
+        row = {}
+        for i, (start, col) in enumerate(cols):
+            end = cols[i + 1][0] if i + 1 < len(cols) else None
+            cell = src.text[start:end] if len(src.text) > start else ""
+            # a cell never starts mid-word: if the column start splits a word, the row is not
+            # aligned with the header
+            if start > 0 and len(src.text) > start and not src.text[start - 1].isspace() \
+                    and not src.text[start].isspace():
+                raise bad(src, what, f"column {col!r} does not line up with the header")
+            row[col] = cell.strip()
+        rows.append((src, row))
+    return rows
+
+
+_CELL_ADDR = re.compile(r"^" + ADDR + _PROTO.format("proto") + r"(?P<scope>/i)?"
+                        r"(?:\s+\((?P<state>[a-z-]+)\))?$")
+
+
+def _addr(cell: str, src: Source, what: str):
+    m = _CELL_ADDR.match(cell.strip())
+    if not m:
+        raise bad(src, what, f"{cell!r} is not ADDRESS:PORT/PROTO")
+    return m
+
+
+def parse_db_frontends(text: str, path: str, version=None) -> list[LbService]:
+    """`cilium-dbg shell -- db/show frontends` (1.17+): the table or ``--format=json``.
+
+    The table shows at most 5 backends per frontend (``+ N more ...``): such services come back
+    with ``truncated = N`` (the backends shown are only a part); collect the JSON form."""
+    if is_json(text):
+        return _db_json(text, path, _frontend_from_json)
+    what = "db/show frontends"
+    out = []
+    for src, row in _table(text, path, ("Address", "Type", "ServiceName", "Backends"), what):
+        m = _addr(row["Address"], src, what)
+        cell = row.get("Backends", "")
+        truncated = 0
+        t = re.search(r"\s*\+\s*(\d+)\s+more\s*\.\.\.\s*$", cell)
+        if t:
+            truncated = int(t.group(1))
+            cell = cell[:t.start()]
+        backends = []
+        for n, b in enumerate((b for b in cell.split(",") if b.strip()), 1):
+            bm = _addr(b, src, what)
+            backends.append(LbBackend(_ip(bm.group("ip")), int(bm.group("port")),
+                                      bm.group("proto"), bm.group("state"), None, src))
+        if row["Type"] not in SERVICE_TYPES:
+            raise bad(src, what, f"unknown frontend type {row['Type']!r}")
+        out.append(LbService(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
+                             row["Type"], tuple(backends), src, name=row.get("ServiceName") or None,
+                             scope="internal" if m.group("scope") else "external",
+                             truncated=truncated, sources=(src,)))
+    return out
+
+
+def _db_json(text: str, path: str, build):
+    """A `db/show --format=json` document: a JSON array, or JSON objects one after another."""
+    objs = []
+    if text.lstrip().startswith("["):
+        data = load_json(text, path)
+        objs = data
+    else:
+        dec = json.JSONDecoder()
+        pos, s = 0, text
+        while True:
+            while pos < len(s) and s[pos].isspace():
+                pos += 1
+            if pos >= len(s):
+                break
+            try:
+                obj, pos = dec.raw_decode(s, pos)
+            except json.JSONDecodeError as e:
+                line = s.count("\n", 0, e.pos) + 1
+                raise InputError(f"not valid JSON: {e.msg}", path, line,
+                                 s.splitlines()[line - 1] if s.splitlines() else "") from None
+            objs.append(obj)
+    out = []
+    for i, obj in enumerate(objs, 1):
+        if not isinstance(obj, dict):
+            raise json_error(path, f"object {i}", "expected a JSON object")
+        try:
+            out.append(build(obj, json_source(path, i, obj)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise json_error(path, f"object {i}", f"missing or bad field {e}") from None
+    return out
+
+
+def _json_addr(v):
+    """An address in statedb JSON: "10.0.0.1:80/TCP" or {"AddrCluster"/"Addr", "Port", "Protocol"}."""
+    if isinstance(v, str):
+        m = _CELL_ADDR.match(v)
+        if not m:
+            raise ValueError(v)
+        return _ip(m.group("ip")), int(m.group("port")), m.group("proto"), \
+            "internal" if m.group("scope") else "external"
+    addr = v.get("AddrCluster", v.get("Addr", v.get("IP")))
+    scope = v.get("Scope", 0)
+    return (_ip(str(addr)), int(v["Port"]), v.get("Protocol"),
+            "internal" if scope in (1, "internal", "i") else "external")
+
+
+def _name(v):
+    if isinstance(v, str) or v is None:
+        return v
+    return f"{v['Namespace']}/{v['Name']}" if v.get("Namespace") else v["Name"]
+
+
+def _frontend_from_json(obj: dict, src: Source) -> LbService:
+    fip, fport, proto, scope = _json_addr(obj["Address"])
+    if "Backends" not in obj:
+        raise KeyError("Backends")
+    backends = []
+    for n, b in enumerate(obj.get("Backends") or [], 1):
+        bip, bport, bproto, _ = _json_addr(b["Address"] if isinstance(b, dict) else b)
+        state = b.get("State") if isinstance(b, dict) else None
+        backends.append(LbBackend(bip, bport, bproto, state if isinstance(state, str) else None,
+                                  None, src, weight=b.get("Weight") if isinstance(b, dict) else None))
+    kind = obj.get("Type")
+    if kind not in SERVICE_TYPES:
+        raise ValueError(f"Type {kind!r}")
+    return LbService(fip, fport, proto, kind, tuple(backends), src,
+                     name=_name(obj.get("ServiceName")), scope=scope, sources=(src,))
+
+
+def parse_db_backends(text: str, path: str, version=None) -> list[DbBackend]:
+    """`db/show backends` (1.17+), table or JSON: address, state, the services it serves."""
+    what = "db/show backends"
+    if is_json(text):
+        def build(obj, src):
+            bip, bport, bproto, _ = _json_addr(obj["Address"])
+            inst = obj.get("Instances") or obj.get("ReferencedBy") or []
+            names = tuple(_name(x.get("ServiceName", x)) if isinstance(x, dict) else str(x)
+                          for x in (inst if isinstance(inst, list) else inst.keys()))
+            st = obj.get("State")
+            return DbBackend(bip, bport, bproto, st if isinstance(st, str) else None, names,
+                             obj.get("NodeName"), src)
+        return _db_json(text, path, build)
+    out = []
+    for src, row in _table(text, path, ("Address",), what):
+        m = _addr(row["Address"], src, what)
+        refs = row.get("Instances", row.get("ReferencedBy", row.get("Service", "")))
+        names = tuple(re.sub(r"\s*[\[(].*$", "", r).strip() for r in refs.split(", ") if r.strip())
+        out.append(DbBackend(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
+                             row.get("State") or None, names, row.get("NodeName") or None, src))
+    return out
+
+
+def parse_db_services(text: str, path: str, version=None) -> list[DbService]:
+    """`db/show services` (1.17+), table or JSON: traffic policies and session affinity."""
+    what = "db/show services"
+    if is_json(text):
+        def build(obj, src):
+            return DbService(_name(obj["Name"]), obj.get("ExtTrafficPolicy"),
+                             obj.get("IntTrafficPolicy"), bool(obj.get("SessionAffinity")),
+                             str(obj.get("SessionAffinityTimeout")) if obj.get("SessionAffinity")
+                             else None, (), src)
+        return _db_json(text, path, build)
+    out = []
+    for src, row in _table(text, path, ("Name", "Source"), what):
+        if "TrafficPolicy" in row:
+            tp = row["TrafficPolicy"]
+            m = re.match(r"^Ext=(\w+), Int=(\w+)$", tp)
+            ext, int_ = (m.group(1), m.group(2)) if m else (tp or None, tp or None)
+        elif "ExtTrafficPolicy" in row:
+            ext, int_ = row.get("ExtTrafficPolicy") or None, row.get("IntTrafficPolicy") or None
+        else:
+            raise bad(src, what, "no TrafficPolicy column")
+        flags = tuple(f.strip() for f in re.split(r",\s*(?=[A-Z][A-Za-z]+=)", row.get("Flags", ""))
+                      if f.strip())
+        aff = next((f.split("=", 1)[1] for f in flags if f.startswith("SessionAffinity=")), None)
+        if aff is None and row.get("SessionAffinity"):
+            aff = row["SessionAffinity"]
+        out.append(DbService(row["Name"], ext, int_, aff is not None, aff, flags, src))
+    return out
