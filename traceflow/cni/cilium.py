@@ -57,105 +57,89 @@ class CiliumConventions:
 
 
 class CiliumNode:
-    """One node's Cilium inputs. Each property parses its file the first time it is read;
-    a file the walk needs but the bundle lacks raises Missing naming it."""
+    """One node's Cilium inputs (``traceflow.cilium.load_node``) as the walk asks for them.
+    A file the walk needs but the bundle lacks raises Missing naming it."""
 
     def __init__(self, snapshot, node):
+        from traceflow.cilium import load_node
         self.snapshot = snapshot
         self.node = node               # the NodeModel (kernel side)
         self.name = node.name
+        self.maps = load_node(snapshot.bundle.text, snapshot.cni_version or None,
+                              f"nodes/{node.name}/")
 
-    @cached_property
+    @property
     def version(self):
-        from traceflow.cilium.common import detect_version
-        status = self.node._file("cilium-status.txt")
-        return detect_version(self.snapshot.cni_version, status[0] if status else None)
+        return self.maps.version
 
-    def _parse(self, filename: str, parser, need: str | None = None):
-        got = self.node._file(filename)
+    @property
+    def settings(self):
+        return self.maps.settings
+
+    def _need(self, kind: str, filename: str, why: str):
+        got = getattr(self.maps, kind)
         if got is None:
-            if need:
-                raise Missing(f"nodes/{self.name}/{filename}", need)
-            return None
-        return parser(got[0], got[1], self.version)
+            raise Missing(f"nodes/{self.name}/{filename}", why)
+        return got
 
     # ---- load balancing ------------------------------------------------------------------
     @cached_property
     def services(self):
         """Service entries with their backend slots: `bpf lb list` (the map from-container
         reads), else `service list`, else the statedb frontends."""
-        from traceflow.cilium import lb
-        for filename, parser in (("cilium-bpf-lb-list.txt", lb.parse_lb_list),
-                                 ("cilium-service-list.txt", lb.parse_service_list),
-                                 ("cilium-db-frontends.txt", lb.parse_db_frontends)):
-            got = self._parse(filename, parser)
+        for kind in ("lb_services", "services", "db_frontends"):
+            got = getattr(self.maps, kind)
             if got is not None:
-                self.services_file = f"nodes/{self.name}/{filename}"
                 return got
         raise Missing(f"nodes/{self.name}/cilium-bpf-lb-list.txt", "the service map")
 
     @cached_property
     def maglev(self) -> dict:
-        from traceflow.cilium import lb
-        got = self._parse("cilium-bpf-lb-maglev-list.txt", lb.parse_maglev_list)
-        return {t.service_id: t for t in got or ()}
+        return {t.service_id: t for t in self.maps.maglev or ()}
 
     # ---- identities, ipcache, endpoints ------------------------------------------------------
     @cached_property
     def ipcache(self):
-        from traceflow.cilium import maps
-        return self._parse("cilium-bpf-ipcache-list.txt", maps.parse_ipcache, "the ipcache")
+        return self._need("ipcache", "cilium-bpf-ipcache-list.txt", "the ipcache")
 
     @cached_property
     def endpoints(self) -> dict:
         """Endpoint IP -> `cilium endpoint list` record (identity, labels, enforcement)."""
-        from traceflow.cilium import maps
-        got = self._parse("cilium-endpoint-list.txt", maps.parse_endpoint_list) or []
-        return {e.ipv4: e for e in got if e.ipv4}
+        return {e.ipv4: e for e in self.maps.endpoints or () if e.ipv4}
 
     @cached_property
     def lxc(self) -> dict:
         """Endpoint IP -> `cilium bpf endpoint list` record (the cilium_lxc map)."""
-        from traceflow.cilium import maps
-        got = self._parse("cilium-bpf-endpoint-list.txt", maps.parse_bpf_endpoint_list,
-                          "the local endpoints map (cilium_lxc)")
-        return {e.ip: e for e in got}
+        got = self._need("bpf_endpoints", "cilium-bpf-endpoint-list.txt",
+                         "the local endpoints map (cilium_lxc)")
+        return {e.ip: e for e in got if not e.is_host}
 
     @cached_property
     def identities(self) -> dict:
-        from traceflow.cilium import maps
-        got = self._parse("cilium-identity-list.txt", maps.parse_identity_list) or []
-        return {i.identity: i for i in got}
+        return {i.identity: i for i in self.maps.identities or ()}
 
     @cached_property
     def policy(self) -> list:
-        from traceflow.cilium import policy
-        return self._parse("cilium-bpf-policy-get.txt", policy.parse_policy_get,
-                           "the endpoints' policy maps") or []
+        return self._need("policy", "cilium-bpf-policy-get.txt", "the endpoints' policy maps")
 
     def policy_of(self, endpoint_id: int) -> list:
         return [e for e in self.policy if e.endpoint_id == endpoint_id]
 
-    @cached_property
-    def ipmasq(self):
-        from traceflow.cilium import maps
-        return self._parse("cilium-bpf-ipmasq-list.txt", maps.parse_ipmasq_list)
-
-    # ---- attachments and settings ------------------------------------------------------------
+    # ---- attachments -------------------------------------------------------------------------
     @cached_property
     def attachments(self) -> dict:
-        """(device, hook) -> TcProgram: what tc.txt / bpftool-net.txt show attached."""
-        from traceflow.cni import cilium_inputs
-        progs = cilium_inputs.attachments(self.node, self.version)
-        return {(p.dev, p.hook): p for p in progs}
+        """(device, hook) -> TcProgram: what tc.txt and bpftool-net.txt show attached."""
+        out = {}
+        for p in list(self.maps.tc or ()) + list(self.maps.bpftool_net or ()):
+            out.setdefault((p.dev, p.hook), p)
+        return out
+
+    @property
+    def attachments_known(self) -> bool:
+        return self.maps.tc is not None or self.maps.bpftool_net is not None
 
     def program_at(self, dev: str, hook: str):
         return self.attachments.get((dev, hook))
-
-    @cached_property
-    def settings(self):
-        from traceflow.cni import cilium_inputs
-        return cilium_inputs.settings(self.snapshot, self.node, self.version)
 
     # ---- helpers -----------------------------------------------------------------------------
     def identity_text(self, identity: int | None) -> str:
@@ -177,9 +161,13 @@ class CiliumNode:
                 return iface.name
         return None
 
+    def endpoint_by_device(self, dev: str):
+        for rec in self.lxc.values():
+            if self.device_of(rec) == dev:
+                return rec
+        return None
+
 
 def policy_map_name(endpoint_id: int) -> str:
     return f"cilium_policy_{endpoint_id:05d}"
 
-
-_LXC = re.compile(r"^lxc")
