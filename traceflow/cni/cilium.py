@@ -148,7 +148,8 @@ class CiliumNode:
             return "identity ?"
         rec = self.identities.get(identity)
         if rec is not None:
-            labels = [l for l in rec.labels if not l.startswith("k8s:io.cilium.k8s.policy")]
+            labels = [l for l in rec.labels if not l.startswith(("k8s:io.cilium.k8s.policy",
+                                                                  "k8s:io.cilium.k8s.namespace.labels"))]
             return f"identity {identity} ({', '.join(labels)})"
         if identity in RESERVED:
             return f"identity {identity} ({RESERVED[identity]})"

@@ -26,6 +26,7 @@ from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, prima
 CT_ZONE = "cilium"          # Cilium's own conntrack (cilium_ct4_global), apart from the kernel's
 SOCK = "sock4-connect"      # the cgroup connect() hook of socket LB (bpf_sock.c)
 POLICY = "policy"           # the endpoint's policy program, reached by tail call
+SOCK_WHERE = "cil_sock4_connect"
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
 VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
 
@@ -164,9 +165,10 @@ class CiliumDatapath(Datapath):
         entry, is_reply = ct.lookup(CT_ZONE, tuple5(pkt))
         attached = self._attached(cn, loc.device, "ingress")
         if entry is not None and is_reply:
+            pkt.extra["src_identity"] = self._endpoint_identity(cn, pkt.nw_src)
             before = pkt.copy()
             notes = [attached] if attached else []
-            if entry.nat == "dst":     # a reply of a service connection opened on this node
+            if entry.nat == "dst" and SOCK_WHERE not in entry.where:   # opened on this node
                 pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
                 effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
                           f"restores the service address {entry.orig[3]}:{entry.orig[4]}; "
@@ -481,7 +483,14 @@ class CiliumDatapath(Datapath):
             notes.append(attached)
         if entry is not None and is_reply:
             before = pkt.copy()
-            if entry.nat == "dst":
+            if entry.nat == "dst" and SOCK_WHERE in entry.where:
+                pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
+                effect = (f"conntrack: reply of an allowed connection (CT_REPLY); the socket was "
+                          f"connected to the backend by cil_sock4_connect, so the packet keeps the "
+                          f"source {before.nw_src}:{before.tp_src} on the wire and the socket layer "
+                          f"(cil_sock4_getpeername/recvmsg) shows the application "
+                          f"{pkt.nw_src}:{pkt.tp_src}, the service address")
+            elif entry.nat == "dst":
                 pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
                 effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
                           f"rewrites the source {before.nw_src}:{before.tp_src} -> "
@@ -596,7 +605,7 @@ class CiliumDatapath(Datapath):
         pkt.tunnel = None
         pkt.extra["src_identity"] = vni
         notes = [n for n in (self._attached(cn, loc.device, "ingress"),) if n]
-        b.add(self._hop(loc, f"decapsulated on {loc.device}: source identity "
+        b.add(self._hop(loc, f"decapsulated on {loc.device}: source "
                              f"{cn.identity_text(vni)} from the tunnel key (VNI)", pkt=pkt,
                         notes=notes))
         dst = cn.lxc.get(pkt.nw_dst)
