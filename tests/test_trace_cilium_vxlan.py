@@ -1,0 +1,159 @@
+"""Cilium 1.16 in tunnel mode (the examples/cilium-vxlan-policy bundle): socket LB, VXLAN,
+tcx attachments, LPM policy maps, and a NetworkPolicy that admits one client and denies
+another. Expectations follow Cilium's source (bpf_sock.c, bpf_lxc.c, bpf_overlay.c,
+lib/policy.h); no Cilium agent runs here."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from traceflow.cli import app
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "traceflow" / "examples" / "cilium-vxlan-policy"
+runner = CliRunner()
+
+
+def trace(bundle, *args):
+    result = runner.invoke(app, [*args, "--bundle", str(bundle), "-o", "json"])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    dst = tmp_path / "b"
+    shutil.copytree(EXAMPLE, dst)
+    return dst
+
+
+def path_to(doc, endpoint):
+    (p,) = [p for p in doc["paths"] if p["endpoint"] == endpoint]
+    return p
+
+
+def hops(path, direction="request"):
+    (l,) = [l for l in path["legs"] if l["direction"] == direction]
+    return l["hops"]
+
+
+def test_frontend_reaches_both_backends_with_the_backend_chosen_at_connect():
+    code, doc = trace(EXAMPLE, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 0 and doc["verdict"] == "delivered"
+    # the shuffled 1.16 `bpf lb list` groups by key: both backends belong to 10.96.120.15:80
+    assert sorted(p["endpoint"] for p in doc["paths"]) == ["shop/web-0", "shop/web-1"]
+    assert [p["weight"] for p in doc["paths"]] == [0.5, 0.5]
+    remote = hops(path_to(doc, "shop/web-0"))
+    sock = [h for h in remote if h.get("program") == "cil_sock4_connect"]
+    assert "Socket LB:              Enabled" in sock[0]["effect"]
+    assert sock[0]["source"] == {"file": "nodes/worker1/cilium-bpf-lb-list.txt", "line": 4}
+    (xlate,) = [h for h in sock if h["map"] == "cilium_lb4_backends"]
+    assert xlate["entry"] == "10.96.120.15:80 (1)     10.0.2.45:8080 (7) (1)"
+    assert xlate["changed"]["nw_dst"] == ["10.96.120.15", "10.0.2.45"]
+    assert xlate["changed"]["tp_dst"] == [80, 8080]
+    first = [h for h in remote if h.get("program") == "from-container"][0]
+    assert first["packet"]["nw_dst"] == "10.0.2.45" and "translated at connect()" in first["effect"]
+    assert any("cil_from_container" in n and "bpftool-net.txt" in n for n in first["notes"])
+    # VXLAN to worker2 with the source identity in the VNI; from-overlay reads it back
+    (encap,) = [h for h in remote if h.get("map") == "cilium_ipcache" and h["node"] == "worker1"]
+    assert "tunnel endpoint 192.168.1.12" in encap["effect"]
+    assert encap["packet"]["tun_dst"] == "192.168.1.12"
+    assert encap["entry"].endswith("tunnelendpoint=192.168.1.12, flags=hastunnel")
+    (decap,) = [h for h in remote if h.get("program") == "from-overlay"]
+    assert decap["node"] == "worker2" and "identity 15211" in decap["effect"]
+    (pol,) = [h for h in remote if h.get("map") == "cilium_policy_02718"]
+    assert pol["entry"].startswith("Allow    Ingress     15211      8080/TCP")
+    assert any("LPM lookup (1.14+)" in n for n in pol["notes"])
+    assert any("allowed by NetworkPolicy shop/web-from-frontend" in n for n in pol["notes"])
+    # the reply goes back through the tunnel; the application sees the service address
+    rep = hops(path_to(doc, "shop/web-0"), "reply")
+    assert [h["node"] for h in rep if h["component"] == "underlay"] == ["worker1"]
+    assert rep[-1]["packet"]["nw_src"] == "10.96.120.15"
+    # the local backend: a tail call into its policy program, no tunnel
+    local = hops(path_to(doc, "shop/web-1"))
+    assert not any(h.get("program") in ("to-overlay", "from-overlay") for h in local)
+    assert any(h.get("map") == "cilium_lxc" and "ipv4_local_delivery" in h["effect"] for h in local)
+
+
+def test_the_denied_client_is_dropped_at_each_backend_naming_identity_and_policy():
+    code, doc = trace(EXAMPLE, "pod-to-svc", "shop/batch", "shop/web")
+    assert code == 1 and doc["verdict"] == "dropped"
+    for endpoint, node, ep in (("shop/web-0", "worker2", 2718), ("shop/web-1", "worker1", 1187)):
+        p = path_to(doc, endpoint)
+        drop = p["drop"]
+        assert drop["node"] == node and drop["component"] == "bpf" and drop["table"] == "policy"
+        assert drop["reason"].startswith(f"DROP_POLICY: ingress policy of endpoint {ep}")
+        assert "identity 28802 (k8s:io.kubernetes.pod.namespace=shop, k8s:role=batch)" in drop["reason"]
+        assert "shop/web-from-frontend" in drop["reason"]
+        assert hops(p)[-1]["map"] == f"cilium_policy_{ep:05d}"
+
+
+def test_socket_lb_off_moves_the_lookup_into_from_container(bundle):
+    for n in ("worker1", "worker2"):
+        f = bundle / f"nodes/{n}/cilium-status.txt"
+        f.write_text(f.read_text().replace("Socket LB:              Enabled",
+                                           "Socket LB:              Disabled"))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 0
+    h = hops(path_to(doc, "shop/web-0"))
+    assert not any(x.get("program") == "cil_sock4_connect" for x in h)
+    (lookup,) = [x for x in h if x.get("map") == "cilium_lb4_services_v2"]
+    assert lookup["program"] == "from-container" and "socket LB is off" in lookup["effect"]
+    # per-packet LB: the reply is reverse-NAT-ed by lb4_rev_nat in the client's policy program
+    rep = hops(path_to(doc, "shop/web-0"), "reply")
+    (rev,) = [x for x in rep if "lb4_rev_nat" in x["effect"]]
+    assert rev["changed"]["nw_src"] == ["10.0.2.45", "10.96.120.15"]
+
+
+def test_ipcache_without_the_peer_tunnel_endpoint_is_unknown_with_the_reason(bundle):
+    f = bundle / "nodes/worker1/cilium-bpf-ipcache-list.txt"
+    text = f.read_text()
+    text = text.replace("10.0.2.45/32        identity=41007 encryptkey=0 tunnelendpoint=192.168.1.12, flags=hastunnel\n", "")
+    text = text.replace("10.0.2.0/24         identity=2 encryptkey=0 tunnelendpoint=192.168.1.12, flags=hastunnel\n", "")
+    f.write_text(text)
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 1 and doc["verdict"] == "partial"
+    p = path_to(doc, "shop/web-0")
+    assert p["verdict"] == "unknown"
+    assert p["drop"]["node"] == "worker1" and p["drop"]["table"] == "from-container"
+    assert p["drop"]["reason"].startswith("DROP_NO_TUNNEL_ENDPOINT: tunnel mode, but the ipcache has "
+                                          "no tunnel endpoint for 10.0.2.45")
+    assert "Pod address of worker2" in p["drop"]["reason"]
+    assert path_to(doc, "shop/web-1")["verdict"] == "delivered"
+
+
+def test_tcx_without_bpftool_listing_is_unknown(bundle):
+    (bundle / "nodes/worker1/bpftool-net.txt").unlink()
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 1 and doc["verdict"] == "unknown"
+    for p in doc["paths"]:
+        assert "only `bpftool net show` lists attachments" in p["drop"]["reason"]
+
+
+def test_maglev_without_its_table_says_so(bundle):
+    for n in ("worker1", "worker2"):
+        f = bundle / f"nodes/{n}/cilium-status.txt"
+        f.write_text(f.read_text().replace("Backend Selection:      Random", "Backend Selection:      Maglev"))
+    (bundle / "k8s/cilium-config.yaml").write_text(
+        (bundle / "k8s/cilium-config.yaml").read_text().replace("bpf-lb-algorithm: random",
+                                                                "bpf-lb-algorithm: maglev"))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    (lookup,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_services_v2"]
+    assert any("Maglev" in n and "not known" in n for n in lookup["notes"])
+    assert all("maglev" in c for p in doc["paths"] for c in p["choices"])
+
+
+def test_policy_deny_entry_wins_in_1_17_ranking():
+    from traceflow.cilium.common import CiliumVersion
+    from traceflow.cilium.lookup import policy_verdict
+    from traceflow.cilium.records import PolicyEntry
+    from traceflow.errors import Source
+    src = Source("p.txt", 1, "x")
+    allow = PolicyEntry(1, "ingress", 28802, 8080, None, "TCP", "allow", src, prefix_len=24)
+    deny = PolicyEntry(1, "ingress", None, None, None, None, "deny", src, prefix_len=0)
+    v16 = policy_verdict([allow, deny], "ingress", 28802, 8080, "TCP", CiliumVersion(1, 16))
+    v17 = policy_verdict([allow, deny], "ingress", 28802, 8080, "TCP", CiliumVersion(1, 17))
+    assert v16.allowed and v16.entry is allow          # longest prefix wins
+    assert not v17.allowed and v17.drop == "DROP_POLICY_DENY" and v17.entry is deny
