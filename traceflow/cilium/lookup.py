@@ -117,6 +117,9 @@ def _port_ok(e, port: int | None, proto: str) -> bool:
         return True
     if port is None:
         return False
+    end = getattr(e, "port_end", None)
+    if end is not None and end != e.port:
+        return e.port <= port <= end          # a port range (1.14+ prints it as one row)
     plen = e.prefix_len
     if plen is None or plen >= 24:
         return e.port == port

@@ -9,8 +9,10 @@ formats and lookup rules.
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from functools import cached_property
+
+from traceflow.errors import InputError
 
 from traceflow.snapshot import Missing
 
@@ -123,7 +125,26 @@ class CiliumNode:
         return self._need("policy", "cilium-bpf-policy-get.txt", "the endpoints' policy maps")
 
     def policy_of(self, endpoint_id: int) -> list:
-        return [e for e in self.policy if e.endpoint_id == endpoint_id]
+        """One endpoint's entries; rows printed with labels (taken without -n) get the
+        identity whose labels they are, from `identity list`."""
+        out = []
+        for e in self.policy:
+            if e.endpoint_id != endpoint_id:
+                continue
+            if e.identity is None and e.labels:
+                out.append(dataclasses.replace(e, identity=self._identity_of_labels(e)))
+            else:
+                out.append(e)
+        return out
+
+    def _identity_of_labels(self, e) -> int:
+        want = set(str(e.labels).replace(",", " ").split())
+        for ident, rec in self.identities.items():
+            if set(rec.labels) == want or (len(want) == 1 and want <= set(rec.labels) and
+                                           next(iter(want)).startswith("reserved:")):
+                return ident
+        raise InputError.at(e.source, "policy entry labels match no identity in "
+                                      "cilium-identity-list.txt (take the policy with -n)")
 
     # ---- attachments -------------------------------------------------------------------------
     @cached_property
