@@ -30,7 +30,7 @@ from .records import (DbBackend, DbService, LbBackend, LbFrontendSlot, LbService
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalIPs", "HostPort", "LoadBalancer",
                  "LocalRedirect")
-_PROTO = r"(?:/(?P<{0}>[A-Za-z0-9]+))?"
+_PROTO = r"(?:/(?P<{0}>[A-Z][A-Za-z0-9]*))?"     # TCP, UDP, SCTP, ICMPv6, ANY; never `/i`
 
 _KEY = re.compile(r"^" + ADDR.replace("?P<ip>", "?P<kip>").replace("?P<port>", "?P<kport>")
                   + _PROTO.format("kproto") + r"(?P<kscope>/i)?(?:\s\((?P<kslot>\d+)\))?$")
@@ -104,6 +104,7 @@ def _lb_list_json(text: str, path: str) -> list[LbService]:
 def _group(rows, path: str) -> list[LbService]:
     groups: dict[tuple, dict] = {}
     for src, key_text, value in rows:
+        value = value.strip()       # Cilium ends a slot-0 entry with a space when no L7 port
         k = _KEY.match(key_text.strip())
         if not k:
             raise bad(src, "cilium bpf lb list", f"key {key_text!r} is not ADDRESS:PORT")
@@ -312,12 +313,12 @@ def _service_list_json(text: str, path: str) -> list[LbService]:
 
 # ---- maglev -----------------------------------------------------------------------------------
 
-_MAGLEV = re.compile(r"^(?P<id>\d+)(?:/(?P<fam>v[46]))?\s+(?P<ids>\[?[\d ,]+\]?)\s*$")
+_MAGLEV = re.compile(r"^\[?(?P<id>\d+)\]?(?:/(?P<fam>v[46]))?\s+(?P<ids>\[[\d ]*\])\s*$")
 
 
 def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
-    """`cilium bpf lb maglev list`: ``SVC ID  LUT`` rows, the LUT a list of backend ids
-    (``[ 1 2 1 ... ]`` or ``1, 2, 1``); the id may carry ``/v4`` or ``/v6``."""
+    """`cilium bpf lb maglev list`: ``SVC ID   LOOKUP TABLE`` rows ``[4]/v4   [1 2 1 ...]``: per
+    service (rev-NAT id) the lookup table of backend ids, each as often as its share."""
     if is_json(text):
         data = load_json(text, path)
         if not isinstance(data, dict):
@@ -329,7 +330,7 @@ def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
             try:
                 backend_ids = tuple(int(x) for s in ids for x in re.split(r"[\s,\[\]]+", str(s)) if x)
                 sid, _, fam = str(k).partition("/")
-                out.append(MaglevTable(int(sid), backend_ids, src, fam or "v4"))
+                out.append(MaglevTable(int(sid.strip("[]")), backend_ids, src, fam or "v4"))
             except ValueError:
                 raise json_error(path, f"key {k}", "not a service id with backend ids") from None
         return out
@@ -338,8 +339,9 @@ def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
     for src in lines(text, path):
         line = src.text.strip()
         if not header:
-            if not re.match(r"^SVC ID\s+LUT\s*$", line):
-                raise bad(src, "cilium bpf lb maglev list", "expected the header `SVC ID   LUT`")
+            if not re.match(r"^SVC ID\s+(LOOKUP TABLE|LUT)\s*$", line):
+                raise bad(src, "cilium bpf lb maglev list",
+                          "expected the header `SVC ID   LOOKUP TABLE`")
             header = True
             continue
         m = _MAGLEV.match(line)
@@ -473,6 +475,22 @@ def _name(v):
     return f"{v['Namespace']}/{v['Name']}" if v.get("Namespace") else v["Name"]
 
 
+# BackendState numbers in statedb JSON (pkg/loadbalancer BackendState)
+_STATES = {0: "active", 1: "terminating", 2: "quarantined", 3: "maintenance",
+           4: "terminating-not-serving"}
+
+
+def _state(b: dict) -> str | None:
+    st = b.get("State")
+    if b.get("Unhealthy") is True:
+        return "quarantined"
+    if isinstance(st, int):
+        if st not in _STATES:
+            raise ValueError(f"State {st}")
+        return _STATES[st]
+    return st if isinstance(st, str) else None
+
+
 def _frontend_from_json(obj: dict, src: Source) -> LbService:
     fip, fport, proto, scope = _json_addr(obj["Address"])
     if "Backends" not in obj:
@@ -480,14 +498,14 @@ def _frontend_from_json(obj: dict, src: Source) -> LbService:
     backends = []
     for n, b in enumerate(obj.get("Backends") or [], 1):
         bip, bport, bproto, _ = _json_addr(b["Address"] if isinstance(b, dict) else b)
-        state = b.get("State") if isinstance(b, dict) else None
-        backends.append(LbBackend(bip, bport, bproto, state if isinstance(state, str) else None,
+        backends.append(LbBackend(bip, bport, bproto, _state(b) if isinstance(b, dict) else None,
                                   None, src, weight=b.get("Weight") if isinstance(b, dict) else None))
     kind = obj.get("Type")
     if kind not in SERVICE_TYPES:
         raise ValueError(f"Type {kind!r}")
     return LbService(fip, fport, proto, kind, tuple(backends), src,
-                     name=_name(obj.get("ServiceName")), scope=scope, sources=(src,))
+                     name=_name(obj.get("ServiceName")), scope=scope, sources=(src,),
+                     service_id=obj.get("ID"))
 
 
 def parse_db_backends(text: str, path: str, version=None) -> list[DbBackend]:
@@ -497,11 +515,15 @@ def parse_db_backends(text: str, path: str, version=None) -> list[DbBackend]:
         def build(obj, src):
             bip, bport, bproto, _ = _json_addr(obj["Address"])
             inst = obj.get("Instances") or obj.get("ReferencedBy") or []
-            names = tuple(_name(x.get("ServiceName", x)) if isinstance(x, dict) else str(x)
-                          for x in (inst if isinstance(inst, list) else inst.keys()))
-            st = obj.get("State")
-            return DbBackend(bip, bport, bproto, st if isinstance(st, str) else None, names,
-                             obj.get("NodeName"), src)
+            names, state, node = [], _state(obj), obj.get("NodeName")
+            for x in (inst if isinstance(inst, list) else list(inst)):
+                if isinstance(x, dict) and "k" in x:     # {"k": {ServiceName}, "v": {State ...}}
+                    names.append(_name(x["k"]["ServiceName"]))
+                    state = state or _state(x.get("v") or {})
+                    node = node or (x.get("v") or {}).get("NodeName")
+                else:
+                    names.append(_name(x) if isinstance(x, dict) else str(x))
+            return DbBackend(bip, bport, bproto, state, tuple(names), node, src)
         return _db_json(text, path, build)
     out = []
     for src, row in _table(text, path, ("Address",), what):
@@ -518,6 +540,8 @@ def parse_db_services(text: str, path: str, version=None) -> list[DbService]:
     what = "db/show services"
     if is_json(text):
         def build(obj, src):
+            if not isinstance(obj.get("SessionAffinity", False), bool):
+                raise ValueError("SessionAffinity")
             return DbService(_name(obj["Name"]), obj.get("ExtTrafficPolicy"),
                              obj.get("IntTrafficPolicy"), bool(obj.get("SessionAffinity")),
                              str(obj.get("SessionAffinityTimeout")) if obj.get("SessionAffinity")

@@ -81,7 +81,7 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
     except ValueError:
         raise bad(src, "cilium ipcache", "a number field is not a number") from None
     tep = values.get("tunnelendpoint")
-    flags = tuple(f for f in values.get("flags", "<none>").split("|") if f and f != "<none>")
+    flags = tuple(f for f in re.split(r"[|,]", values.get("flags", "<none>")) if f and f != "<none>")
     return IpcacheEntry(m.group("prefix"), identity, None if tep in _NO_TUNNEL else tep, key,
                         flags, src, m.group("state"), node_id)
 

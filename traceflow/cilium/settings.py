@@ -70,6 +70,9 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             m = re.match(r"^Socket LB:\s+(\w+)", s)
             if m and m.group(1).lower() in _ON + _OFF:
                 put("socket_lb", m.group(1).lower() in _ON, src)
+            m = re.match(r"^Socket LB Protocols:\s+(\S.*)$", s)
+            if m and "socket_lb" not in facts:     # 1.9-1.11: listed only when socket LB runs
+                put("socket_lb", bool(re.search(r"\b(TCP|UDP)\b", m.group(1))), src)
             m = re.match(r"^Socket LB Coverage:\s+(\S+)", s)
             if m:
                 put("socket_lb_hostns_only", m.group(1).lower().startswith("hostns"), src)
