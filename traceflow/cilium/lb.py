@@ -530,8 +530,13 @@ def parse_db_backends(text: str, path: str, version=None) -> list[DbBackend]:
         m = _addr(row["Address"], src, what)
         refs = row.get("Instances", row.get("ReferencedBy", row.get("Service", "")))
         names = tuple(re.sub(r"\s*[\[(].*$", "", r).strip() for r in refs.split(", ") if r.strip())
+        state = row.get("State") or None
+        if state is None and "Instances" in row:
+            # 1.18+ marks a non-active instance "default/web [terminating] (http)"
+            st = re.search(r"\[([a-z-]+)\]", refs)
+            state = st.group(1) if st else "active"
         out.append(DbBackend(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
-                             row.get("State") or None, names, row.get("NodeName") or None, src))
+                             state, names, row.get("NodeName") or None, src))
     return out
 
 

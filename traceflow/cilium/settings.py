@@ -47,7 +47,7 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             put("version", m.group(1), src)
             saw_any = True
             continue
-        m = re.match(r"^KubeProxyReplacement:\s+(?P<mode>\w+)(?P<rest>.*)$", s)
+        m = re.match(r"^KubeProxyReplacement:\s+(?P<mode>\S+)(?P<rest>.*)$", s)
         if m and not line[:1].isspace():
             saw_any = True
             mode = m.group("mode")
@@ -83,13 +83,13 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             if m:
                 put("lb_algorithm", m.group(1).lower(), src)
             continue
-        m = re.match(r"^Host Routing:\s+(\w+)", s)
+        m = re.match(r"^Host Routing:\s+(\S+)", s)
         if m:
             saw_any = True
             put("host_routing", _host_routing(m.group(1), src), src)
             continue
-        m = re.match(r"^Routing:\s+Network:\s+(?P<net>\w+)(?:\s+\[(?P<proto>\w+)\])?"
-                     r"\s+Host:\s+(?P<host>\w+)", s)
+        m = re.match(r"^Routing:\s+Network:\s+(?P<net>\S+)(?:\s+\[(?P<proto>\w+)\])?"
+                     r"\s+Host:\s+(?P<host>\S+)", s)
         if m and not line[:1].isspace():
             saw_any = True
             net = m.group("net").lower()
@@ -100,7 +100,7 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
                 put("tunnel_protocol", m.group("proto").lower(), src)
             put("host_routing", _host_routing(m.group("host"), src), src)
             continue
-        m = re.match(r"^Masquerading:\s+(\w+)", s)
+        m = re.match(r"^Masquerading:\s+(\S+)", s)
         if m and not line[:1].isspace():
             saw_any = True
             v = m.group(1).lower()
