@@ -63,9 +63,16 @@ def detect_version(manifest_cni_version: str | None = None,
     return None
 
 
+MAX_LINE = 16384     # no Cilium output line comes near this; a longer one is not an output
+
+
 def lines(text: str, path: str):
-    """Non-blank lines as Sources (1-based line numbers)."""
+    """Non-blank lines as Sources (1-based line numbers). A line longer than MAX_LINE is an
+    error: it keeps every parser's per-line work bounded on a hostile bundle."""
     for n, raw in enumerate(text.splitlines(), 1):
+        if len(raw) > MAX_LINE:
+            raise InputError(f"line longer than {MAX_LINE} characters: not a Cilium output",
+                             path, n, raw[:200] + "...")
         if raw.strip():
             yield Source(path, n, raw)
 
@@ -86,6 +93,8 @@ def is_json(text: str) -> bool:
 def load_json(text: str, path: str):
     try:
         return json.loads(text)
+    except RecursionError:
+        raise InputError("JSON nested too deeply", path) from None
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", path, e.lineno,
                          text.splitlines()[e.lineno - 1] if text.splitlines() else "") from None

@@ -439,6 +439,8 @@ def _db_json(text: str, path: str, build):
                 break
             try:
                 obj, pos = dec.raw_decode(s, pos)
+            except RecursionError:
+                raise InputError("JSON nested too deeply", path) from None
             except json.JSONDecodeError as e:
                 line = s.count("\n", 0, e.pos) + 1
                 raise InputError(f"not valid JSON: {e.msg}", path, line,
