@@ -11,6 +11,10 @@ from traceflow.errors import InputError, Source
 # An address with a port: 10.0.0.1:80, [fd00::1]:80, with an optional /PROTO and /i (internal scope)
 ADDR = r"(?P<ip>\[[0-9a-fA-F:.]+\]|[0-9.]+|[0-9a-fA-F:]+):(?P<port>\d+)"
 PROTOS = ("TCP", "UDP", "SCTP", "ICMP", "ICMPv6", "ANY", "NONE")
+# "/PROTO" after an address: TCP, UDP, SCTP, ICMPv6, ANY (upper-case first, so never the `/i` scope)
+PROTO = r"(?:/(?P<{0}>[A-Z][A-Za-z0-9]*))?"
+SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalIPs", "HostPort", "LoadBalancer",
+                 "LocalRedirect")
 
 
 @dataclass(frozen=True, order=True)
@@ -102,7 +106,7 @@ def load_json(text: str, path: str):
 
 def json_source(path: str, index: int, obj) -> Source:
     """A Source for the index-th (1-based) object of a JSON document."""
-    return Source(path, index, json.dumps(obj, separators=(",", ":"), sort_keys=True)[:500])
+    return Source(path, index, json.dumps(obj, separators=(",", ":"))[:500])
 
 
 def json_error(path: str, where: str, why: str) -> InputError:

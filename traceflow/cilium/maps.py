@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from traceflow.errors import InputError, Source
+from traceflow.errors import Source
 
 from .common import bad, is_json, json_error, json_source, lines, load_json
 from .records import (BpfEndpoint, Endpoint, Identity, IpcacheEntry, IpmasqEntry, TunnelEntry)
