@@ -486,7 +486,9 @@ def test_status_wins_over_config_and_names_its_line():
     _, s = _settings("1.16")
     assert s.source_of("routing").file == "cilium-status.txt"
     assert s.source_of("routing").text.startswith("Routing:")
-    assert s.source_of("tcx").file == "k8s/cilium-config.yaml" and s.source_of("tcx").line == 10
+    assert s.source_of("tcx").text.startswith("Attach Mode:")            # status, not enable-tcx
+    assert s.source_of("ipam").file == "k8s/cilium-config.yaml" and s.source_of("ipam").line == 11
+    assert s.source_of("ipam").text.strip() == "ipam: cluster-pool"
 
 
 def test_version_detection():

@@ -299,6 +299,8 @@ class CiliumStatus:
     masquerading: str | None            # "bpf" / "iptables" / "disabled"
     devices: tuple
     sources: dict = field(default_factory=dict, compare=False, hash=False)  # fact -> Source
+    attach_mode: str | None = None      # 1.16+ "Attach Mode: TCX" / "Legacy TC" -> "tcx" / "tc"
+    device_mode: str | None = None      # 1.16+ "Device Mode: veth" / "netkit" / "netkit-l2"
 
 
 @dataclass(frozen=True)
