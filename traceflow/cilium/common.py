@@ -11,6 +11,10 @@ from traceflow.errors import InputError, Source
 # An address with a port: 10.0.0.1:80, [fd00::1]:80, with an optional /PROTO and /i (internal scope)
 ADDR = r"(?P<ip>\[[0-9a-fA-F:.]+\]|[0-9.]+|[0-9a-fA-F:]+):(?P<port>\d+)"
 PROTOS = ("TCP", "UDP", "SCTP", "ICMP", "ICMPv6", "ANY", "NONE")
+# "/PROTO" after an address: TCP, UDP, SCTP, ICMPv6, ANY (upper-case first, so never the `/i` scope)
+PROTO = r"(?:/(?P<{0}>[A-Z][A-Za-z0-9]*))?"
+SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalIPs", "HostPort", "LoadBalancer",
+                 "LocalRedirect")
 
 
 @dataclass(frozen=True, order=True)
@@ -63,9 +67,16 @@ def detect_version(manifest_cni_version: str | None = None,
     return None
 
 
+MAX_LINE = 16384     # no Cilium output line comes near this; a longer one is not an output
+
+
 def lines(text: str, path: str):
-    """Non-blank lines as Sources (1-based line numbers)."""
+    """Non-blank lines as Sources (1-based line numbers). A line longer than MAX_LINE is an
+    error: it keeps every parser's per-line work bounded on a hostile bundle."""
     for n, raw in enumerate(text.splitlines(), 1):
+        if len(raw) > MAX_LINE:
+            raise InputError(f"line longer than {MAX_LINE} characters: not a Cilium output",
+                             path, n, raw[:200] + "...")
         if raw.strip():
             yield Source(path, n, raw)
 
@@ -86,6 +97,8 @@ def is_json(text: str) -> bool:
 def load_json(text: str, path: str):
     try:
         return json.loads(text)
+    except RecursionError:
+        raise InputError("JSON nested too deeply", path) from None
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", path, e.lineno,
                          text.splitlines()[e.lineno - 1] if text.splitlines() else "") from None
@@ -93,7 +106,7 @@ def load_json(text: str, path: str):
 
 def json_source(path: str, index: int, obj) -> Source:
     """A Source for the index-th (1-based) object of a JSON document."""
-    return Source(path, index, json.dumps(obj, separators=(",", ":"), sort_keys=True)[:500])
+    return Source(path, index, json.dumps(obj, separators=(",", ":"))[:500])
 
 
 def json_error(path: str, where: str, why: str) -> InputError:

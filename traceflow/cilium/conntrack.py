@@ -93,14 +93,13 @@ def parse_nat_list(text: str, path: str, version=None) -> list[NatEntry]:
         if not m:
             raise bad(src, "cilium bpf nat list")
         rest = m.group("rest").strip()
-        fields = []
-        # Created=<duration with spaces> then Name=value fields
-        for fm in re.finditer(r"(\w+)=(.*?)(?=\s+\w+=|$)", rest):
-            fields.append((fm.group(1).lower(), fm.group(2).strip()))
-        if (rest and not fields) or any(" " in v for k, v in fields if k != "created") \
-                or (rest and not rest.startswith(fields[0][0].capitalize()[:1])
-                    and not re.match(r"^\w+=", rest)):
-            raise bad(src, "cilium bpf nat list")
+        # Created=<duration, may hold a space: "120sec ago"> then Name=value fields
+        if rest and not re.match(r"^\w+=", rest):
+            raise bad(src, "cilium bpf nat list", f"{rest.split()[0]!r} is not name=value")
+        fields = [(fm.group(1).lower(), fm.group(2).strip())
+                  for fm in re.finditer(r"(\w+)=(.*?)(?=\s+\w+=|$)", rest)]
+        if any(" " in v for k, v in fields if k != "created"):
+            raise bad(src, "cilium bpf nat list", "a value with spaces")
         out.append(NatEntry(m.group("proto"), m.group("dir"), m.group(3).strip("[]"),
                             int(m.group(4)), m.group(5).strip("[]"), int(m.group(6)), m.group("x"),
                             m.group(8).strip("[]"), int(m.group(9)), tuple(fields), src))

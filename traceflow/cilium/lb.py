@@ -1,5 +1,6 @@
 """Service load-balancing inputs: `bpf lb list` (and `--frontends`), `service list`,
-`bpf lb maglev list`, and the 1.17+ statedb tables `db/show frontends|backends|services`.
+`bpf lb maglev list`; the 1.17+ statedb tables `db/show frontends|backends|services` are read
+in statedb.py (and reachable from here).
 
 `bpf lb list` is the map from-container's lb4_lookup_service reads. Its text is a Go map
 printed in random order; from 1.16 every slot of a service is its own line (the slot is part of
@@ -19,18 +20,15 @@ counts. Per version:
 
 from __future__ import annotations
 
-import json
 import re
 
 from traceflow.errors import InputError, Source
 
-from .common import (ADDR, PROTOS, bad, ip as _ip, is_json, json_error, json_source, lines,
-                     load_json)
-from .records import (DbBackend, DbService, LbBackend, LbFrontendSlot, LbService, MaglevTable)
+from .common import (ADDR, PROTO, PROTOS, SERVICE_TYPES, bad, ip as _ip, is_json, json_error,
+                     json_source, lines, load_json)
+from .records import LbBackend, LbFrontendSlot, LbService, MaglevTable
 
-SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalIPs", "HostPort", "LoadBalancer",
-                 "LocalRedirect")
-_PROTO = r"(?:/(?P<{0}>[A-Za-z0-9]+))?"
+_PROTO = PROTO
 
 _KEY = re.compile(r"^" + ADDR.replace("?P<ip>", "?P<kip>").replace("?P<port>", "?P<kport>")
                   + _PROTO.format("kproto") + r"(?P<kscope>/i)?(?:\s\((?P<kslot>\d+)\))?$")
@@ -42,8 +40,11 @@ _BACKEND = re.compile(r"^" + ADDR + _PROTO.format("proto")
 _NOT_FOUND = re.compile(r"^backend (?P<id>\d+) not found$")
 
 
+_KNOWN_PROTOS = frozenset(x.upper() for x in PROTOS)
+
+
 def _check_proto(p: str | None, src) -> str | None:
-    if p is not None and p.upper() not in {x.upper() for x in PROTOS}:
+    if p is not None and p.upper() not in _KNOWN_PROTOS:
         raise bad(src, "cilium bpf lb list", f"unknown protocol {p!r}")
     return p
 
@@ -104,6 +105,7 @@ def _lb_list_json(text: str, path: str) -> list[LbService]:
 def _group(rows, path: str) -> list[LbService]:
     groups: dict[tuple, dict] = {}
     for src, key_text, value in rows:
+        value = value.strip()       # Cilium ends a slot-0 entry with a space when no L7 port
         k = _KEY.match(key_text.strip())
         if not k:
             raise bad(src, "cilium bpf lb list", f"key {key_text!r} is not ADDRESS:PORT")
@@ -312,12 +314,12 @@ def _service_list_json(text: str, path: str) -> list[LbService]:
 
 # ---- maglev -----------------------------------------------------------------------------------
 
-_MAGLEV = re.compile(r"^(?P<id>\d+)(?:/(?P<fam>v[46]))?\s+(?P<ids>\[?[\d ,]+\]?)\s*$")
+_MAGLEV = re.compile(r"^\[?(?P<id>\d+)\]?(?:/(?P<fam>v[46]))?\s+(?P<ids>\[[\d ]*\])\s*$")
 
 
 def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
-    """`cilium bpf lb maglev list`: ``SVC ID  LUT`` rows, the LUT a list of backend ids
-    (``[ 1 2 1 ... ]`` or ``1, 2, 1``); the id may carry ``/v4`` or ``/v6``."""
+    """`cilium bpf lb maglev list`: ``SVC ID   LOOKUP TABLE`` rows ``[4]/v4   [1 2 1 ...]``: per
+    service (rev-NAT id) the lookup table of backend ids, each as often as its share."""
     if is_json(text):
         data = load_json(text, path)
         if not isinstance(data, dict):
@@ -329,7 +331,7 @@ def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
             try:
                 backend_ids = tuple(int(x) for s in ids for x in re.split(r"[\s,\[\]]+", str(s)) if x)
                 sid, _, fam = str(k).partition("/")
-                out.append(MaglevTable(int(sid), backend_ids, src, fam or "v4"))
+                out.append(MaglevTable(int(sid.strip("[]")), backend_ids, src, fam or "v4"))
             except ValueError:
                 raise json_error(path, f"key {k}", "not a service id with backend ids") from None
         return out
@@ -338,8 +340,9 @@ def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
     for src in lines(text, path):
         line = src.text.strip()
         if not header:
-            if not re.match(r"^SVC ID\s+LUT\s*$", line):
-                raise bad(src, "cilium bpf lb maglev list", "expected the header `SVC ID   LUT`")
+            if not re.match(r"^SVC ID\s+(LOOKUP TABLE|LUT)\s*$", line):
+                raise bad(src, "cilium bpf lb maglev list",
+                          "expected the header `SVC ID   LOOKUP TABLE`")
             header = True
             continue
         m = _MAGLEV.match(line)
@@ -350,193 +353,5 @@ def parse_maglev_list(text: str, path: str, version=None) -> list[MaglevTable]:
     return out
 
 
-# ---- statedb tables (1.17+) ------------------------------------------------------------------
-
-def _table(text: str, path: str, required: tuple, what: str):
-    """Rows of a `db/show` table as (Source, {column: cell}); columns are located from the
-    header (tabwriter pads every cell to the column start)."""
-    it = iter(lines(text, path))
-    first = next(it, None)
-    if first is None:
-        return []
-    cols = [(m.start(), m.group(0)) for m in re.finditer(r"\S+", first.text)]
-    names = [c for _, c in cols]
-    if any(r not in names for r in required):
-        raise bad(first, what, f"expected a header with the columns {', '.join(required)}")
-    rows = []
-    for src in it:
-        row = {}
-        for i, (start, col) in enumerate(cols):
-            end = cols[i + 1][0] if i + 1 < len(cols) else None
-            cell = src.text[start:end] if len(src.text) > start else ""
-            # a cell never starts mid-word: if the column start splits a word, the row is not
-            # aligned with the header
-            if start > 0 and len(src.text) > start and not src.text[start - 1].isspace() \
-                    and not src.text[start].isspace():
-                raise bad(src, what, f"column {col!r} does not line up with the header")
-            row[col] = cell.strip()
-        rows.append((src, row))
-    return rows
-
-
-_CELL_ADDR = re.compile(r"^" + ADDR + _PROTO.format("proto") + r"(?P<scope>/i)?"
-                        r"(?:\s+\((?P<state>[a-z-]+)\))?$")
-
-
-def _addr(cell: str, src: Source, what: str):
-    m = _CELL_ADDR.match(cell.strip())
-    if not m:
-        raise bad(src, what, f"{cell!r} is not ADDRESS:PORT/PROTO")
-    return m
-
-
-def parse_db_frontends(text: str, path: str, version=None) -> list[LbService]:
-    """`cilium-dbg shell -- db/show frontends` (1.17+): the table or ``--format=json``.
-
-    The table shows at most 5 backends per frontend (``+ N more ...``): such services come back
-    with ``truncated = N`` (the backends shown are only a part); collect the JSON form."""
-    if is_json(text):
-        return _db_json(text, path, _frontend_from_json)
-    what = "db/show frontends"
-    out = []
-    for src, row in _table(text, path, ("Address", "Type", "ServiceName", "Backends"), what):
-        m = _addr(row["Address"], src, what)
-        cell = row.get("Backends", "")
-        truncated = 0
-        t = re.search(r"\s*\+\s*(\d+)\s+more\s*\.\.\.\s*$", cell)
-        if t:
-            truncated = int(t.group(1))
-            cell = cell[:t.start()]
-        backends = []
-        for n, b in enumerate((b for b in cell.split(",") if b.strip()), 1):
-            bm = _addr(b, src, what)
-            backends.append(LbBackend(_ip(bm.group("ip")), int(bm.group("port")),
-                                      bm.group("proto"), bm.group("state"), None, src))
-        if row["Type"] not in SERVICE_TYPES:
-            raise bad(src, what, f"unknown frontend type {row['Type']!r}")
-        out.append(LbService(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
-                             row["Type"], tuple(backends), src, name=row.get("ServiceName") or None,
-                             scope="internal" if m.group("scope") else "external",
-                             truncated=truncated, sources=(src,)))
-    return out
-
-
-def _db_json(text: str, path: str, build):
-    """A `db/show --format=json` document: a JSON array, or JSON objects one after another."""
-    objs = []
-    if text.lstrip().startswith("["):
-        data = load_json(text, path)
-        objs = data
-    else:
-        dec = json.JSONDecoder()
-        pos, s = 0, text
-        while True:
-            while pos < len(s) and s[pos].isspace():
-                pos += 1
-            if pos >= len(s):
-                break
-            try:
-                obj, pos = dec.raw_decode(s, pos)
-            except json.JSONDecodeError as e:
-                line = s.count("\n", 0, e.pos) + 1
-                raise InputError(f"not valid JSON: {e.msg}", path, line,
-                                 s.splitlines()[line - 1] if s.splitlines() else "") from None
-            objs.append(obj)
-    out = []
-    for i, obj in enumerate(objs, 1):
-        if not isinstance(obj, dict):
-            raise json_error(path, f"object {i}", "expected a JSON object")
-        try:
-            out.append(build(obj, json_source(path, i, obj)))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise json_error(path, f"object {i}", f"missing or bad field {e}") from None
-    return out
-
-
-def _json_addr(v):
-    """An address in statedb JSON: "10.0.0.1:80/TCP" or {"AddrCluster"/"Addr", "Port", "Protocol"}."""
-    if isinstance(v, str):
-        m = _CELL_ADDR.match(v)
-        if not m:
-            raise ValueError(v)
-        return _ip(m.group("ip")), int(m.group("port")), m.group("proto"), \
-            "internal" if m.group("scope") else "external"
-    addr = v.get("AddrCluster", v.get("Addr", v.get("IP")))
-    scope = v.get("Scope", 0)
-    return (_ip(str(addr)), int(v["Port"]), v.get("Protocol"),
-            "internal" if scope in (1, "internal", "i") else "external")
-
-
-def _name(v):
-    if isinstance(v, str) or v is None:
-        return v
-    return f"{v['Namespace']}/{v['Name']}" if v.get("Namespace") else v["Name"]
-
-
-def _frontend_from_json(obj: dict, src: Source) -> LbService:
-    fip, fport, proto, scope = _json_addr(obj["Address"])
-    if "Backends" not in obj:
-        raise KeyError("Backends")
-    backends = []
-    for n, b in enumerate(obj.get("Backends") or [], 1):
-        bip, bport, bproto, _ = _json_addr(b["Address"] if isinstance(b, dict) else b)
-        state = b.get("State") if isinstance(b, dict) else None
-        backends.append(LbBackend(bip, bport, bproto, state if isinstance(state, str) else None,
-                                  None, src, weight=b.get("Weight") if isinstance(b, dict) else None))
-    kind = obj.get("Type")
-    if kind not in SERVICE_TYPES:
-        raise ValueError(f"Type {kind!r}")
-    return LbService(fip, fport, proto, kind, tuple(backends), src,
-                     name=_name(obj.get("ServiceName")), scope=scope, sources=(src,))
-
-
-def parse_db_backends(text: str, path: str, version=None) -> list[DbBackend]:
-    """`db/show backends` (1.17+), table or JSON: address, state, the services it serves."""
-    what = "db/show backends"
-    if is_json(text):
-        def build(obj, src):
-            bip, bport, bproto, _ = _json_addr(obj["Address"])
-            inst = obj.get("Instances") or obj.get("ReferencedBy") or []
-            names = tuple(_name(x.get("ServiceName", x)) if isinstance(x, dict) else str(x)
-                          for x in (inst if isinstance(inst, list) else inst.keys()))
-            st = obj.get("State")
-            return DbBackend(bip, bport, bproto, st if isinstance(st, str) else None, names,
-                             obj.get("NodeName"), src)
-        return _db_json(text, path, build)
-    out = []
-    for src, row in _table(text, path, ("Address",), what):
-        m = _addr(row["Address"], src, what)
-        refs = row.get("Instances", row.get("ReferencedBy", row.get("Service", "")))
-        names = tuple(re.sub(r"\s*[\[(].*$", "", r).strip() for r in refs.split(", ") if r.strip())
-        out.append(DbBackend(_ip(m.group("ip")), int(m.group("port")), m.group("proto"),
-                             row.get("State") or None, names, row.get("NodeName") or None, src))
-    return out
-
-
-def parse_db_services(text: str, path: str, version=None) -> list[DbService]:
-    """`db/show services` (1.17+), table or JSON: traffic policies and session affinity."""
-    what = "db/show services"
-    if is_json(text):
-        def build(obj, src):
-            return DbService(_name(obj["Name"]), obj.get("ExtTrafficPolicy"),
-                             obj.get("IntTrafficPolicy"), bool(obj.get("SessionAffinity")),
-                             str(obj.get("SessionAffinityTimeout")) if obj.get("SessionAffinity")
-                             else None, (), src)
-        return _db_json(text, path, build)
-    out = []
-    for src, row in _table(text, path, ("Name", "Source"), what):
-        if "TrafficPolicy" in row:
-            tp = row["TrafficPolicy"]
-            m = re.match(r"^Ext=(\w+), Int=(\w+)$", tp)
-            ext, int_ = (m.group(1), m.group(2)) if m else (tp or None, tp or None)
-        elif "ExtTrafficPolicy" in row:
-            ext, int_ = row.get("ExtTrafficPolicy") or None, row.get("IntTrafficPolicy") or None
-        else:
-            raise bad(src, what, "no TrafficPolicy column")
-        flags = tuple(f.strip() for f in re.split(r",\s*(?=[A-Z][A-Za-z]+=)", row.get("Flags", ""))
-                      if f.strip())
-        aff = next((f.split("=", 1)[1] for f in flags if f.startswith("SessionAffinity=")), None)
-        if aff is None and row.get("SessionAffinity"):
-            aff = row["SessionAffinity"]
-        out.append(DbService(row["Name"], ext, int_, aff is not None, aff, flags, src))
-    return out
+# the statedb tables live in statedb.py; their parsers are part of this module's API too
+from .statedb import parse_db_backends, parse_db_frontends, parse_db_services  # noqa: E402,F401

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import re
 
-from traceflow.errors import InputError, Source
+from traceflow.errors import Source
 
 from .common import bad, is_json, json_error, json_source, lines, load_json
 from .records import (BpfEndpoint, Endpoint, Identity, IpcacheEntry, IpmasqEntry, TunnelEntry)
 
 _PREFIX = r"(?P<prefix>[0-9a-fA-F:.]+/\d+)"
 _KV_VALUE = re.compile(r"^" + _PREFIX + r"\s+(?P<value>identity=.*?)"
-                       r"(?:\s{2,}(?P<state>[a-z-]+)(?:\s+(?P<error>.+))?)?\s*$")
+                       r"(?:\s{2,}(?P<state>sync|to-insert|to-delete)"
+                       r"(?:\s+(?P<error>.+))?)?\s*$")
 _OLD_VALUE = re.compile(r"^" + _PREFIX + r"\s+(?P<id>\d+)\s+(?P<key>\d+)\s+(?P<tep>[0-9a-fA-F:.]+)"
                         r"(?:\s{2,}(?P<state>[a-z-]+))?\s*$")
 _NO_TUNNEL = (None, "", "0.0.0.0", "<nil>", "::", "[::]")
@@ -41,16 +42,20 @@ def parse_ipcache(text: str, path: str, version=None) -> list[IpcacheEntry]:
                 out.append(_ipcache_entry(f"{prefix}  {v}", src))
         return out
     out = []
-    header = False
+    header = None
     for src in lines(text, path):
         line = src.text.strip()
-        if not header:
-            if re.match(r"^(IP PREFIX/ADDRESS\s+IDENTITY|Key\s+Value\s+State\s+Error)\s*$", line):
-                header = True
+        if header is None:
+            m = re.match(r"^(?:(IP PREFIX/ADDRESS\s+IDENTITY)|(Key\s+Value\s+State\s+Error))\s*$", line)
+            if m:
+                header = "map get" if m.group(2) else "list"
                 continue
             raise bad(src, "cilium bpf ipcache list",
                       "expected the header `IP PREFIX/ADDRESS   IDENTITY` or `Key  Value  State  Error`")
-        out.append(_ipcache_entry(line, src))
+        entry = _ipcache_entry(line, src)
+        if entry.state is not None and header != "map get":
+            raise bad(src, "cilium bpf ipcache list", f"{entry.state!r} after the value")
+        out.append(entry)
     return out
 
 
@@ -81,7 +86,7 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
     except ValueError:
         raise bad(src, "cilium ipcache", "a number field is not a number") from None
     tep = values.get("tunnelendpoint")
-    flags = tuple(f for f in values.get("flags", "<none>").split("|") if f and f != "<none>")
+    flags = tuple(f for f in re.split(r"[|,]", values.get("flags", "<none>")) if f and f != "<none>")
     return IpcacheEntry(m.group("prefix"), identity, None if tep in _NO_TUNNEL else tep, key,
                         flags, src, m.group("state"), node_id)
 
@@ -118,14 +123,14 @@ def parse_ipmasq_list(text: str, path: str, version=None) -> list[IpmasqEntry]:
     """`cilium bpf ipmasq list`: prefixes traffic to which is not masqueraded."""
     if is_json(text):
         data = load_json(text, path)
-        items = data if isinstance(data, list) else None
-        if items is None or not all(isinstance(x, str) for x in items):
+        if not isinstance(data, list):
             raise json_error(path, "top level", "expected a list of prefixes")
         out = []
-        for i, p in enumerate(items, 1):
-            if not re.match(r"^[0-9a-fA-F:.]+/\d+$", p):
-                raise json_error(path, f"item {i}", f"{p!r} is not a prefix")
-            out.append(IpmasqEntry(p, json_source(path, i, p)))
+        for i, item in enumerate(data, 1):
+            p = _json_prefix(item)
+            if p is None:
+                raise json_error(path, f"item {i}", f"{item!r} is not a prefix")
+            out.append(IpmasqEntry(p, json_source(path, i, item)))
         return out
     out = []
     for src in lines(text, path):
@@ -136,6 +141,24 @@ def parse_ipmasq_list(text: str, path: str, version=None) -> list[IpmasqEntry]:
             raise bad(src, "cilium bpf ipmasq list")
         out.append(IpmasqEntry(line, src))
     return out
+
+
+def _json_prefix(item) -> str | None:
+    """A prefix in JSON: "10.0.0.0/8" (netip.Prefix, 1.15+) or {"IP": "10.0.0.0", "Mask":
+    "<base64>"} (net.IPNet, older)."""
+    if isinstance(item, str):
+        return item if re.match(r"^[0-9a-fA-F:.]+/\d+$", item) else None
+    if isinstance(item, dict) and isinstance(item.get("IP"), str) and isinstance(item.get("Mask"), str):
+        import base64
+        try:
+            mask = base64.b64decode(item["Mask"], validate=True)
+        except ValueError:
+            return None
+        bits = "".join(f"{b:08b}" for b in mask)
+        if not re.match(r"^[0-9a-fA-F:.]+$", item["IP"]) or "01" in bits:
+            return None
+        return f"{item['IP']}/{bits.count('1')}"
+    return None
 
 
 # ---- endpoints ------------------------------------------------------------------------------

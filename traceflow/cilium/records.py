@@ -256,8 +256,11 @@ class NatEntry:
     xlate: str                      # "XLATE_SRC" / "XLATE_DST"
     to_ip: str
     to_port: int
-    fields: tuple
+    fields: tuple                   # (("created", "120sec ago"), ("hostlocal"|"needsct", "1"))
     source: Source
+
+    def get(self, name: str, default=None):
+        return dict(self.fields).get(name, default)
 
 
 # ---- attachments ----------------------------------------------------------------------------
@@ -296,6 +299,8 @@ class CiliumStatus:
     masquerading: str | None            # "bpf" / "iptables" / "disabled"
     devices: tuple
     sources: dict = field(default_factory=dict, compare=False, hash=False)  # fact -> Source
+    attach_mode: str | None = None      # 1.16+ "Attach Mode: TCX" / "Legacy TC" -> "tcx" / "tc"
+    device_mode: str | None = None      # 1.16+ "Device Mode: veth" / "netkit" / "netkit-l2"
 
 
 @dataclass(frozen=True)
@@ -314,7 +319,8 @@ class CiliumSettings:
     """What the datapath does, merged from `cilium status` (what the agent runs) and the
     ConfigMap (what it was asked): status wins where both say. None = neither says.
 
-    kpr: kube-proxy replacement on (True/False); socket_lb / socket_lb_hostns_only: connect()
+    kpr: kube-proxy replacement on (True for strict/probe/partial/true: read kpr_mode, as
+    probe and partial enable only some features); socket_lb / socket_lb_hostns_only: connect()
     time load balancing; routing: "tunnel"/"native"; tunnel_protocol: "vxlan"/"geneve";
     host_routing: "bpf"/"legacy"; masquerade: "bpf"/"iptables"/"disabled"; lb_algorithm:
     "random"/"maglev"; endpoint_routes; ipam ("eni", "cluster-pool", "kubernetes" ...);

@@ -7,7 +7,7 @@ status lines read (per version):
   ``KubeProxyReplacement Details:`` block: ``Socket LB: Enabled``, ``Socket LB Coverage:
     Full|Hostns-only``, ``Session Affinity: Enabled``, ``Backend Selection: Random|Maglev``
   ``Host Routing: BPF|Legacy`` (1.9-1.13), ``Routing: Network: Tunnel [vxlan]  Host: BPF`` (1.14+)
-  ``Masquerading: BPF|IPTables|Disabled ...``
+  ``Masquerading: BPF|IPTables|Disabled ...``; 1.16+ ``Attach Mode: TCX``, ``Device Mode: netkit``
 Lines the settings do not need are skipped: status is a report with many sections, and a fact
 it does not state stays None (the walk then says it is unknown), never a default.
 """
@@ -47,7 +47,7 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             put("version", m.group(1), src)
             saw_any = True
             continue
-        m = re.match(r"^KubeProxyReplacement:\s+(?P<mode>\w+)(?P<rest>.*)$", s)
+        m = re.match(r"^KubeProxyReplacement:\s+(?P<mode>\S+)(?P<rest>.*)$", s)
         if m and not line[:1].isspace():
             saw_any = True
             mode = m.group("mode")
@@ -70,6 +70,9 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             m = re.match(r"^Socket LB:\s+(\w+)", s)
             if m and m.group(1).lower() in _ON + _OFF:
                 put("socket_lb", m.group(1).lower() in _ON, src)
+            m = re.match(r"^Socket LB Protocols:\s+(\S.*)$", s)
+            if m and "socket_lb" not in facts:     # 1.9-1.11: listed only when socket LB runs
+                put("socket_lb", bool(re.search(r"\b(TCP|UDP)\b", m.group(1))), src)
             m = re.match(r"^Socket LB Coverage:\s+(\S+)", s)
             if m:
                 put("socket_lb_hostns_only", m.group(1).lower().startswith("hostns"), src)
@@ -80,13 +83,13 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             if m:
                 put("lb_algorithm", m.group(1).lower(), src)
             continue
-        m = re.match(r"^Host Routing:\s+(\w+)", s)
+        m = re.match(r"^Host Routing:\s+(\S+)", s)
         if m:
             saw_any = True
             put("host_routing", _host_routing(m.group(1), src), src)
             continue
-        m = re.match(r"^Routing:\s+Network:\s+(?P<net>\w+)(?:\s+\[(?P<proto>\w+)\])?"
-                     r"\s+Host:\s+(?P<host>\w+)", s)
+        m = re.match(r"^Routing:\s+Network:\s+(?P<net>\S+)(?:\s+\[(?P<proto>\w+)\])?"
+                     r"\s+Host:\s+(?P<host>\S+)", s)
         if m and not line[:1].isspace():
             saw_any = True
             net = m.group("net").lower()
@@ -97,7 +100,18 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
                 put("tunnel_protocol", m.group("proto").lower(), src)
             put("host_routing", _host_routing(m.group("host"), src), src)
             continue
-        m = re.match(r"^Masquerading:\s+(\w+)", s)
+        m = re.match(r"^Attach Mode:\s+(\S.*?)\s*$", s)
+        if m and not line[:1].isspace():
+            v = m.group(1).lower()
+            if v not in ("tcx", "tc", "legacy tc"):
+                raise bad(src, "cilium status", f"attach mode {m.group(1)!r}")
+            put("attach_mode", "tcx" if v == "tcx" else "tc", src)
+            continue
+        m = re.match(r"^Device Mode:\s+(\S+)\s*$", s)
+        if m and not line[:1].isspace():
+            put("device_mode", m.group(1).lower(), src)
+            continue
+        m = re.match(r"^Masquerading:\s+(\S+)", s)
         if m and not line[:1].isspace():
             saw_any = True
             v = m.group(1).lower()
@@ -113,7 +127,8 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
                         facts.get("routing"), facts.get("tunnel_protocol"),
                         facts.get("host_routing"), facts.get("masquerading"), devices,
                         {**srcs, **({"lb_algorithm_value": facts["lb_algorithm"]}
-                                    if "lb_algorithm" in facts else {})})
+                                    if "lb_algorithm" in facts else {})},
+                        facts.get("attach_mode"), facts.get("device_mode"))
 
 
 def _host_routing(v: str, src) -> str:
@@ -198,6 +213,9 @@ def merge_settings(status: CiliumStatus | None, config: CiliumConfig | None,
         put("masquerade", status.masquerading, ss.get("masquerading"))
         if "lb_algorithm_value" in ss:
             put("lb_algorithm", ss["lb_algorithm_value"], ss.get("lb_algorithm"))
+        if status.attach_mode:
+            put("tcx", status.attach_mode == "tcx", ss.get("attach_mode"))
+        put("datapath_mode", status.device_mode, ss.get("device_mode"))
     if config is not None:
         c, cs = config, config.sources
         kpr = c.get("kube-proxy-replacement")
