@@ -152,8 +152,23 @@ def test_bpf_hops_carry_program_map_and_entry_keys(doc):
                     assert "program" not in h
 
 
-def test_the_kernel_stack_without_netfilter_rules_is_said(doc):
-    assert any("no iptables-save.txt" in w for w in doc["warnings"])
+def test_legacy_host_routing_crosses_the_kernel_s_netfilter(doc):
+    hops = leg(path_to(doc, "default/pod4"), "request")["hops"]
+    fwd = [h for h in hops if h["component"] == "iptables" and h["chain"] == "CILIUM_FORWARD"]
+    assert fwd and fwd[0]["node"] == "node1" and "-i lxc+" in fwd[0]["rule"]
+    assert fwd[0]["source"]["file"] == "nodes/node1/iptables-save.txt"
+    # the masquerade rule does not apply inside native-routing-cidr
+    assert not any("MASQUERADE" in (h["effect"] or "") for h in hops)
+    # node2's from-netdev delivers by tail call: no netfilter on node2 in the request
+    assert not any(h["component"] == "iptables" and h["node"] == "node2" for h in hops)
+    assert doc["warnings"] == []
+
+
+def test_the_kernel_stack_without_netfilter_rules_is_said(bundle):
+    (bundle / "nodes/node1/iptables-save.txt").unlink()
+    code, doc = trace(bundle, "pod-to-svc", "default/pod1", "default/svc1")
+    assert code == 0
+    assert any(w.startswith("node1: no iptables-save.txt") for w in doc["warnings"])
 
 
 # ---- mutations ---------------------------------------------------------------------------------
