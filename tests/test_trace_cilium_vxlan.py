@@ -157,3 +157,14 @@ def test_policy_deny_entry_wins_in_1_17_ranking():
     v17 = policy_verdict([allow, deny], "ingress", 28802, 8080, "TCP", CiliumVersion(1, 17))
     assert v16.allowed and v16.entry is allow          # longest prefix wins
     assert not v17.allowed and v17.drop == "DROP_POLICY_DENY" and v17.entry is deny
+
+
+def test_client_ip_affinity_is_modelled_as_the_first_connection(bundle):
+    f = bundle / "k8s/services.yaml"
+    f.write_text(f.read_text().replace("    type: ClusterIP\n", "    type: ClusterIP\n    sessionAffinity: ClientIP\n"))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    (xlate,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_backends"]
+    assert any("session affinity (ClientIP)" in n and "first connection" in n for n in xlate["notes"])
+    code, doc = trace(EXAMPLE, "pod-to-svc", "shop/frontend", "shop/web")
+    (xlate,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_backends"]
+    assert not any("affinity" in n for n in xlate["notes"])

@@ -280,6 +280,10 @@ class CiliumDatapath(Datapath):
         k8s_svc = q.service if q.service is not None and q.service.cluster_ip == pkt.nw_dst else None
         if affinity is None and k8s_svc is not None:
             affinity = self._k8s_affinity(k8s_svc)
+        if affinity and cn.settings.session_affinity is False:
+            notes.append("the Service asks for ClientIP affinity, but this agent has session "
+                         "affinity disabled: every connection is balanced anew")
+            affinity = False
         b.add(self._hop(loc, f"{why}: {pkt.nw_dst}:{pkt.tp_dst} is a service with {count} backend "
                              f"slot(s) (rev-NAT id {svc.rev_nat if svc.rev_nat is not None else svc.service_id})",
                         map_=svc_map, rec=svc, pkt=pkt, notes=notes, program=program))
@@ -313,9 +317,23 @@ class CiliumDatapath(Datapath):
             out.append((nb, npkt, hit))
         return out
 
-    @staticmethod
-    def _k8s_affinity(svc) -> bool:
-        return str(getattr(svc, "session_affinity", "") or "").lower() == "clientip"
+    def _k8s_affinity(self, svc) -> bool:
+        """spec.sessionAffinity of the Service object (k8s/services.yaml)."""
+        if not hasattr(self, "_affinity"):
+            import yaml
+            self._affinity = set()
+            text = self.snap.bundle.text("k8s/services.yaml")
+            try:
+                doc = yaml.safe_load(text) if text else None
+            except yaml.YAMLError:
+                doc = None      # the cluster loader reports a broken file; nothing to add here
+            for item in (doc or {}).get("items") or [] if isinstance(doc, dict) else []:
+                if not isinstance(item, dict):
+                    continue
+                meta, spec = item.get("metadata") or {}, item.get("spec") or {}
+                if str(spec.get("sessionAffinity", "")).lower() == "clientip":
+                    self._affinity.add(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+        return svc.key in self._affinity
 
     # ---- policy ----------------------------------------------------------------------------------
     def _endpoint_identity(self, cn: CiliumNode, ip: str) -> int | None:
