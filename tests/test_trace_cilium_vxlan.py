@@ -168,3 +168,32 @@ def test_client_ip_affinity_is_modelled_as_the_first_connection(bundle):
     code, doc = trace(EXAMPLE, "pod-to-svc", "shop/frontend", "shop/web")
     (xlate,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_backends"]
     assert not any("affinity" in n for n in xlate["notes"])
+
+
+def test_native_routing_with_bpf_host_routing_skips_netfilter(bundle):
+    """Switched to native routing: from-container asks the FIB (bpf_fib_lookup, honouring the
+    kernel's rules and routes) and redirects to eth0; no netfilter hook is crossed."""
+    for n, peer_cidr, peer_ip in (("worker1", "10.0.2.0/24", "192.168.1.12"),
+                                  ("worker2", "10.0.1.0/24", "192.168.1.11")):
+        st = bundle / f"nodes/{n}/cilium-status.txt"
+        st.write_text(st.read_text().replace("Network: Tunnel [vxlan]   Host: BPF",
+                                             "Network: Native   Host: BPF"))
+        rt = bundle / f"nodes/{n}/ip-route.txt"
+        lines = [l for l in rt.read_text().splitlines(True) if not l.startswith(peer_cidr)]
+        rt.write_text("".join(lines) + f"{peer_cidr} via {peer_ip} dev eth0 proto bird \n")
+        (bundle / f"nodes/{n}/iptables-save.txt").write_text(
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n")
+    cfg = bundle / "k8s/cilium-config.yaml"
+    cfg.write_text(cfg.read_text().replace("routing-mode: tunnel", "routing-mode: native")
+                   .replace("  tunnel-protocol: vxlan\n", "  ipv4-native-routing-cidr: 10.0.0.0/16\n"))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 0, doc
+    h = hops(path_to(doc, "shop/web-0"))
+    fib = [x for x in h if x.get("program") == "from-container" and "bpf_fib_lookup" in x["effect"]]
+    assert fib and "netfilter" in fib[0]["effect"]
+    (route,) = [x for x in h if x["component"] == "route" and x["node"] == "worker1"]
+    assert route["rule"].startswith("10.0.2.0/24 via 192.168.1.12 dev eth0")
+    assert not any(x["component"] == "iptables" for x in h)   # FORWARD DROP is never met
+    assert [x["node"] for x in h if x.get("program") == "to-netdev"] == ["worker1"]
+    assert any(x.get("program") == "from-netdev" and x["node"] == "worker2" for x in h)
+    assert not any(x.get("program") in ("to-overlay", "from-overlay") for x in h)

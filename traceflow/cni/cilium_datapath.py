@@ -263,9 +263,15 @@ class CiliumDatapath(Datapath):
             b.add(self._hop(loc, f"{why}: {pkt.nw_dst}:{pkt.tp_dst} has no backend (count 0): the "
                                  "packet is dropped", map_=svc_map, rec=svc, notes=notes,
                             program=program))
-            reason = (f"service {pkt.nw_dst}:{pkt.tp_dst} has no backends in "
-                      f"{svc.source.file}:{svc.source.line} (lb4_local, bpf/lib/lb.h); the client "
-                      "sees a timeout (or ICMP/RST where SERVICE_NO_BACKEND_RESPONSE is reject)")
+            if program == "cil_sock4_connect":
+                reason = (f"service {pkt.nw_dst}:{pkt.tp_dst} has no backends in "
+                          f"{svc.source.file}:{svc.source.line}: cil_sock4_connect finds no "
+                          "backend and connect() fails; no packet is sent")
+            else:
+                reason = (f"service {pkt.nw_dst}:{pkt.tp_dst} has no backends in "
+                          f"{svc.source.file}:{svc.source.line} (lb4_local, bpf/lib/lb.h); the "
+                          "client sees a timeout (or ICMP/RST where SERVICE_NO_BACKEND_RESPONSE "
+                          "is reject)")
             return [(self._end(b, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
                                Verdict.DROPPED, reason, L.DROP_NO_SERVICE, svc)[0], pkt, hit)]
         algo = (cn.settings.lb_algorithm or "random").lower()

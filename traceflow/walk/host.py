@@ -263,8 +263,8 @@ class HostStack:
         return (self._leaves_node(b, loc, pkt, dec, nexthop), None)
 
     def _leaves_node(self, b: Branch, loc: AtHost, pkt: Packet, dec, nexthop: str) -> Branch:
-        """The host sends the packet out of a non-OVS device: fine for the outside world,
-        wrong for a Pod of this cluster, which must go through the overlay."""
+        """The host sends the packet out of a device no datapath claims: fine for the outside
+        world, wrong for a Pod of this cluster, which must go through the CNI's datapath."""
         owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
         rule = dec.route.text if dec.route is not None else None
         if owner is not None:
