@@ -197,3 +197,36 @@ def test_native_routing_with_bpf_host_routing_skips_netfilter(bundle):
     assert [x["node"] for x in h if x.get("program") == "to-netdev"] == ["worker1"]
     assert any(x.get("program") == "from-netdev" and x["node"] == "worker2" for x in h)
     assert not any(x.get("program") in ("to-overlay", "from-overlay") for x in h)
+
+
+def _maglev(bundle):
+    for n in ("worker1", "worker2"):
+        f = bundle / f"nodes/{n}/cilium-status.txt"
+        f.write_text(f.read_text().replace("Backend Selection:      Random", "Backend Selection:      Maglev"))
+        (bundle / f"nodes/{n}/cilium-bpf-lb-maglev-list.txt").write_text(
+            "SVC ID   LOOKUP TABLE\n[7]/v4   [11 12 11 11 12 11 11]\n[1]/v4   [5 5 5 5 5 5 5]\n")
+
+
+def test_maglev_shares_come_from_the_lookup_table(bundle):
+    _maglev(bundle)
+    for n in ("worker1", "worker2"):
+        (bundle / f"nodes/{n}/cilium-bpf-lb-list-frontends.txt").write_text(
+            "SERVICE ADDRESS         BACKEND ID\n"
+            "10.96.120.15:80 (0)     0 2[0] (7) [0x0 0x0]\n"
+            "10.96.120.15:80 (2)     12 0[0] (7) [0x0 0x0]\n"
+            "10.96.120.15:80 (1)     11 0[0] (7) [0x0 0x0]\n")
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    # slot 1 (10.0.2.45) is backend 11: 5 of the 7 entries; slot 2 (10.0.1.52) is 12: 2 of 7
+    assert path_to(doc, "shop/web-0")["weight"] == round(5 / 7, 6)
+    assert path_to(doc, "shop/web-1")["weight"] == round(2 / 7, 6)
+    (lookup,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_services_v2"]
+    assert any("shares from the lookup table" in n and "cilium-bpf-lb-maglev-list.txt:2" in n
+               for n in lookup["notes"])
+
+
+def test_maglev_table_without_backend_ids_says_so(bundle):
+    _maglev(bundle)
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert [p["weight"] for p in doc["paths"]] == [0.5, 0.5]
+    (lookup,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_services_v2"]
+    assert any("does not say which id each backend has" in n for n in lookup["notes"])

@@ -88,14 +88,12 @@ def service_lookup(services, ip: str, port: int, proto: str, from_cluster: bool 
     return ServiceHit(svc, why, tuple(active), note)
 
 
-def maglev_shares(table, candidates) -> dict | None:
-    """Backend id -> share of the Maglev lookup table, or None when ids cannot be matched."""
-    if table is None or not table.backend_ids:
+def maglev_shares(table, ids: list) -> dict | None:
+    """Backend id -> share of new connections from the Maglev lookup table (entries of that id
+    / table size), or None when there is no table or an id is unknown."""
+    if table is None or not table.backend_ids or any(i is None for i in ids):
         return None
     total = len(table.backend_ids)
-    ids = [getattr(b, "backend_id", None) for b in candidates]
-    if any(i is None for i in ids):
-        return None
     return {i: table.backend_ids.count(i) / total for i in ids}
 
 

@@ -99,6 +99,18 @@ class CiliumNode:
     def maglev(self) -> dict:
         return {t.service_id: t for t in self.maps.maglev or ()}
 
+    def backend_id(self, svc, backend, position: int) -> int | None:
+        """The backend id of one of a service's slots: printed beside it, else from
+        `bpf lb list --frontends` (key and slot -> backend id)."""
+        if backend.backend_id is not None:
+            return backend.backend_id
+        slot = backend.slot or position
+        for f in self.maps.lb_frontends or ():
+            if (f.frontend_ip, f.port, f.scope, f.slot) == (svc.frontend_ip, svc.port, svc.scope, slot) \
+                    and (f.protocol is None or svc.protocol is None or f.protocol == svc.protocol):
+                return f.backend_id
+        return None
+
     # ---- identities, ipcache, endpoints ------------------------------------------------------
     @cached_property
     def ipcache(self):

@@ -275,13 +275,23 @@ class CiliumDatapath(Datapath):
             return [(self._end(b, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
                                Verdict.DROPPED, reason, L.DROP_NO_SERVICE, svc)[0], pkt, hit)]
         algo = (cn.settings.lb_algorithm or "random").lower()
-        shares = None
+        shares, ids = None, [None] * count
         if algo == "maglev":
-            shares = L.maglev_shares(cn.maglev.get(svc.rev_nat or svc.service_id), hit.candidates)
-            if shares is None:
+            table = cn.maglev.get(svc.rev_nat if svc.rev_nat is not None else svc.service_id)
+            ids = [cn.backend_id(svc, be, n) for n, be in enumerate(hit.candidates, 1)]
+            shares = L.maglev_shares(table, ids)
+            if table is None:
                 notes.append("Maglev: the bundle has no lookup table for this service "
                              "(cilium-bpf-lb-maglev-list.txt), so each backend's share is not "
                              "known: equal shares assumed")
+            elif shares is None:
+                notes.append(f"Maglev: the lookup table ({table.source.file}:{table.source.line}) "
+                             "names backends by id, and the bundle does not say which id each "
+                             "backend has (needs cilium-bpf-lb-list-frontends.txt or the JSON "
+                             "form): equal shares assumed")
+            else:
+                notes.append(f"Maglev: shares from the lookup table ({table.source.file}:"
+                             f"{table.source.line}, {len(table.backend_ids)} entries)")
         affinity = svc.session_affinity
         k8s_svc = q.service if q.service is not None and q.service.cluster_ip == pkt.nw_dst else None
         if affinity is None and k8s_svc is not None:
@@ -297,7 +307,7 @@ class CiliumDatapath(Datapath):
         for n, be in enumerate(hit.candidates, 1):
             nb = b.fork() if count > 1 else b
             slot = be.slot or n
-            share = shares.get(be.backend_id) if shares else 1.0 / count
+            share = shares[ids[n - 1]] if shares else 1.0 / count
             nb.weight *= share
             how = ("Maglev lookup table" if shares else
                    f"random: slot {slot} of {count}, prandom() % {count} + 1")
