@@ -312,3 +312,25 @@ def test_unknown_cni_is_refused(bundle):
     _edit(bundle / "manifest.yaml", "cni: cilium", "cni: calico")
     result = run(bundle, "pod-to-svc", "default/pod1", "default/svc1")
     assert result.exit_code == 2 and "calico" in result.output
+
+
+def test_socket_lb_not_stated_is_an_assumption_said_aloud(bundle):
+    for node in ("node1", "node2"):
+        (bundle / f"nodes/{node}/cilium-status.txt").unlink()
+    code, doc = trace(bundle, "pod-to-svc", "default/pod1", "default/svc1")
+    assert code == 0
+    hops = leg(path_to(doc, "default/pod4"), "request")["hops"]
+    (lookup,) = [h for h in hops if h.get("map") == "cilium_lb4_services_v2"]
+    assert "socket LB is not stated in the bundle: per-packet assumed" in lookup["effect"]
+    assert any("socket LB is on: per-packet" in w for w in doc["warnings"])
+
+
+def test_routing_mode_not_stated_is_unknown_not_a_guess(bundle):
+    for node in ("node1", "node2"):
+        (bundle / f"nodes/{node}/cilium-status.txt").unlink()
+    (bundle / "k8s/cilium-config.yaml").unlink()
+    code, doc = trace(bundle, "pod-to-svc", "default/pod1", "default/svc1")
+    assert code == 1 and doc["verdict"] == "unknown"
+    for p in doc["paths"]:
+        assert p["drop"]["table"] == "from-container"
+        assert "routing mode (tunnel or native) is not stated" in p["drop"]["reason"]

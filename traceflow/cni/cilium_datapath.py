@@ -213,6 +213,10 @@ class CiliumDatapath(Datapath):
         src = s.source_of("socket_lb")
         at = f" ({src.file}:{src.line})" if src else ""
         if s.socket_lb is None:
+            self.warnings.append(f"{cn.name}: neither cilium-status.txt nor the cilium-config "
+                                 "ConfigMap says whether socket LB is on: per-packet load "
+                                 "balancing in from-container is assumed (with socket LB the "
+                                 "backend would be chosen at connect())")
             return "not stated in the bundle: per-packet assumed" + at
         if s.socket_lb and s.socket_lb_hostns_only:
             return "host-namespace only" + at
@@ -429,6 +433,11 @@ class CiliumDatapath(Datapath):
                                  f"ipv4_local_delivery tail-calls its policy program",
                             map_="cilium_lxc", rec=dst, pkt=pkt))
             return [(b, AtBpf(loc.node, dev or "?", "tail", POLICY, pkt, via=loc.program))]
+        if s.routing is None:
+            why = ("the routing mode (tunnel or native) is not stated: needs cilium-status.txt "
+                   "(`Routing:` / `Tunnel:`) or k8s/cilium-config.yaml (`routing-mode` / `tunnel`)")
+            b.add(self._hop(loc, why, pkt=pkt, unknown=True))
+            return [self._end(b, loc, Verdict.UNKNOWN, why)]
         if s.routing == "tunnel":
             entry = L.ipcache_lookup(cn.ipcache, pkt.nw_dst)
             ep = entry.tunnel_endpoint if entry is not None else None
@@ -462,9 +471,15 @@ class CiliumDatapath(Datapath):
         if s.host_routing == "bpf" and not s.endpoint_routes:
             return self._fib_redirect(b, loc, pkt)
         src = s.source_of("host_routing")
-        why = ("legacy host routing" + (f" ({src.file}:{src.line})" if src else
-                                        " (Cilium < 1.9 has no BPF host routing)" if
-                                        cn.version and not cn.version.at_least(1, 9) else ""))
+        if src is not None:
+            why = f"legacy host routing ({src.file}:{src.line})"
+        elif cn.version and not cn.version.at_least(1, 9):
+            why = "legacy host routing (Cilium < 1.9 has no BPF host routing)"
+        else:
+            why = "legacy host routing assumed (the bundle does not say BPF or legacy)"
+            self.warnings.append(f"{loc.node}: host routing (BPF or legacy) is not stated in "
+                                 "cilium-status.txt or the ConfigMap: the kernel stack is assumed; "
+                                 "with BPF host routing netfilter would be skipped")
         if s.endpoint_routes:
             why = "endpoint routes (per-endpoint routes and ip rules): from-container passes to the stack"
         b.add(self._hop(loc, f"native routing, {why}: returns TC_ACT_OK, the kernel routes the "
