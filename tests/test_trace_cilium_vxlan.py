@@ -230,3 +230,31 @@ def test_maglev_table_without_backend_ids_says_so(bundle):
     assert [p["weight"] for p in doc["paths"]] == [0.5, 0.5]
     (lookup,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_services_v2"]
     assert any("does not say which id each backend has" in n for n in lookup["notes"])
+
+
+def test_a_cilium_network_policy_selecting_the_backend_is_named(bundle):
+    (bundle / "k8s/networkpolicies.yaml").write_text("apiVersion: v1\nkind: List\nitems: []\n")
+    (bundle / "k8s/ciliumnetworkpolicies.yaml").write_text("""apiVersion: v1
+kind: List
+items:
+- apiVersion: cilium.io/v2
+  kind: CiliumNetworkPolicy
+  metadata: {name: web-ingress, namespace: shop}
+  spec:
+    endpointSelector: {matchLabels: {app: web}}
+    ingress:
+    - fromEndpoints: [{matchLabels: {role: frontend}}]
+      toPorts: [{ports: [{port: "8080", protocol: TCP}]}]
+- apiVersion: cilium.io/v2
+  kind: CiliumNetworkPolicy
+  metadata: {name: other-namespace, namespace: default}
+  spec:
+    endpointSelector: {matchLabels: {app: web}}
+    ingress: [{}]
+""")
+    code, doc = trace(bundle, "pod-to-svc", "shop/batch", "shop/web")
+    assert code == 1
+    for p in doc["paths"]:
+        assert p["drop"]["reason"].startswith("DROP_POLICY")
+        assert "CiliumNetworkPolicy shop/web-ingress selects" in p["drop"]["reason"]
+        assert "other-namespace" not in p["drop"]["reason"]

@@ -202,6 +202,60 @@ class CiliumNode:
         return None
 
 
+def cilium_policies_selecting(bundle, pod, direction: str) -> list[str]:
+    """CiliumNetworkPolicies (namespaced) and CiliumClusterwideNetworkPolicies of the bundle
+    whose endpointSelector selects ``pod`` and that have rules for ``direction``: names only.
+    Their rules are not evaluated (the policy map, which the agent computed from them, decides);
+    naming them tells the reader where to look."""
+    import yaml
+    out = []
+    for path, namespaced in (("k8s/ciliumnetworkpolicies.yaml", True),
+                             ("k8s/ciliumclusterwidenetworkpolicies.yaml", False)):
+        text = bundle.text(path)
+        if not text:
+            continue
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InputError(f"not valid YAML: {e}", path) from None
+        items = doc.get("items") if isinstance(doc, dict) else None
+        if not isinstance(items, list):
+            raise InputError("expected a v1 List with `items:`", path)
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            meta = item.get("metadata") or {}
+            ns = meta.get("namespace", "default")
+            if namespaced and ns != pod.namespace:
+                continue
+            specs = [item.get("spec")] if item.get("spec") else []
+            specs += [x for x in item.get("specs") or [] if isinstance(x, dict)]
+            for spec in specs:
+                if not isinstance(spec, dict) or not _cnp_selects(spec.get("endpointSelector"), pod):
+                    continue
+                keys = (direction, f"{direction}Deny")
+                if any(spec.get(k) is not None for k in keys):
+                    kind = "CiliumNetworkPolicy" if namespaced else "CiliumClusterwideNetworkPolicy"
+                    out.append(f"{kind} {ns + '/' if namespaced else ''}{meta.get('name', '?')}")
+                    break
+    return out
+
+
+def _cnp_selects(selector, pod) -> bool:
+    """An endpointSelector's matchLabels against the pod's labels (label source prefixes like
+    ``k8s:`` / ``any:`` dropped); matchExpressions are not evaluated: such a policy counts as
+    selecting, so it is named rather than missed."""
+    if not isinstance(selector, dict):
+        return False
+    labels = dict(pod.labels)
+    labels["io.kubernetes.pod.namespace"] = pod.namespace
+    for key, value in (selector.get("matchLabels") or {}).items():
+        key = str(key).split(":", 1)[1] if ":" in str(key) else str(key)
+        if labels.get(key) != str(value):
+            return False
+    return True
+
+
 def policy_map_name(endpoint_id: int) -> str:
     return f"cilium_policy_{endpoint_id:05d}"
 

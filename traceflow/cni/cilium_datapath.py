@@ -405,9 +405,19 @@ class CiliumDatapath(Datapath):
         return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry)
 
     def _policy_behind(self, pod, direction, peer_ip, pkt, allowed) -> str:
-        """The NetworkPolicies behind a verdict, from the k8s objects in the bundle."""
+        """The policies behind a verdict, from the k8s objects in the bundle."""
         if pod is None:
             return ""
+        from traceflow.cni.cilium import cilium_policies_selecting
+        knp = self._knp_behind(pod, direction, peer_ip, pkt, allowed)
+        cnps = cilium_policies_selecting(self.snap.bundle, pod, direction)
+        if not cnps:
+            return knp
+        cnp = f"{', '.join(cnps)} select{'s' if len(cnps) == 1 else ''} {pod.key} for {direction}"
+        return f"{knp}; {cnp}" if knp and not knp.startswith("no NetworkPolicy") else cnp
+
+    def _knp_behind(self, pod, direction, peer_ip, pkt, allowed) -> str:
+        """The Kubernetes NetworkPolicies behind a verdict."""
         kind = "Egress" if direction == "egress" else "Ingress"
         selecting = self.cluster.policies_selecting(pod, kind)
         if not selecting:
