@@ -564,6 +564,27 @@ def test_load_node_from_a_mapping_and_the_compat_names():
         load_node(files, "not-a-version")
 
 
+def test_manifest_and_agent_versions_must_agree():
+    files = {"cilium-status.txt": fx("1.14", "cilium-status.txt")[0]}
+    assert load_node(files, "v1.14.3").version == CiliumVersion(1, 14, 3)
+    with pytest.raises(InputError, match="manifest says Cilium 1.16.0 but the agent reports 1.14.0") as err:
+        load_node(files, "1.16").version
+    assert err.value.file == "cilium-status.txt" and err.value.line == 7
+
+
+def test_slots_whose_backend_is_missing_are_kept_apart():
+    text = ("SERVICE ADDRESS           BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+            "10.96.0.10:53/UDP (0)     0.0.0.0:0 (2) (0) [ClusterIP, non-routable]\n"
+            "10.96.0.10:53/UDP (2)     backend 17 not found\n"
+            "10.96.0.10:53/UDP (1)     10.0.1.53:53/UDP (2) (1)\n")
+    (svc,) = lb.parse_lb_list(text, "x")
+    assert svc.missing == ((2, 17),) and [b.slot for b in svc.backends] == [1]
+    old = ("SERVICE ADDRESS     BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+           "10.96.0.10:53       0.0.0.0:0 (2) (0) [ClusterIP]\n"
+           "                    backend 17 not found\n")
+    assert lb.parse_lb_list(old, "x")[0].missing == ((None, 17),)
+
+
 # ---- bad input: always a located error --------------------------------------------------------
 
 LB_HEAD = "SERVICE ADDRESS        BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
