@@ -413,6 +413,27 @@ def test_policy_get_1_14_deny_range_prefix_proxy():
     assert got[0].map_name.endswith("cilium_policy_02215")
 
 
+# rows as printed in GitHub threads (trailing spaces kept): cilium/cilium#3114 (1.0),
+# cilium/cilium PR 7958 (1.6), cilium/cilium#40247 (1.17)
+@pytest.mark.parametrize("text, expected", [
+    ("DIRECTION   LABELS (source:key[=value])   PORT/PROTO   BYTES   PACKETS   \n"
+     "Ingress     12345                         80/TCP       0       0    \n",
+     [("ingress", 12345, 80, "TCP", "allow")]),
+    ("DIRECTION   LABELS (source:key[=value])   PORT/PROTO   PROXY PORT   BYTES   PACKETS   \n"
+     "Ingress     reserved:host                 ANY          NONE         0       0         \n"
+     "Egress      reserved:world                ANY          NONE         70      1         \n",
+     [("ingress", 1, None, None, "allow"), ("egress", 2, None, None, "allow")]),
+    ("POLICY   DIRECTION   LABELS (source:key[=value])                                                         PORT/PROTO        PROXY PORT   AUTH TYPE   BYTES        PACKETS    PREFIX   \n"
+     "Allow    Ingress     reserved:unknown                                                                    8/ICMP            NONE         disabled    1965348      29778      24       \n"
+     "Allow    Ingress     reserved:unknown                                                                    53/TCP            NONE         disabled    0            0          24       \n",
+     [("ingress", None, 8, "ICMP", "allow"), ("ingress", None, 53, "TCP", "allow")]),
+])
+def test_policy_get_rows_from_github_threads(text, expected):
+    got = policy.parse_policy_get(text, "cilium-bpf-policy-get.txt")
+    assert [(e.direction, e.identity, e.port, e.protocol, e.verdict) for e in got] == expected
+    assert all(e.labels is None for e in got)
+
+
 def test_policy_get_1_18_cookie_and_missing_counters():
     got = policy.parse_policy_get(*fx("1.18", "cilium-bpf-policy-get.txt"))
     assert [(e.verdict, e.identity, e.cookie, e.bytes) for e in got] == [
