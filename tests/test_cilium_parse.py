@@ -455,6 +455,35 @@ def test_ct_entries_each_version():
     assert v18[1].get("natport") == "0" and v18[1].get("ifindex") is None
 
 
+# lines as printed in GitHub threads: cilium/cilium#4384 and #3558 (<=1.7 field names, IPv6 in
+# brackets), #40820 (1.18: IPv6 without brackets)
+def test_ct_lines_from_github_threads():
+    old = conntrack.parse_ct_list(
+        "TCP IN 10.10.1.111:10054 -> 10.10.1.1:35330  expires=44067 rx_packets=6 rx_bytes=540 tx_packets=4 "
+        "tx_bytes=450 flags=10 revnat=0 src_sec_id=1\n"
+        "ICMP IN [f00d::a0f:0:0:4264]:0 -> [f00d::a0f:0:0:1150]:0 related  expires=2446 rx_packets=1 rx_bytes=86 "
+        "tx_packets=0 tx_bytes=0 flags=10 revnat=0 proxyport=0 src_sec_id=55058\n", "ct.txt")
+    assert [(e.kind, e.src_ip, e.src_port, e.dst_port, e.src_sec_id, e.get("rxpackets")) for e in old] == [
+        ("IN", "10.10.1.111", 10054, 35330, 1, "6"), ("IN", "f00d::a0f:0:0:4264", 0, 0, 55058, "1")]
+    (new,) = conntrack.parse_ct_list(
+        "TCP SVC 2603:8080:c0f0:d2e0:99f2:9195:c043:304f:44564 -> 2a03:3f40:88:1::24:80 expires=26806933 "
+        "Packets=0 Bytes=0 RxFlagsSeen=0x00 LastRxReport=0 TxFlagsSeen=0x1b LastTxReport=26806929 Flags=0x0013 "
+        "[ RxClosing TxClosing SeenNonSyn ] RevNAT=218 SourceSecurityID=0 BackendID=98\n", "ct.txt")
+    assert (new.src_ip, new.src_port, new.dst_ip, new.dst_port, new.rev_nat, new.backend_id) == (
+        "2603:8080:c0f0:d2e0:99f2:9195:c043:304f", 44564, "2a03:3f40:88:1::24", 80, 218, 98)
+    assert new.get("flagnames") == ("rxclosing", "txclosing", "seennonsyn")
+
+
+def test_tunnel_keys_of_every_generation():
+    t = maps.parse_tunnel_list("TUNNEL            VALUE       \n10.15.0.0         10.0.2.15   \n"
+                               "10.0.2.0:0   192.168.1.2:0\n[f00d::]:0   10.0.2.15:0\n10.0.3.0@2:0   10.0.2.16:0\n", "t")
+    assert [(x.prefix, x.endpoint) for x in t] == [("10.15.0.0", "10.0.2.15"), ("10.0.2.0", "192.168.1.2"),
+                                                   ("f00d::", "10.0.2.15"), ("10.0.3.0", "10.0.2.16")]
+    with pytest.raises(InputError, match="brackets") as err:       # is the last group the key?
+        maps.parse_tunnel_list("TUNNEL   VALUE\nf00d::a0f:0:0:0   10.0.2.15\n", "t")
+    assert err.value.line == 2
+
+
 def test_nat_entries():
     v14 = conntrack.parse_nat_list(*fx("1.14", "cilium-bpf-nat-list.txt"))
     assert [(e.direction, e.xlate, e.to_ip, e.to_port, e.get("hostlocal")) for e in v14] == [("OUT", "XLATE_SRC", "192.168.1.11", 41234, "0"), ("IN", "XLATE_DST", "10.0.1.30", 41234, "0")]
