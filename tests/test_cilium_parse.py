@@ -254,6 +254,51 @@ def test_the_old_positional_misgrouping_cannot_happen():
     assert g[("10.96.0.10", 53, "UDP", "external")][1] == (("10.0.1.53", 53, 1),)
 
 
+# outputs as printed in GitHub threads (trailing spaces kept): cilium/cilium#3905 (2018, the
+# slot-0 entry without flags), #10402 (1.7), PR 31503 (1.15, with an L7 proxy port)
+@pytest.mark.parametrize("text, expected", [
+    ("SERVICE ADDRESS        BACKEND ADDRESS          \n"
+     "10.96.0.1:443          0.0.0.0:0 (0)            \n"
+     "                       192.168.36.11:6443 (1)   \n"
+     "10.110.217.87:80       10.10.1.129:80 (20)      \n"
+     "                       10.10.0.239:80 (20)      \n"
+     "                       0.0.0.0:0 (0)            \n",
+     {("10.96.0.1", 443): (None, ("192.168.36.11",), None),
+      ("10.110.217.87", 80): (None, ("10.10.0.239", "10.10.1.129"), None)}),
+    ("SERVICE ADDRESS       BACKEND ADDRESS                       \n"
+     "100.72.178.101:80     100.64.5.159:8000 (14)                \n"
+     "                      100.64.3.128:8000 (14)                \n"
+     "                      0.0.0.0:0 (14) [ClusterIP]            \n"
+     "10.88.58.5:443        10.234.32.131:11000 (3)               \n"
+     "                      0.0.0.0:0 (3) [ExternalIPs]           \n",
+     {("100.72.178.101", 80): ("ClusterIP", ("100.64.3.128", "100.64.5.159"), None),
+      ("10.88.58.5", 443): ("ExternalIPs", ("10.234.32.131",), None)}),
+    ("SERVICE ADDRESS     BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+     "10.96.252.10:443    172.18.0.2:4244 (22) (1)\n"
+     "                    0.0.0.0:0 (22) (0) [ClusterIP, InternalLocal, non-routable]\n"
+     "172.18.0.2:32646    0.0.0.0:0 (33) (0) [NodePort, l7-load-balancer] (L7LB Proxy Port: 15735)\n",
+     {("10.96.252.10", 443): ("ClusterIP", ("172.18.0.2",), None),
+      ("172.18.0.2", 32646): ("NodePort", (), 15735)}),
+])
+def test_lb_lists_from_github_threads(text, expected):
+    got = {(s.frontend_ip, s.port): (s.type, tuple(sorted(b.ip for b in s.backends)), s.l7_proxy_port)
+           for s in lb.parse_lb_list(text, "cilium-bpf-lb-list.txt")}
+    assert got == expected
+
+
+def test_service_list_with_ipv6_and_no_protocol():
+    # as printed in cilium/cilium#33076
+    text = ("ID    Frontend                                            Service Type   Backend\n"
+            "1     [ffff:fff:fff:701::2:dceb]:80                       ClusterIP      1 => [ffff:fff:fff:700:0:2:7:2c53]:80 (active)\n"
+            "                                                                         2 => [ffff:fff:fff:700:0:2:7:949c]:80 (active)\n"
+            "2     10.7.14.194:9000                                    ClusterIP      1 => 10.7.10.209:9000 (active)\n")
+    got = lb.parse_service_list(text, "cilium-service-list.txt")
+    assert [(s.frontend_ip, s.port, s.protocol, [(b.ip, b.state) for b in s.backends]) for s in got] == [
+        ("ffff:fff:fff:701::2:dceb", 80, None, [("ffff:fff:fff:700:0:2:7:2c53", "active"),
+                                                ("ffff:fff:fff:700:0:2:7:949c", "active")]),
+        ("10.7.14.194", 9000, None, [("10.7.10.209", "active")])]
+
+
 @pytest.mark.parametrize("version", ["1.16", "1.18"])
 def test_lb_list_json_agrees_with_text(version):
     text = lb.parse_lb_list(*fx(version, "cilium-bpf-lb-list.txt"))
