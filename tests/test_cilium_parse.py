@@ -615,6 +615,30 @@ def test_tc_program_names_per_version():
     assert view(v13) == [("lxcab12", "ingress", "from-container"), ("cilium_vxlan", "egress", "to-overlay")]
 
 
+# as printed in cilium/cilium#17468 (1.10, trailing spaces kept) and #41393 (1.17: a foreign
+# flower filter beside Cilium's tcx programs)
+def test_tc_and_bpftool_lines_from_github_threads():
+    tc = attach.parse_tc(
+        "### tc filter show dev lxc5869b5857a3d ingress\n"
+        "filter protocol all pref 1 bpf chain 0 \n"
+        "filter protocol all pref 1 bpf chain 0 handle 0x1 bpf_lxc.o:[from-container] direct-action not_in_hw id 15843 tag a7a920f725fab0ef jited \n"
+        "### tc filter show dev lxc5869b5857a3d egress\n"
+        "### tc filter show dev lan ingress\n"
+        "filter parent ffff: protocol ip pref 49152 flower chain 0\n"
+        "filter parent ffff: protocol ip pref 49152 flower chain 0 handle 0x1\n"
+        "  src_mac 00:11:22:33:44:55\n"
+        "  not_in_hw\n", "tc.txt")
+    assert [(p.dev, p.hook, p.program, p.prog_id, p.tag) for p in tc] == [
+        ("lxc5869b5857a3d", "ingress", "from-container", 15843, "a7a920f725fab0ef")]
+    net = attach.parse_bpftool_net(
+        "xdp:\n\ntc:\ncilium_net(2) clsact/ingress bpf_host_cilium_net.o:[to-host] id 15871\n"
+        "lan(2) tcx/ingress cil_from_netdev prog_id 680 link_id 12\n"
+        "lan(2) tcx/egress cil_to_netdev prog_id 688 link_id 15\n", "bpftool-net.txt")
+    assert [(p.dev, p.hook, p.program, p.attach, p.prog_id) for p in net] == [
+        ("cilium_net", "ingress", "to-host", "tc", 15871), ("lan", "ingress", "from-netdev", "tcx", 680),
+        ("lan", "egress", "to-netdev", "tcx", 688)]
+
+
 def test_bpftool_tcx_and_netkit():
     v16 = attach.parse_bpftool_net(*fx("1.16", "bpftool-net.txt"))
     assert [(p.dev, p.hook, p.program, p.attach) for p in v16 if p.dev in ("eth0", "cilium_vxlan", "lxc9c2e4a1b")] == [
