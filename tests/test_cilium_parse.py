@@ -408,6 +408,22 @@ def test_tunnel_endpoints_and_identities():
     assert (eps[2215].policy_ingress, eps[2215].identity, eps[2215].ipv4) == ("Enabled", 2219, "10.0.1.21")
 
 
+def test_endpoint_and_identity_json_agree_with_text():
+    view = lambda eps: [(e.endpoint_id, e.policy_ingress, e.policy_egress, e.identity, e.labels, e.ipv4, e.status)
+                        for e in eps]
+    assert view(maps.parse_endpoint_list(*fx("1.10", "cilium-endpoint-list.json"))) == \
+        view(maps.parse_endpoint_list(*fx("1.10", "cilium-endpoint-list.txt")))
+    ids = lambda xs: [(i.identity, i.labels) for i in xs]
+    assert ids(maps.parse_identity_list(*fx("1.10", "cilium-identity-list.json"))) == \
+        ids(maps.parse_identity_list(*fx("1.10", "cilium-identity-list.txt")))
+
+
+def test_endpoint_in_policy_audit_mode():
+    (ep,) = maps.parse_endpoint_list("ENDPOINT   POLICY\n12   Disabled (Audit)   Enabled   300   k8s:a=b   "
+                                     "10.0.0.1   ready\n", "e")
+    assert (ep.policy_ingress, ep.policy_egress, ep.identity, ep.ipv4) == ("Disabled (Audit)", "Enabled", 300, "10.0.0.1")
+
+
 def test_bpf_endpoint_list_versions():
     v8 = {e.ip: e for e in maps.parse_bpf_endpoint_list(*fx("1.8", "cilium-bpf-endpoint-list.txt"))}
     assert (v8["10.0.1.21"].endpoint_id, v8["10.0.1.21"].ifindex, v8["10.0.1.21"].sec_id) == (2215, 699, None)

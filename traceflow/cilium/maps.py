@@ -184,8 +184,9 @@ def _json_prefix(item) -> str | None:
 
 # ---- endpoints ------------------------------------------------------------------------------
 
-_ENDPOINT = re.compile(r"^(?P<id>\d+)\s+(?P<ing>Enabled|Disabled|Enabled\s*\(\w+\))\s+"
-                       r"(?P<eg>Enabled|Disabled|Enabled\s*\(\w+\))\s+"
+_ENFORCEMENT = r"(?:Enabled|Disabled)(?:\s\(\w+\))?"          # "Disabled (Audit)" in audit mode
+_ENDPOINT = re.compile(r"^(?P<id>\d+)\s+(?P<ing>" + _ENFORCEMENT + r")\s+"
+                       r"(?P<eg>" + _ENFORCEMENT + r")\s+"
                        r"(?P<identity>\d+)\s+(?P<label>\S+)(?P<rest>.*)$")
 _STATUS = ("ready", "not-ready", "waiting-for-identity", "regenerating", "waiting-to-regenerate",
            "creating", "disconnecting", "disconnected", "restoring", "invalid")
@@ -224,6 +225,15 @@ def parse_endpoint_list(text: str, path: str, version=None) -> list[Endpoint]:
                      r["status"], r["src"], tuple(r["sources"])) for r in rows]
 
 
+# models.EndpointPolicyEnabled -> the text's (ingress, egress) enforcement columns
+_POLICY_MODES = {
+    "none": ("Disabled", "Disabled"), "ingress": ("Enabled", "Disabled"),
+    "egress": ("Disabled", "Enabled"), "both": ("Enabled", "Enabled"),
+    "audit-ingress": ("Disabled (Audit)", "Disabled"), "audit-egress": ("Disabled", "Disabled (Audit)"),
+    "audit-both": ("Disabled (Audit)", "Disabled (Audit)"),
+}
+
+
 def _endpoint_list_json(text: str, path: str) -> list[Endpoint]:
     data = load_json(text, path)
     if not isinstance(data, list):
@@ -237,9 +247,12 @@ def _endpoint_list_json(text: str, path: str) -> list[Endpoint]:
             addrs = (st.get("networking") or {}).get("addressing") or [{}]
             pol = st.get("policy") or {}
             realized = pol.get("realized") or {}
-            mode = (pol.get("spec") or {}).get("policy-enabled") or realized.get("policy-enabled") or "none"
-            ing = "Enabled" if mode in ("ingress", "both") else "Disabled"
-            eg = "Enabled" if mode in ("egress", "both") else "Disabled"
+            # realized (what the datapath enforces) first, as the text column shows
+            mode = realized.get("policy-enabled") or (pol.get("spec") or {}).get("policy-enabled") \
+                or "none"
+            if mode not in _POLICY_MODES:
+                raise ValueError(f"policy-enabled {mode!r}")
+            ing, eg = _POLICY_MODES[mode]
             out.append(Endpoint(int(ep["id"]), ing, eg, int(ident.get("id", 0)),
                                 tuple(ident.get("labels") or ()),
                                 addrs[0].get("ipv4"), addrs[0].get("ipv6"),
