@@ -254,6 +254,51 @@ def test_the_old_positional_misgrouping_cannot_happen():
     assert g[("10.96.0.10", 53, "UDP", "external")][1] == (("10.0.1.53", 53, 1),)
 
 
+# outputs as printed in GitHub threads (trailing spaces kept): cilium/cilium#3905 (2018, the
+# slot-0 entry without flags), #10402 (1.7), PR 31503 (1.15, with an L7 proxy port)
+@pytest.mark.parametrize("text, expected", [
+    ("SERVICE ADDRESS        BACKEND ADDRESS          \n"
+     "10.96.0.1:443          0.0.0.0:0 (0)            \n"
+     "                       192.168.36.11:6443 (1)   \n"
+     "10.110.217.87:80       10.10.1.129:80 (20)      \n"
+     "                       10.10.0.239:80 (20)      \n"
+     "                       0.0.0.0:0 (0)            \n",
+     {("10.96.0.1", 443): (None, ("192.168.36.11",), None),
+      ("10.110.217.87", 80): (None, ("10.10.0.239", "10.10.1.129"), None)}),
+    ("SERVICE ADDRESS       BACKEND ADDRESS                       \n"
+     "100.72.178.101:80     100.64.5.159:8000 (14)                \n"
+     "                      100.64.3.128:8000 (14)                \n"
+     "                      0.0.0.0:0 (14) [ClusterIP]            \n"
+     "10.88.58.5:443        10.234.32.131:11000 (3)               \n"
+     "                      0.0.0.0:0 (3) [ExternalIPs]           \n",
+     {("100.72.178.101", 80): ("ClusterIP", ("100.64.3.128", "100.64.5.159"), None),
+      ("10.88.58.5", 443): ("ExternalIPs", ("10.234.32.131",), None)}),
+    ("SERVICE ADDRESS     BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+     "10.96.252.10:443    172.18.0.2:4244 (22) (1)\n"
+     "                    0.0.0.0:0 (22) (0) [ClusterIP, InternalLocal, non-routable]\n"
+     "172.18.0.2:32646    0.0.0.0:0 (33) (0) [NodePort, l7-load-balancer] (L7LB Proxy Port: 15735)\n",
+     {("10.96.252.10", 443): ("ClusterIP", ("172.18.0.2",), None),
+      ("172.18.0.2", 32646): ("NodePort", (), 15735)}),
+])
+def test_lb_lists_from_github_threads(text, expected):
+    got = {(s.frontend_ip, s.port): (s.type, tuple(sorted(b.ip for b in s.backends)), s.l7_proxy_port)
+           for s in lb.parse_lb_list(text, "cilium-bpf-lb-list.txt")}
+    assert got == expected
+
+
+def test_service_list_with_ipv6_and_no_protocol():
+    # as printed in cilium/cilium#33076
+    text = ("ID    Frontend                                            Service Type   Backend\n"
+            "1     [ffff:fff:fff:701::2:dceb]:80                       ClusterIP      1 => [ffff:fff:fff:700:0:2:7:2c53]:80 (active)\n"
+            "                                                                         2 => [ffff:fff:fff:700:0:2:7:949c]:80 (active)\n"
+            "2     10.7.14.194:9000                                    ClusterIP      1 => 10.7.10.209:9000 (active)\n")
+    got = lb.parse_service_list(text, "cilium-service-list.txt")
+    assert [(s.frontend_ip, s.port, s.protocol, [(b.ip, b.state) for b in s.backends]) for s in got] == [
+        ("ffff:fff:fff:701::2:dceb", 80, None, [("ffff:fff:fff:700:0:2:7:2c53", "active"),
+                                                ("ffff:fff:fff:700:0:2:7:949c", "active")]),
+        ("10.7.14.194", 9000, None, [("10.7.10.209", "active")])]
+
+
 @pytest.mark.parametrize("version", ["1.16", "1.18"])
 def test_lb_list_json_agrees_with_text(version):
     text = lb.parse_lb_list(*fx(version, "cilium-bpf-lb-list.txt"))
@@ -363,6 +408,22 @@ def test_tunnel_endpoints_and_identities():
     assert (eps[2215].policy_ingress, eps[2215].identity, eps[2215].ipv4) == ("Enabled", 2219, "10.0.1.21")
 
 
+def test_endpoint_and_identity_json_agree_with_text():
+    view = lambda eps: [(e.endpoint_id, e.policy_ingress, e.policy_egress, e.identity, e.labels, e.ipv4, e.status)
+                        for e in eps]
+    assert view(maps.parse_endpoint_list(*fx("1.10", "cilium-endpoint-list.json"))) == \
+        view(maps.parse_endpoint_list(*fx("1.10", "cilium-endpoint-list.txt")))
+    ids = lambda xs: [(i.identity, i.labels) for i in xs]
+    assert ids(maps.parse_identity_list(*fx("1.10", "cilium-identity-list.json"))) == \
+        ids(maps.parse_identity_list(*fx("1.10", "cilium-identity-list.txt")))
+
+
+def test_endpoint_in_policy_audit_mode():
+    (ep,) = maps.parse_endpoint_list("ENDPOINT   POLICY\n12   Disabled (Audit)   Enabled   300   k8s:a=b   "
+                                     "10.0.0.1   ready\n", "e")
+    assert (ep.policy_ingress, ep.policy_egress, ep.identity, ep.ipv4) == ("Disabled (Audit)", "Enabled", 300, "10.0.0.1")
+
+
 def test_bpf_endpoint_list_versions():
     v8 = {e.ip: e for e in maps.parse_bpf_endpoint_list(*fx("1.8", "cilium-bpf-endpoint-list.txt"))}
     assert (v8["10.0.1.21"].endpoint_id, v8["10.0.1.21"].ifindex, v8["10.0.1.21"].sec_id) == (2215, 699, None)
@@ -413,6 +474,27 @@ def test_policy_get_1_14_deny_range_prefix_proxy():
     assert got[0].map_name.endswith("cilium_policy_02215")
 
 
+# rows as printed in GitHub threads (trailing spaces kept): cilium/cilium#3114 (1.0),
+# cilium/cilium PR 7958 (1.6), cilium/cilium#40247 (1.17)
+@pytest.mark.parametrize("text, expected", [
+    ("DIRECTION   LABELS (source:key[=value])   PORT/PROTO   BYTES   PACKETS   \n"
+     "Ingress     12345                         80/TCP       0       0    \n",
+     [("ingress", 12345, 80, "TCP", "allow")]),
+    ("DIRECTION   LABELS (source:key[=value])   PORT/PROTO   PROXY PORT   BYTES   PACKETS   \n"
+     "Ingress     reserved:host                 ANY          NONE         0       0         \n"
+     "Egress      reserved:world                ANY          NONE         70      1         \n",
+     [("ingress", 1, None, None, "allow"), ("egress", 2, None, None, "allow")]),
+    ("POLICY   DIRECTION   LABELS (source:key[=value])                                                         PORT/PROTO        PROXY PORT   AUTH TYPE   BYTES        PACKETS    PREFIX   \n"
+     "Allow    Ingress     reserved:unknown                                                                    8/ICMP            NONE         disabled    1965348      29778      24       \n"
+     "Allow    Ingress     reserved:unknown                                                                    53/TCP            NONE         disabled    0            0          24       \n",
+     [("ingress", None, 8, "ICMP", "allow"), ("ingress", None, 53, "TCP", "allow")]),
+])
+def test_policy_get_rows_from_github_threads(text, expected):
+    got = policy.parse_policy_get(text, "cilium-bpf-policy-get.txt")
+    assert [(e.direction, e.identity, e.port, e.protocol, e.verdict) for e in got] == expected
+    assert all(e.labels is None for e in got)
+
+
 def test_policy_get_1_18_cookie_and_missing_counters():
     got = policy.parse_policy_get(*fx("1.18", "cilium-bpf-policy-get.txt"))
     assert [(e.verdict, e.identity, e.cookie, e.bytes) for e in got] == [
@@ -432,6 +514,35 @@ def test_ct_entries_each_version():
     assert (v16[0].kind, v16[0].src_ip, v16[0].dst_ip, v16[0].backend_id) == ("SVC", "10.0.1.30", "10.96.100.10", 2)
     v18 = conntrack.parse_ct_list(*fx("1.18", "cilium-bpf-ct-list-global.txt"))
     assert v18[1].get("natport") == "0" and v18[1].get("ifindex") is None
+
+
+# lines as printed in GitHub threads: cilium/cilium#4384 and #3558 (<=1.7 field names, IPv6 in
+# brackets), #40820 (1.18: IPv6 without brackets)
+def test_ct_lines_from_github_threads():
+    old = conntrack.parse_ct_list(
+        "TCP IN 10.10.1.111:10054 -> 10.10.1.1:35330  expires=44067 rx_packets=6 rx_bytes=540 tx_packets=4 "
+        "tx_bytes=450 flags=10 revnat=0 src_sec_id=1\n"
+        "ICMP IN [f00d::a0f:0:0:4264]:0 -> [f00d::a0f:0:0:1150]:0 related  expires=2446 rx_packets=1 rx_bytes=86 "
+        "tx_packets=0 tx_bytes=0 flags=10 revnat=0 proxyport=0 src_sec_id=55058\n", "ct.txt")
+    assert [(e.kind, e.src_ip, e.src_port, e.dst_port, e.src_sec_id, e.get("rxpackets")) for e in old] == [
+        ("IN", "10.10.1.111", 10054, 35330, 1, "6"), ("IN", "f00d::a0f:0:0:4264", 0, 0, 55058, "1")]
+    (new,) = conntrack.parse_ct_list(
+        "TCP SVC 2603:8080:c0f0:d2e0:99f2:9195:c043:304f:44564 -> 2a03:3f40:88:1::24:80 expires=26806933 "
+        "Packets=0 Bytes=0 RxFlagsSeen=0x00 LastRxReport=0 TxFlagsSeen=0x1b LastTxReport=26806929 Flags=0x0013 "
+        "[ RxClosing TxClosing SeenNonSyn ] RevNAT=218 SourceSecurityID=0 BackendID=98\n", "ct.txt")
+    assert (new.src_ip, new.src_port, new.dst_ip, new.dst_port, new.rev_nat, new.backend_id) == (
+        "2603:8080:c0f0:d2e0:99f2:9195:c043:304f", 44564, "2a03:3f40:88:1::24", 80, 218, 98)
+    assert new.get("flagnames") == ("rxclosing", "txclosing", "seennonsyn")
+
+
+def test_tunnel_keys_of_every_generation():
+    t = maps.parse_tunnel_list("TUNNEL            VALUE       \n10.15.0.0         10.0.2.15   \n"
+                               "10.0.2.0:0   192.168.1.2:0\n[f00d::]:0   10.0.2.15:0\n10.0.3.0@2:0   10.0.2.16:0\n", "t")
+    assert [(x.prefix, x.endpoint) for x in t] == [("10.15.0.0", "10.0.2.15"), ("10.0.2.0", "192.168.1.2"),
+                                                   ("f00d::", "10.0.2.15"), ("10.0.3.0", "10.0.2.16")]
+    with pytest.raises(InputError, match="brackets") as err:       # is the last group the key?
+        maps.parse_tunnel_list("TUNNEL   VALUE\nf00d::a0f:0:0:0   10.0.2.15\n", "t")
+    assert err.value.line == 2
 
 
 def test_nat_entries():
@@ -520,6 +631,30 @@ def test_tc_program_names_per_version():
     assert view(v13) == [("lxcab12", "ingress", "from-container"), ("cilium_vxlan", "egress", "to-overlay")]
 
 
+# as printed in cilium/cilium#17468 (1.10, trailing spaces kept) and #41393 (1.17: a foreign
+# flower filter beside Cilium's tcx programs)
+def test_tc_and_bpftool_lines_from_github_threads():
+    tc = attach.parse_tc(
+        "### tc filter show dev lxc5869b5857a3d ingress\n"
+        "filter protocol all pref 1 bpf chain 0 \n"
+        "filter protocol all pref 1 bpf chain 0 handle 0x1 bpf_lxc.o:[from-container] direct-action not_in_hw id 15843 tag a7a920f725fab0ef jited \n"
+        "### tc filter show dev lxc5869b5857a3d egress\n"
+        "### tc filter show dev lan ingress\n"
+        "filter parent ffff: protocol ip pref 49152 flower chain 0\n"
+        "filter parent ffff: protocol ip pref 49152 flower chain 0 handle 0x1\n"
+        "  src_mac 00:11:22:33:44:55\n"
+        "  not_in_hw\n", "tc.txt")
+    assert [(p.dev, p.hook, p.program, p.prog_id, p.tag) for p in tc] == [
+        ("lxc5869b5857a3d", "ingress", "from-container", 15843, "a7a920f725fab0ef")]
+    net = attach.parse_bpftool_net(
+        "xdp:\n\ntc:\ncilium_net(2) clsact/ingress bpf_host_cilium_net.o:[to-host] id 15871\n"
+        "lan(2) tcx/ingress cil_from_netdev prog_id 680 link_id 12\n"
+        "lan(2) tcx/egress cil_to_netdev prog_id 688 link_id 15\n", "bpftool-net.txt")
+    assert [(p.dev, p.hook, p.program, p.attach, p.prog_id) for p in net] == [
+        ("cilium_net", "ingress", "to-host", "tc", 15871), ("lan", "ingress", "from-netdev", "tcx", 680),
+        ("lan", "egress", "to-netdev", "tcx", 688)]
+
+
 def test_bpftool_tcx_and_netkit():
     v16 = attach.parse_bpftool_net(*fx("1.16", "bpftool-net.txt"))
     assert [(p.dev, p.hook, p.program, p.attach) for p in v16 if p.dev in ("eth0", "cilium_vxlan", "lxc9c2e4a1b")] == [
@@ -562,6 +697,27 @@ def test_load_node_from_a_mapping_and_the_compat_names():
     assert C.PARSERS["cilium-bpf-lb-list.txt"] is lb.parse_lb_list
     with pytest.raises(InputError, match="cni_version"):
         load_node(files, "not-a-version")
+
+
+def test_manifest_and_agent_versions_must_agree():
+    files = {"cilium-status.txt": fx("1.14", "cilium-status.txt")[0]}
+    assert load_node(files, "v1.14.3").version == CiliumVersion(1, 14, 3)
+    with pytest.raises(InputError, match="manifest says Cilium 1.16.0 but the agent reports 1.14.0") as err:
+        load_node(files, "1.16").version
+    assert err.value.file == "cilium-status.txt" and err.value.line == 7
+
+
+def test_slots_whose_backend_is_missing_are_kept_apart():
+    text = ("SERVICE ADDRESS           BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+            "10.96.0.10:53/UDP (0)     0.0.0.0:0 (2) (0) [ClusterIP, non-routable]\n"
+            "10.96.0.10:53/UDP (2)     backend 17 not found\n"
+            "10.96.0.10:53/UDP (1)     10.0.1.53:53/UDP (2) (1)\n")
+    (svc,) = lb.parse_lb_list(text, "x")
+    assert svc.missing == ((2, 17),) and [b.slot for b in svc.backends] == [1]
+    old = ("SERVICE ADDRESS     BACKEND ADDRESS (REVNAT_ID) (SLOT)\n"
+           "10.96.0.10:53       0.0.0.0:0 (2) (0) [ClusterIP]\n"
+           "                    backend 17 not found\n")
+    assert lb.parse_lb_list(old, "x")[0].missing == ((None, 17),)
 
 
 # ---- bad input: always a located error --------------------------------------------------------

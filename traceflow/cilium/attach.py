@@ -60,20 +60,25 @@ def program_name(name: str, dev: str, hook: str, src) -> str:
 
 
 _SECTION = re.compile(r"^###\s+tc filter show dev (?P<dev>\S+) (?P<hook>ingress|egress)\s*$")
-_FILTER = re.compile(r"^filter protocol (?P<proto>\S+) pref (?P<pref>\d+) (?P<kind>\S+)"
+_FILTER = re.compile(r"^filter (?:parent \S+ )?protocol (?P<proto>\S+) pref (?P<pref>\d+) (?P<kind>\S+)"
                      r"(?: chain \d+)?(?P<rest>.*)$")
+# lines `tc -s filter show` prints under a filter
+_DETAIL = ("action order", "index ", "not_in_hw", "in_hw", "Action statistics", "Sent ",
+           "backlog ", "requeues ", "used_hw_stats", "ref ", "bind ")
 
 
 def parse_tc(text: str, path: str, version=None) -> list[TcProgram]:
     """BPF programs in `tc filter show` sections; a section with no filter holds none (which for
-    1.16+ with tcx is normal: see `bpftool-net.txt`)."""
+    1.16+ with tcx is normal: see `bpftool-net.txt`). Filters of other kinds (flower, u32 ...)
+    are not Cilium's and are passed over with their detail lines."""
     out = []
     dev = hook = None
+    foreign = False         # inside a non-BPF filter: its indented detail lines are skipped
     for src in lines(text, path):
         s = src.text.strip()
         m = _SECTION.match(s)
         if m:
-            dev, hook = m.group("dev"), m.group("hook")
+            dev, hook, foreign = m.group("dev"), m.group("hook"), False
             continue
         if s.startswith("###"):
             raise bad(src, "tc.txt", "a section header other than "
@@ -82,15 +87,13 @@ def parse_tc(text: str, path: str, version=None) -> list[TcProgram]:
             raise bad(src, "tc.txt", "a line before the first `### tc filter show` section")
         m = _FILTER.match(s)
         if not m:
-            if s.startswith(("action order", "index ", "not_in_hw", "Action statistics", "Sent ",
-                             "backlog ")):
-                continue        # `tc -s` detail of an action
+            if foreign and src.text[:1].isspace() or s.startswith(_DETAIL):
+                continue
             raise bad(src, "tc filter show")
         rest = m.group("rest").strip()
-        if m.group("kind") != "bpf":
-            continue            # a non-BPF filter (u32, matchall ...): not Cilium's
-        if not rest:
-            continue            # the filter's head line; its handle line follows
+        foreign = m.group("kind") != "bpf"
+        if foreign or not rest:
+            continue            # a non-BPF filter, or a BPF filter's head line (its handle follows)
         h = re.match(r"^handle \S+ (?P<name>\S+)(?P<opts>.*)$", rest)
         if not h:
             raise bad(src, "tc filter show", "a bpf filter without `handle <h> <program>`")

@@ -21,7 +21,9 @@ from .common import bad, is_json, lines
 from traceflow.errors import InputError
 from .records import CtEntry, NatEntry
 
-_A = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)"
+# an address and port; 1.17+ prints IPv6 without brackets ("fd00::1:8080": the port follows the
+# last colon, cilium/cilium#40820)
+_A = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+|[0-9a-fA-F:]+):(\d+)"
 _CT = re.compile(r"^(?P<proto>[A-Z0-9]+)\s+(?P<kind>IN|OUT|SVC)\s+" + _A + r"\s+->\s+" + _A
                  + r"(?P<marks>(?:\s+(?:service|related))*)\s+(?P<rest>.*)$")
 _ALIASES = {"srcsecid": "sourcesecurityid", "revnat": "revnat", "backend": "backendid"}

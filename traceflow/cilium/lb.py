@@ -153,10 +153,8 @@ def _group(rows, path: str) -> list[LbService]:
         src, m = g["master"]
         flags = tuple(f.strip() for f in (m.group("flags") or "").split(",") if f.strip())
         kind = next((f for f in flags if f in SERVICE_TYPES), None)
+        # protocol None (<=1.16): the key has none, TCP and UDP of one port share the entry
         backends = tuple(g["slots"][s] for s in sorted(g["slots"])) + tuple(g["unslotted"])
-        if proto is None:   # <=1.16: no protocol in the key; the backends may say it
-            protos = {b.protocol for b in backends if b.protocol}
-            proto = protos.pop() if len(protos) == 1 else None
         out.append(LbService(fip, fport, proto, kind, backends, src,
                              flags=tuple(f for f in flags if f != kind), scope=scope,
                              rev_nat=int(m.group("revnat")),

@@ -91,8 +91,27 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
                         flags, src, m.group("state"), node_id)
 
 
+def _endpoint_key(text: str) -> str | None:
+    """The address of a `bpf.EndpointKey` as Cilium prints it: ``10.0.2.0`` (1.0), ``10.0.2.0:0``
+    / ``[f00d::1]:0`` (net.JoinHostPort with the key), ``10.0.2.0@2:0`` (with a cluster id).
+    An unbracketed IPv6 address could end in the key or not: None (ambiguous), as for anything
+    that is not an address."""
+    import ipaddress
+
+    m = re.fullmatch(r"\[(?P<v6>[0-9a-fA-F:.]+)\](?:@\d+)?:\d+|(?P<v4>[0-9.]+)(?:@\d+)?(?::\d+)?", text)
+    if not m:
+        return None
+    addr = m.group("v6") or m.group("v4")
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return None
+    return addr
+
+
 def parse_tunnel_list(text: str, path: str, version=None) -> list[TunnelEntry]:
-    """`cilium bpf tunnel list`: ``TUNNEL  VALUE`` rows ``10.1.2.0:0  192.168.1.2:0`` (1.8..1.17)."""
+    """`cilium bpf tunnel list`: ``TUNNEL  VALUE`` rows ``10.1.2.0:0  192.168.1.2:0`` (1.0 prints
+    no ``:0``; gone after 1.17): pod CIDR base address -> node address."""
     if is_json(text):
         data = load_json(text, path)
         if not isinstance(data, dict):
@@ -110,12 +129,14 @@ def parse_tunnel_list(text: str, path: str, version=None) -> list[TunnelEntry]:
             rows.append((src, src.text.strip()))
     out = []
     for src, line in rows:
-        m = re.match(r"^(?P<pfx>[0-9a-fA-F:.]+?)(?::0|/\d+)?\s+(?P<ep>[0-9a-fA-F:.]+?)(?::0)?$", line)
-        if not m:
+        parts = line.split()
+        if len(parts) != 2:
             raise bad(src, "cilium bpf tunnel list")
-        prefix = m.group("pfx") if "/" in line.split()[0] else m.group("pfx")
-        plen = re.search(r"/(\d+)", line.split()[0])
-        out.append(TunnelEntry(prefix + (f"/{plen.group(1)}" if plen else ""), m.group("ep"), src))
+        prefix, endpoint = _endpoint_key(parts[0]), _endpoint_key(parts[1])
+        if prefix is None or endpoint is None:
+            raise bad(src, "cilium bpf tunnel list", "not two addresses (an IPv6 address needs "
+                      "its [brackets] to tell it from the key after it)")
+        out.append(TunnelEntry(prefix, endpoint, src))
     return out
 
 
@@ -163,8 +184,9 @@ def _json_prefix(item) -> str | None:
 
 # ---- endpoints ------------------------------------------------------------------------------
 
-_ENDPOINT = re.compile(r"^(?P<id>\d+)\s+(?P<ing>Enabled|Disabled|Enabled\s*\(\w+\))\s+"
-                       r"(?P<eg>Enabled|Disabled|Enabled\s*\(\w+\))\s+"
+_ENFORCEMENT = r"(?:Enabled|Disabled)(?:\s\(\w+\))?"          # "Disabled (Audit)" in audit mode
+_ENDPOINT = re.compile(r"^(?P<id>\d+)\s+(?P<ing>" + _ENFORCEMENT + r")\s+"
+                       r"(?P<eg>" + _ENFORCEMENT + r")\s+"
                        r"(?P<identity>\d+)\s+(?P<label>\S+)(?P<rest>.*)$")
 _STATUS = ("ready", "not-ready", "waiting-for-identity", "regenerating", "waiting-to-regenerate",
            "creating", "disconnecting", "disconnected", "restoring", "invalid")
@@ -203,6 +225,15 @@ def parse_endpoint_list(text: str, path: str, version=None) -> list[Endpoint]:
                      r["status"], r["src"], tuple(r["sources"])) for r in rows]
 
 
+# models.EndpointPolicyEnabled -> the text's (ingress, egress) enforcement columns
+_POLICY_MODES = {
+    "none": ("Disabled", "Disabled"), "ingress": ("Enabled", "Disabled"),
+    "egress": ("Disabled", "Enabled"), "both": ("Enabled", "Enabled"),
+    "audit-ingress": ("Disabled (Audit)", "Disabled"), "audit-egress": ("Disabled", "Disabled (Audit)"),
+    "audit-both": ("Disabled (Audit)", "Disabled (Audit)"),
+}
+
+
 def _endpoint_list_json(text: str, path: str) -> list[Endpoint]:
     data = load_json(text, path)
     if not isinstance(data, list):
@@ -216,9 +247,12 @@ def _endpoint_list_json(text: str, path: str) -> list[Endpoint]:
             addrs = (st.get("networking") or {}).get("addressing") or [{}]
             pol = st.get("policy") or {}
             realized = pol.get("realized") or {}
-            mode = (pol.get("spec") or {}).get("policy-enabled") or realized.get("policy-enabled") or "none"
-            ing = "Enabled" if mode in ("ingress", "both") else "Disabled"
-            eg = "Enabled" if mode in ("egress", "both") else "Disabled"
+            # realized (what the datapath enforces) first, as the text column shows
+            mode = realized.get("policy-enabled") or (pol.get("spec") or {}).get("policy-enabled") \
+                or "none"
+            if mode not in _POLICY_MODES:
+                raise ValueError(f"policy-enabled {mode!r}")
+            ing, eg = _POLICY_MODES[mode]
             out.append(Endpoint(int(ep["id"]), ing, eg, int(ident.get("id", 0)),
                                 tuple(ident.get("labels") or ()),
                                 addrs[0].get("ipv4"), addrs[0].get("ipv6"),
@@ -228,7 +262,6 @@ def _endpoint_list_json(text: str, path: str) -> list[Endpoint]:
     return out
 
 
-_BPF_EP_KEY = r"(?P<ip>[0-9a-fA-F:.]+?)(?::0)?(?:@\d+)?"
 _BPF_EP_VALUE = re.compile(
     r"^id=(?P<id>\d+)\s+(?:sec_id=(?P<sec>\d+)\s+)?flags=(?P<flags>0x[0-9a-fA-F]+)\s+"
     r"ifindex=(?P<ifindex>\d+)\s+mac=(?P<mac>[0-9a-fA-F:]+)\s+nodemac=(?P<nodemac>[0-9a-fA-F:]+)"
@@ -260,17 +293,18 @@ def parse_bpf_endpoint_list(text: str, path: str, version=None) -> list[BpfEndpo
             rows.append((src, parts[0], parts[1]))
     out = []
     for src, key, value in rows:
-        k = re.fullmatch(_BPF_EP_KEY, str(key))
-        if not k:
-            raise bad(src, "cilium bpf endpoint list", f"{key!r} is not an address")
+        ip = _endpoint_key(str(key))
+        if ip is None:
+            raise bad(src, "cilium bpf endpoint list", f"{key!r} is not an address (an IPv6 "
+                      "address needs its [brackets] to tell it from the key after it)")
         value = str(value).strip()
         if value == "(localhost)":
-            out.append(BpfEndpoint(k.group("ip"), 0, 0x1, 0, None, None, src))
+            out.append(BpfEndpoint(ip, 0, 0x1, 0, None, None, src))
             continue
         m = _BPF_EP_VALUE.match(value)
         if not m:
             raise bad(src, "cilium bpf endpoint list")
-        out.append(BpfEndpoint(k.group("ip"), int(m.group("id")), int(m.group("flags"), 16),
+        out.append(BpfEndpoint(ip, int(m.group("id")), int(m.group("flags"), 16),
                                int(m.group("ifindex")), m.group("mac"), m.group("nodemac"), src,
                                int(m.group("sec")) if m.group("sec") else None))
     return out

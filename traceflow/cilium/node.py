@@ -81,10 +81,22 @@ class CiliumNodeMaps:
 
     @property
     def version(self) -> CiliumVersion | None:
-        if self._version is None and "version_detected" not in self._cache:
-            self._cache["version_detected"] = True
-            text = self._read(self._dir + NODE_FILES["status"][0])
-            self._version = detect_version(None, text)
+        """The manifest's version, else the one `cilium status` names. When both say and the
+        minor versions differ the bundle contradicts itself: an error, not a pick."""
+        if "version_checked" not in self._cache:
+            self._cache["version_checked"] = True
+            path = self._dir + NODE_FILES["status"][0]
+            text = self._read(path)
+            seen = detect_version(None, text) if text else None
+            if self._version is None:
+                self._version = seen
+            elif seen is not None and (seen.major, seen.minor) != (self._version.major,
+                                                                    self._version.minor):
+                line = next((n for n, raw in enumerate(text.splitlines(), 1)
+                             if str(seen) in raw and ":" in raw), None)
+                raise InputError(f"the manifest says Cilium {self._version} but the agent "
+                                 f"reports {seen}", path, line,
+                                 text.splitlines()[line - 1] if line else None)
         return self._version
 
     @property

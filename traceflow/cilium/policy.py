@@ -2,6 +2,7 @@
 `__policy_can_access` consults. Columns by version (read from the header, so each layout is
 recognised, and a header traceflow does not know is an error):
 
+  1.0        DIRECTION  LABELS (source:key[=value])  PORT/PROTO  BYTES  PACKETS
   <=1.5      DIRECTION  IDENTITY  PORT/PROTO  PROXY PORT  BYTES  PACKETS
   1.6-1.13   DIRECTION  LABELS (source:key[=value]) | IDENTITY (-n)  PORT/PROTO  PROXY PORT
              BYTES  PACKETS                          (1.9+ may lead with POLICY for deny entries)
@@ -25,6 +26,7 @@ from .records import PolicyEntry
 _TITLES = ["POLICY", "DIRECTION", "IDENTITY", "LABELS (source:key[=value])", "PORT/PROTO",
            "PROXY PORT", "AUTH TYPE", "BYTES", "PACKETS", "PREFIX", "COOKIE"]
 _KNOWN_LAYOUTS = {
+    ("DIRECTION", "LABELS (source:key[=value])", "PORT/PROTO", "BYTES", "PACKETS"),     # 1.0
     ("DIRECTION", "IDENTITY", "PORT/PROTO", "PROXY PORT", "BYTES", "PACKETS"),
     ("DIRECTION", "LABELS (source:key[=value])", "PORT/PROTO", "PROXY PORT", "BYTES", "PACKETS"),
     ("POLICY", "DIRECTION", "IDENTITY", "PORT/PROTO", "PROXY PORT", "BYTES", "PACKETS"),
@@ -156,7 +158,7 @@ def _entry(row: dict, more_labels: list, srcs: list, endpoint, map_name) -> Poli
             proto = None
     if port == 0 and port_end in (0, None):
         port = port_end = None
-    pp = row["PROXY PORT"]
+    pp = row.get("PROXY PORT", "NONE")
     proxy = None if pp == "NONE" else _num(pp, src, "PROXY PORT")
     auth = row.get("AUTH TYPE")
     return PolicyEntry(endpoint, direction, identity, port, port_end, proto, verdict, src,

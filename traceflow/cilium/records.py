@@ -48,7 +48,8 @@ class LbService:
 
     frontend_ip: str
     port: int
-    protocol: str | None            # None: the output has no protocol (<=1.16 bpf lb list)
+    protocol: str | None            # None: the output has none (<=1.16 bpf lb list: TCP and UDP
+                                    # of one address and port share the entry)
     type: str | None                # ClusterIP, NodePort, LoadBalancer, HostPort, ExternalIPs ...
     backends: tuple                 # tuple[LbBackend, ...], ordered by slot where slots are known
     source: Source                  # the master (slot 0) line, else the first line of the group
@@ -57,7 +58,7 @@ class LbService:
     flags: tuple = ()               # the remaining flags: "non-routable", "Local", "InternalLocal" ...
     scope: str = "external"         # "internal" for the `/i` twin of a two-scope service
     rev_nat: int | None = None      # rev-NAT id of the master entry
-    count: int | None = None        # slot count when printed (`--frontends`); else len(backends)
+    count: int | None = None        # slot count, where the output prints it (None: use the slots)
     l7_proxy_port: int | None = None
     traffic_policy: str | None = None     # db/show services: "Cluster"/"Local" ...
     session_affinity: bool | None = None  # db/show services / service list JSON
@@ -345,6 +346,8 @@ class CiliumSettings:
     sources: dict = field(default_factory=dict, compare=False, hash=False)  # setting -> Source
 
     def source_of(self, setting: str) -> Source | None:
+        """The status or ConfigMap line the setting came from; None when the version alone
+        decides it (no BPF host routing before 1.9, no tcx before 1.16) or nothing says it."""
         return self.sources.get(setting)
 
 
