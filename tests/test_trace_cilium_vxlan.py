@@ -258,3 +258,27 @@ items:
         assert p["drop"]["reason"].startswith("DROP_POLICY")
         assert "CiliumNetworkPolicy shop/web-ingress selects" in p["drop"]["reason"]
         assert "other-namespace" not in p["drop"]["reason"]
+
+
+def test_a_slot_whose_backend_is_gone_is_a_dropped_branch(bundle):
+    for n in ("worker1", "worker2"):
+        f = bundle / f"nodes/{n}/cilium-bpf-lb-list.txt"
+        f.write_text(f.read_text() + "10.96.120.15:80 (3)     backend 13 not found\n")
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 1 and doc["verdict"] == "partial"
+    assert sorted(p["weight"] for p in doc["paths"]) == [round(1 / 3, 6)] * 3
+    (lost,) = [p for p in doc["paths"] if p["verdict"] == "dropped"]
+    assert lost["drop"]["reason"].startswith("slot 3 of 10.96.120.15:80 points to backend id 13")
+    assert lost["drop"]["reason"].endswith("connect() fails, no packet is sent")
+    assert lost["drop"]["node"] == "worker1" and lost["drop"]["table"] == "cil_sock4_connect"
+
+
+def test_a_service_without_backends_fails_connect_under_socket_lb(bundle):
+    for n in ("worker1", "worker2"):
+        f = bundle / f"nodes/{n}/cilium-bpf-lb-list.txt"
+        f.write_text("".join(l for l in f.read_text().splitlines(True)
+                             if not (l.startswith("10.96.120.15:80 (1)") or l.startswith("10.96.120.15:80 (2)"))))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    (p,) = doc["paths"]
+    assert p["verdict"] == "dropped" and p["drop"]["table"] == "cil_sock4_connect"
+    assert "cil_sock4_connect finds no backend and connect() fails" in p["drop"]["reason"]

@@ -252,7 +252,8 @@ class CiliumDatapath(Datapath):
                             pkt=pkt, notes=notes, program=program))
             return [(b, pkt, None)]
         svc = hit.service
-        count = len(hit.candidates)
+        lost = tuple(getattr(svc, "missing", ()) or ())   # slots whose backend is not in the map
+        count = len(hit.candidates) + len(lost)
         svc_map = "cilium_lb4_services_v2"
         notes.append(hit.scope_note)
         if hit.note:
@@ -277,7 +278,9 @@ class CiliumDatapath(Datapath):
                           "client sees a timeout (or ICMP/RST where SERVICE_NO_BACKEND_RESPONSE "
                           "is reject)")
             return [(self._end(b, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
-                               Verdict.DROPPED, reason, L.DROP_NO_SERVICE, svc)[0], pkt, hit)]
+                               Verdict.DROPPED, reason,
+                               None if program == "cil_sock4_connect" else L.DROP_NO_SERVICE,
+                               svc)[0], pkt, hit)]
         algo = (cn.settings.lb_algorithm or "random").lower()
         shares, ids = None, [None] * count
         if algo == "maglev":
@@ -307,7 +310,24 @@ class CiliumDatapath(Datapath):
         b.add(self._hop(loc, f"{why}: {pkt.nw_dst}:{pkt.tp_dst} is a service with {count} backend "
                              f"slot(s) (rev-NAT id {svc.rev_nat if svc.rev_nat is not None else svc.service_id})",
                         map_=svc_map, rec=svc, pkt=pkt, notes=notes, program=program))
+        # a socket-level failure is an error returned to connect(), not a packet drop
+        drop_name = None if program == "cil_sock4_connect" else L.DROP_NO_SERVICE
         out = []
+        for slot, beid in lost:
+            # lb4_local: the slot's backend id has no entry in the backends map -> the
+            # connection is dropped (DROP_NO_SERVICE), one slot's share of new connections
+            nb = b.fork()
+            nb.weight *= 1.0 / count
+            nb.choices.append(f"{loc.node} {program}: slot {slot} -> backend id {beid} "
+                              f"({1.0 / count:.0%} of new connections, {algo})")
+            reason = (f"slot {slot} of {pkt.nw_dst}:{pkt.tp_dst} points to backend id {beid}, "
+                      f"which {svc.source.file} does not hold (lb4_lookup_backend fails)"
+                      + ("; connect() fails, no packet is sent" if program == "cil_sock4_connect"
+                         else ""))
+            nb.add(self._hop(loc, reason, map_="cilium_lb4_backends", rec=svc, pkt=pkt,
+                             program=program, unknown=False))
+            out.append((self._end(nb, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
+                                  Verdict.DROPPED, reason, drop_name, svc)[0], pkt, hit))
         for n, be in enumerate(hit.candidates, 1):
             nb = b.fork() if count > 1 else b
             slot = be.slot or n
