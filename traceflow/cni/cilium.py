@@ -16,6 +16,11 @@ from traceflow.errors import InputError
 
 from traceflow.snapshot import Missing
 
+CT_ZONE = "cilium"          # Cilium's own conntrack (cilium_ct4_global), apart from the kernel's
+SOCK = "sock4-connect"      # the cgroup connect() hook of socket LB (bpf_sock.c)
+SOCK_WHERE = "cil_sock4_connect"   # who committed a socket-LB conntrack entry
+POLICY = "policy"           # the endpoint's policy program, reached by tail call
+
 # Program names across versions -> one neutral name per role (1.8 ELF sections, 1.13 `cilium-*`
 # and 1.14+ `cil_*` symbols as tc and bpftool print them).
 ROLES = ("from-container", "to-container", "from-netdev", "to-netdev", "from-overlay",

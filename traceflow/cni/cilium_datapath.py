@@ -7,6 +7,10 @@ routes/ENI, ``TC_ACT_OK``). What each program decides follows Cilium's source (b
 bpf_host.c, bpf_overlay.c, lib/lb.h, lib/policy.h); the lookups themselves are in
 ``traceflow.cilium.lookup``. Every BPF hop names its program, the map and the entry
 (file:line) that decided, and drops carry Cilium's DROP_* names.
+
+Service load balancing lives in ``cilium_lb`` and policy enforcement with delivery in
+``cilium_policy`` (mixins of CiliumDatapath); this module holds the pod's first hop, the
+programs' flow from hook to hook, routing (tunnel, BPF FIB, kernel) and the underlay.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import ipaddress
 
 from traceflow import kube
 from traceflow.cilium import lookup as L
-from traceflow.cni.cilium import CiliumNode, policy_map_name
+from traceflow.cni.cilium import CT_ZONE, POLICY, SOCK, SOCK_WHERE, CiliumNode
+from traceflow.cni.cilium_lb import ServiceLB
+from traceflow.cni.cilium_policy import EndpointPolicy
 from traceflow.packet import Packet, Tunnel
 from traceflow.snapshot import Missing
 from traceflow.trace import Drop, Hop, Verdict
@@ -23,15 +29,11 @@ from traceflow.walk.datapath import Datapath
 from traceflow.walk.pod import pod_gateway, pod_mac
 from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
 
-CT_ZONE = "cilium"          # Cilium's own conntrack (cilium_ct4_global), apart from the kernel's
-SOCK = "sock4-connect"      # the cgroup connect() hook of socket LB (bpf_sock.c)
-POLICY = "policy"           # the endpoint's policy program, reached by tail call
-SOCK_WHERE = "cil_sock4_connect"
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
 VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
 
 
-class CiliumDatapath(Datapath):
+class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
     name = "Cilium"
 
     def __init__(self, walk):
@@ -135,25 +137,6 @@ class CiliumDatapath(Datapath):
             return [self._end(b, loc, Verdict.UNKNOWN, f"{loc.program} on {loc.device} is not modelled")]
         return handler(b, loc, q)
 
-    # ---- socket LB: connect() ------------------------------------------------------------------
-    def _sock_connect(self, b: Branch, loc: AtBpf, q: Query) -> list:
-        cn = self.cilium(loc.node)
-        src = cn.settings.source_of("socket_lb")
-        why = (f"socket LB is on ({src.file}:{src.line}: {src.text.strip()})" if src else
-               "socket LB is on")
-        outs = self._service(b, loc, loc.packet, q, "cil_sock4_connect",
-                             f"{why}: cil_sock4_connect (bpf_sock.c) rewrites the destination at "
-                             "connect(), so the first packet already carries the backend and "
-                             "from-container does no service lookup")
-        result = []
-        for nb, pkt, _ in outs:
-            if nb.end:
-                result.append((nb, None))
-            else:
-                result.append((nb, AtBpf(loc.node, loc.device, "ingress", "from-container", pkt,
-                                         via=SOCK)))
-        return result
-
     # ---- from-container (lxc ingress: the pod's egress) -----------------------------------------
     def _from_container(self, b: Branch, loc: AtBpf, q: Query) -> list:
         cn = self.cilium(loc.node)
@@ -208,20 +191,6 @@ class CiliumDatapath(Datapath):
             results.extend(self._forward(nb, loc, npkt, cn, q))
         return results
 
-    def _socket_lb_text(self, cn) -> str:
-        s = cn.settings
-        src = s.source_of("socket_lb")
-        at = f" ({src.file}:{src.line})" if src else ""
-        if s.socket_lb is None:
-            self.warnings.append(f"{cn.name}: neither cilium-status.txt nor the cilium-config "
-                                 "ConfigMap says whether socket LB is on: per-packet load "
-                                 "balancing in from-container is assumed (with socket LB the "
-                                 "backend would be chosen at connect())")
-            return "not stated in the bundle: per-packet assumed" + at
-        if s.socket_lb and s.socket_lb_hostns_only:
-            return "host-namespace only" + at
-        return ("off" if not s.socket_lb else "on") + at
-
     def _no_program(self, b, loc, cn, hook):
         """No program attached where one must be: say why instead of guessing."""
         if loc.via is not None and loc.via != SOCK:
@@ -238,220 +207,6 @@ class CiliumDatapath(Datapath):
             why = f"no BPF program is attached to {loc.device} {hook}: Cilium does not handle it"
         b.add(self._hop(loc, why, unknown=True))
         return [self._end(b, loc, Verdict.UNKNOWN, why)]
-
-    # ---- the service lookup (from-container or connect()) ---------------------------------------
-    def _service(self, b: Branch, loc: AtBpf, pkt: Packet, q: Query, program: str, why: str,
-                 attached: str = "") -> list:
-        """[(branch, packet, hit)]: one branch per backend slot a new connection can take."""
-        cn = self.cilium(loc.node)
-        hit = L.service_lookup(cn.services, pkt.nw_dst, pkt.tp_dst, pkt.proto_name)
-        notes = [attached] if attached else []
-        if hit is None:
-            b.add(self._hop(loc, f"{why}: no service entry for {pkt.nw_dst}:{pkt.tp_dst}: not a "
-                                 "service address, no translation", map_="cilium_lb4_services_v2",
-                            pkt=pkt, notes=notes, program=program))
-            return [(b, pkt, None)]
-        svc = hit.service
-        lost = tuple(getattr(svc, "missing", ()) or ())   # slots whose backend is not in the map
-        count = len(hit.candidates) + len(lost)
-        svc_map = "cilium_lb4_services_v2"
-        notes.append(hit.scope_note)
-        if hit.note:
-            notes.append(hit.note)
-        if svc.truncated:
-            b.add(self._hop(loc, f"{why}: the service listing hides {svc.truncated} backends",
-                            map_=svc_map, rec=svc, notes=notes, unknown=True, program=program))
-            return [(self._end(b, loc, Verdict.UNKNOWN, f"{svc.source.file} truncates the backends "
-                                                       "of this service: collect the JSON form")[0],
-                     pkt, hit)]
-        if count == 0:
-            b.add(self._hop(loc, f"{why}: {pkt.nw_dst}:{pkt.tp_dst} has no backend (count 0): the "
-                                 "packet is dropped", map_=svc_map, rec=svc, notes=notes,
-                            program=program))
-            if program == "cil_sock4_connect":
-                reason = (f"service {pkt.nw_dst}:{pkt.tp_dst} has no backends in "
-                          f"{svc.source.file}:{svc.source.line}: cil_sock4_connect finds no "
-                          "backend and connect() fails; no packet is sent")
-            else:
-                reason = (f"service {pkt.nw_dst}:{pkt.tp_dst} has no backends in "
-                          f"{svc.source.file}:{svc.source.line} (lb4_local, bpf/lib/lb.h); the "
-                          "client sees a timeout (or ICMP/RST where SERVICE_NO_BACKEND_RESPONSE "
-                          "is reject)")
-            return [(self._end(b, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
-                               Verdict.DROPPED, reason,
-                               None if program == "cil_sock4_connect" else L.DROP_NO_SERVICE,
-                               svc)[0], pkt, hit)]
-        algo = (cn.settings.lb_algorithm or "random").lower()
-        shares, ids = None, [None] * count
-        if algo == "maglev":
-            table = cn.maglev.get(svc.rev_nat if svc.rev_nat is not None else svc.service_id)
-            ids = [cn.backend_id(svc, be, n) for n, be in enumerate(hit.candidates, 1)]
-            shares = L.maglev_shares(table, ids)
-            if table is None:
-                notes.append("Maglev: the bundle has no lookup table for this service "
-                             "(cilium-bpf-lb-maglev-list.txt), so each backend's share is not "
-                             "known: equal shares assumed")
-            elif shares is None:
-                notes.append(f"Maglev: the lookup table ({table.source.file}:{table.source.line}) "
-                             "names backends by id, and the bundle does not say which id each "
-                             "backend has (needs cilium-bpf-lb-list-frontends.txt or the JSON "
-                             "form): equal shares assumed")
-            else:
-                notes.append(f"Maglev: shares from the lookup table ({table.source.file}:"
-                             f"{table.source.line}, {len(table.backend_ids)} entries)")
-        affinity = svc.session_affinity
-        k8s_svc = q.service if q.service is not None and q.service.cluster_ip == pkt.nw_dst else None
-        if affinity is None and k8s_svc is not None:
-            affinity = self._k8s_affinity(k8s_svc)
-        if affinity and cn.settings.session_affinity is False:
-            notes.append("the Service asks for ClientIP affinity, but this agent has session "
-                         "affinity disabled: every connection is balanced anew")
-            affinity = False
-        b.add(self._hop(loc, f"{why}: {pkt.nw_dst}:{pkt.tp_dst} is a service with {count} backend "
-                             f"slot(s) (rev-NAT id {svc.rev_nat if svc.rev_nat is not None else svc.service_id})",
-                        map_=svc_map, rec=svc, pkt=pkt, notes=notes, program=program))
-        # a socket-level failure is an error returned to connect(), not a packet drop
-        drop_name = None if program == "cil_sock4_connect" else L.DROP_NO_SERVICE
-        out = []
-        for slot, beid in lost:
-            # lb4_local: the slot's backend id has no entry in the backends map -> the
-            # connection is dropped (DROP_NO_SERVICE), one slot's share of new connections
-            nb = b.fork()
-            nb.weight *= 1.0 / count
-            nb.choices.append(f"{loc.node} {program}: slot {slot} -> backend id {beid} "
-                              f"({1.0 / count:.0%} of new connections, {algo})")
-            reason = (f"slot {slot} of {pkt.nw_dst}:{pkt.tp_dst} points to backend id {beid}, "
-                      f"which {svc.source.file} does not hold (lb4_lookup_backend fails)"
-                      + ("; connect() fails, no packet is sent" if program == "cil_sock4_connect"
-                         else ""))
-            nb.add(self._hop(loc, reason, map_="cilium_lb4_backends", rec=svc, pkt=pkt,
-                             program=program, unknown=False))
-            out.append((self._end(nb, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
-                                  Verdict.DROPPED, reason, drop_name, svc)[0], pkt, hit))
-        for n, be in enumerate(hit.candidates, 1):
-            nb = b.fork() if count > 1 else b
-            slot = be.slot or n
-            share = shares[ids[n - 1]] if shares else 1.0 / count
-            nb.weight *= share
-            how = ("Maglev lookup table" if shares else
-                   f"random: slot {slot} of {count}, prandom() % {count} + 1")
-            before = pkt.copy()
-            npkt = pkt.copy()
-            npkt.nw_dst, npkt.tp_dst = be.ip, be.port
-            notes2 = [f"lb4_local: new connection, backend chosen by {how} ({share:.0%})",
-                      "lb4_xlate: DNAT, and a CT entry with the rev-NAT id for the reply"]
-            if affinity:
-                notes2.append("session affinity (ClientIP): the first connection of this client "
-                              "takes this branch; later ones reuse its backend from "
-                              "cilium_lb4_affinity (first connection assumed)")
-            nb.add(self._hop(loc, f"backend {be.ip}:{be.port}: DNAT {before.nw_dst}:{before.tp_dst} "
-                                  f"-> {be.ip}:{be.port}", map_="cilium_lb4_backends",
-                             rec=be, pkt=npkt, before=before, notes=notes2, program=program))
-            if count > 1:
-                nb.choices.append(f"{loc.node} {program}: backend {be.ip}:{be.port} "
-                                  f"({share:.0%} of new connections, {algo})")
-            nb.choose_target(self.cluster, be.ip)
-            nb.ct(loc.node).commit(CT_ZONE, tuple5(pkt), tuple5(npkt),
-                                   where=f"{loc.node} {program} (cilium_ct4_global, rev-NAT "
-                                         f"{svc.rev_nat})", nat="dst")
-            out.append((nb, npkt, hit))
-        return out
-
-    def _k8s_affinity(self, svc) -> bool:
-        """spec.sessionAffinity of the Service object (k8s/services.yaml)."""
-        if not hasattr(self, "_affinity"):
-            import yaml
-            self._affinity = set()
-            text = self.snap.bundle.text("k8s/services.yaml")
-            try:
-                doc = yaml.safe_load(text) if text else None
-            except yaml.YAMLError:
-                doc = None      # the cluster loader reports a broken file; nothing to add here
-            for item in (doc or {}).get("items") or [] if isinstance(doc, dict) else []:
-                if not isinstance(item, dict):
-                    continue
-                meta, spec = item.get("metadata") or {}, item.get("spec") or {}
-                if str(spec.get("sessionAffinity", "")).lower() == "clientip":
-                    self._affinity.add(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
-        return svc.key in self._affinity
-
-    # ---- policy ----------------------------------------------------------------------------------
-    def _endpoint_identity(self, cn: CiliumNode, ip: str) -> int | None:
-        ep = cn.endpoints.get(ip)
-        if ep is not None:
-            return ep.identity
-        entry = L.ipcache_lookup(cn.ipcache, ip)
-        return entry.identity if entry is not None else None
-
-    def _policy_check(self, b, loc, cn, ep_rec, direction, pkt, identity, peer_ip):
-        """None when allowed (a hop added), else the finished (branch, None)."""
-        if ep_rec is None:
-            b.add(self._hop(loc, f"{direction} policy: {pkt.nw_src if direction == 'egress' else pkt.nw_dst} "
-                                 "is not a local endpoint in cilium_lxc", unknown=True))
-            return self._end(b, loc, Verdict.UNKNOWN, "policy of an endpoint missing from "
-                                                      "cilium-bpf-endpoint-list.txt")
-        if identity is None:
-            ip_entry = L.ipcache_lookup(cn.ipcache, peer_ip)
-            identity = ip_entry.identity if ip_entry is not None else 2
-        entries = cn.policy_of(ep_rec.endpoint_id)
-        pmap = policy_map_name(ep_rec.endpoint_id)
-        if not entries:
-            why = (f"the policy map of endpoint {ep_rec.endpoint_id} ({pmap}) is not in "
-                   f"nodes/{loc.node}/cilium-bpf-policy-get.txt")
-            b.add(self._hop(loc, why, map_=pmap, unknown=True))
-            return self._end(b, loc, Verdict.UNKNOWN, why)
-        v = L.policy_verdict(entries, direction, identity, pkt.tp_dst, pkt.proto_name, cn.version)
-        lookups = ("1.8 hash-map lookups: " + " -> ".join(v.tried)) if v.tried != ("LPM",) else \
-            "LPM lookup (1.14+)"
-        peer = cn.identity_text(identity)
-        ep = cn.endpoints.get(ep_rec.ip)
-        me = f"endpoint {ep_rec.endpoint_id}" + (f" ({cn.identity_text(ep.identity)})" if ep else "")
-        pod = self.cluster.pod_by_ip(ep_rec.ip)
-        notes = [f"{lookups}: {v.how}"]
-        if ep is not None:
-            notes.append(f"policy enforcement ({direction}) of {me}: "
-                         f"{ep.policy_egress if direction == 'egress' else ep.policy_ingress}")
-        behind = self._policy_behind(pod, direction, peer_ip, pkt, v.allowed)
-        if behind:
-            notes.append(behind)
-        if v.allowed:
-            b.add(self._hop(loc, f"{direction} policy of {me}: {peer} on {pkt.tp_dst}/{pkt.proto_name} "
-                                 "is allowed", map_=pmap, rec=v.entry, notes=notes))
-            return None
-        b.add(self._hop(loc, f"{direction} policy of {me}: {peer} on {pkt.tp_dst}/{pkt.proto_name} "
-                             f"is denied ({v.drop})", map_=pmap, rec=v.entry, notes=notes))
-        reason = (f"{direction} policy of {me} on {loc.node} ({pmap}) denies {peer} on "
-                  f"{pkt.tp_dst}/{pkt.proto_name}: {v.how}" + (f"; {behind}" if behind else ""))
-        return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry)
-
-    def _policy_behind(self, pod, direction, peer_ip, pkt, allowed) -> str:
-        """The policies behind a verdict, from the k8s objects in the bundle."""
-        if pod is None:
-            return ""
-        from traceflow.cni.cilium import cilium_policies_selecting
-        knp = self._knp_behind(pod, direction, peer_ip, pkt, allowed)
-        cnps = cilium_policies_selecting(self.snap.bundle, pod, direction)
-        if not cnps:
-            return knp
-        cnp = f"{', '.join(cnps)} select{'s' if len(cnps) == 1 else ''} {pod.key} for {direction}"
-        return f"{knp}; {cnp}" if knp and not knp.startswith("no NetworkPolicy") else cnp
-
-    def _knp_behind(self, pod, direction, peer_ip, pkt, allowed) -> str:
-        """The Kubernetes NetworkPolicies behind a verdict."""
-        kind = "Egress" if direction == "egress" else "Ingress"
-        selecting = self.cluster.policies_selecting(pod, kind)
-        if not selecting:
-            return f"no NetworkPolicy in the bundle selects {pod.key} for {direction}"
-        names = ", ".join(p.key if hasattr(p, "key") else f"{p.namespace}/{p.name}" for p in selecting)
-        if allowed:
-            allowing = [p for p in selecting
-                        if kube.rule_allows(self.cluster, p, direction, peer_ip, pkt.proto_name,
-                                            pkt.tp_dst)]
-            if allowing:
-                return "allowed by NetworkPolicy " + ", ".join(f"{p.namespace}/{p.name}" for p in allowing)
-            return f"NetworkPolicies selecting {pod.key}: {names} (none allows it: the map and the objects disagree)"
-        return kube.policy_drop_reason(self.cluster, direction, pod, peer_ip, pkt.proto_name,
-                                       pkt.tp_dst)
 
     # ---- after from-container: local delivery, tunnel, or routing ---------------------------------
     def _forward(self, b: Branch, loc: AtBpf, pkt: Packet, cn: CiliumNode, q: Query) -> list:
@@ -538,73 +293,6 @@ class CiliumDatapath(Datapath):
             return [self._end(b, loc, Verdict.DROPPED, f"no FIB route for {pkt.nw_dst}: "
                                                        f"{dec.reason}", L.DROP_NO_FIB)]
         return [host._neighbour_and_send(b, AtHost(loc.node, loc.device, pkt), node, pkt, dec)]
-
-    # ---- endpoint policy program (tail call, or to-container on lxc egress) ------------------------
-    def _policy(self, b: Branch, loc: AtBpf, q: Query) -> list:
-        cn = self.cilium(loc.node)
-        if loc.program == "to-container":
-            missing = self._no_program(b, loc, cn, "egress")
-            if missing:
-                return missing
-        pkt = loc.packet.copy()
-        rec = cn.lxc.get(pkt.nw_dst)
-        if rec is None:
-            b.add(self._hop(loc, f"{pkt.nw_dst} is not a local endpoint of {loc.node}", unknown=True))
-            return [self._end(b, loc, Verdict.UNKNOWN, f"{pkt.nw_dst} not in cilium_lxc of {loc.node}")]
-        via = (f"tail call from {loc.via} (handle_policy / cil_lxc_policy of endpoint "
-               f"{rec.endpoint_id})" if loc.program == POLICY else
-               f"to-container on {loc.device} egress: the ingress policy of endpoint {rec.endpoint_id}")
-        ct = b.ct(loc.node)
-        entry, is_reply = ct.lookup(CT_ZONE, tuple5(pkt))
-        notes = [via]
-        attached = self._attached(cn, loc.device, "egress") if loc.program == "to-container" else ""
-        if attached:
-            notes.append(attached)
-        if entry is not None and is_reply:
-            before = pkt.copy()
-            if entry.nat == "dst" and SOCK_WHERE in entry.where:
-                pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
-                effect = (f"conntrack: reply of an allowed connection (CT_REPLY); the socket was "
-                          f"connected to the backend by cil_sock4_connect, so the packet keeps the "
-                          f"source {before.nw_src}:{before.tp_src} on the wire and the socket layer "
-                          f"(cil_sock4_getpeername/recvmsg) shows the application "
-                          f"{pkt.nw_src}:{pkt.tp_src}, the service address")
-            elif entry.nat == "dst":
-                pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
-                effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
-                          f"rewrites the source {before.nw_src}:{before.tp_src} -> "
-                          f"{pkt.nw_src}:{pkt.tp_src} (the service address)")
-            else:
-                effect = "conntrack: reply of an allowed connection (CT_REPLY): ingress policy skipped"
-            b.add(self._hop(loc, effect, map_="cilium_ct4_global", pkt=pkt, before=before,
-                            notes=notes + [f"entry committed by {entry.where}"]))
-            return self._deliver(b, loc, pkt, rec, cn)
-        identity = pkt.extra.get("src_identity")
-        if identity is None:
-            ip_entry = L.ipcache_lookup(cn.ipcache, pkt.nw_src)
-            identity = ip_entry.identity if ip_entry is not None else 2
-        b.add(self._hop(loc, f"source: {cn.identity_text(identity)}", pkt=pkt, notes=notes))
-        denied = self._policy_check(b, loc, cn, rec, "ingress", pkt, identity, pkt.nw_src)
-        if denied is not None:
-            return [denied]
-        ct.commit(CT_ZONE, tuple5(pkt), tuple5(pkt),
-                  where=f"{loc.node} policy program of endpoint {rec.endpoint_id} (cilium_ct4_global)")
-        return self._deliver(b, loc, pkt, rec, cn)
-
-    def _deliver(self, b, loc, pkt, rec, cn) -> list:
-        pod = self.cluster.pod_by_ip(rec.ip)
-        dev = cn.device_of(rec) or loc.device
-        pkt = pkt.copy()
-        if rec.mac:
-            pkt.dl_dst = rec.mac.lower()
-        if rec.node_mac:
-            pkt.dl_src = rec.node_mac.lower()
-        name = pod.key if pod else rec.ip
-        b.add(Hop(loc.node, "pod", None, None,
-                  f"delivered to {name} ({rec.ip}) through {dev} (redirect to the veth)",
-                  packet=pkt.headers()))
-        b.final_packet = pkt
-        return [(b.finish(Verdict.DELIVERED, None, pod or rec.ip), None)]
 
     # ---- native devices ------------------------------------------------------------------------
     def _from_netdev(self, b: Branch, loc: AtBpf, q: Query) -> list:
