@@ -282,3 +282,19 @@ def test_a_service_without_backends_fails_connect_under_socket_lb(bundle):
     (p,) = doc["paths"]
     assert p["verdict"] == "dropped" and p["drop"]["table"] == "cil_sock4_connect"
     assert "cil_sock4_connect finds no backend and connect() fails" in p["drop"]["reason"]
+
+
+def test_geneve_tunnel_uses_cilium_geneve_and_udp_6081(bundle):
+    for n in ("worker1", "worker2"):
+        for name in ("cilium-status.txt", "bpftool-net.txt", "ip-addr.txt", "tc.txt"):
+            f = bundle / f"nodes/{n}/{name}"
+            f.write_text(f.read_text().replace("vxlan", "geneve"))
+    cfg = bundle / "k8s/cilium-config.yaml"
+    cfg.write_text(cfg.read_text().replace("tunnel-protocol: vxlan", "tunnel-protocol: geneve"))
+    code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
+    assert code == 0
+    h = hops(path_to(doc, "shop/web-0"))
+    (to,) = [x for x in h if x.get("program") == "to-overlay"]
+    assert "GENEVE" in to["effect"] and "UDP 6081" in to["effect"] and "cilium_geneve" in to["effect"]
+    (frm,) = [x for x in h if x.get("program") == "from-overlay"]
+    assert frm["node"] == "worker2" and "cilium_geneve" in frm["effect"]
