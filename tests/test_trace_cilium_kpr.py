@@ -210,6 +210,8 @@ def test_ingress_policy_entry_removed_drops_at_the_policy_program(bundle):
     last = leg(p, "request")["hops"][-1]
     assert last["program"] == "policy" and last["map"] == "cilium_policy_01081"
     assert last["entry"] is None     # no entry matched
+    # the endpoint list still says enforcement is Disabled: the disagreement is said
+    assert "ingress enforcement is Disabled for endpoint 1081" in drop["reason"]
 
 
 def test_l3_l4_entry_for_the_client_allows_before_the_wildcard(bundle):

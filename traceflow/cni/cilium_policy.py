@@ -58,6 +58,14 @@ class EndpointPolicy:
             return None
         b.add(self._hop(loc, f"{direction} policy of {me}: {peer} on {pkt.tp_dst}/{pkt.proto_name} "
                              f"is denied ({v.drop})", map_=pmap, rec=v.entry, notes=notes))
+        enforcement = (ep.policy_egress if direction == "egress" else ep.policy_ingress) if ep else ""
+        if str(enforcement).lower() == "disabled":
+            # with enforcement off the agent writes an allow-all entry: its absence is a
+            # disagreement worth saying, not something to paper over
+            behind = ((behind + "; ") if behind else "") + (
+                f"`cilium endpoint list` says {direction} enforcement is Disabled for endpoint "
+                f"{ep_rec.endpoint_id}, yet its map has no entry allowing this: the map and the "
+                "endpoint's state disagree")
         reason = (f"{direction} policy of {me} on {loc.node} ({pmap}) denies {peer} on "
                   f"{pkt.tp_dst}/{pkt.proto_name}: {v.how}" + (f"; {behind}" if behind else ""))
         return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry)
