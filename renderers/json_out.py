@@ -95,6 +95,8 @@ def hop_to_dict(hop: Hop) -> dict:
         "notes": [_plain(n) for n in hop.notes],
         "unknown": bool(hop.unknown),
     })
+    if hop.program is not None or hop.map is not None or hop.entry is not None:
+        out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
     return out
 
 

@@ -179,7 +179,10 @@ class Snapshot:
 
     @cached_property
     def conventions(self):
-        """The CNI's conventions the solver relies on (see traceflow.cni.antrea)."""
+        """The CNI's conventions the solver relies on (traceflow.cni.antrea / cilium)."""
+        if self.cni == "cilium":
+            from traceflow.cni.cilium import CiliumConventions
+            return CiliumConventions()
         return antrea.AntreaConventions()
 
     @cached_property
@@ -203,6 +206,7 @@ class Snapshot:
 
 
 def check_supported(snapshot: Snapshot) -> None:
-    if snapshot.cni not in ("antrea",):
-        raise InputError(f"cni {snapshot.cni!r}: only Antrea bundles can be traced end to end "
-                         "so far (Cilium support is planned)", "manifest.yaml")
+    from traceflow.cni import SUPPORTED
+    if snapshot.cni not in SUPPORTED:
+        raise InputError(f"cni {snapshot.cni!r}: traceflow traces Antrea and Cilium bundles "
+                         "end to end", "manifest.yaml")

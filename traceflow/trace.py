@@ -38,6 +38,11 @@ class Hop:
     matched: tuple = ()             # match fields of ``rule`` that decided the hit
     notes: list = field(default_factory=list)     # decoded meanings (registers, marks, MACs)
     unknown: bool = False           # the hop met something not modelled
+    # BPF datapaths (Cilium): the program that decided, the map it consulted and the entry
+    # (as the bundle prints it; ``source`` gives its file:line)
+    program: str | None = None      # e.g. "from-container", "cil_from_netdev"
+    map: str | None = None          # e.g. "cilium_lb4_services_v2", "cilium_policy_02215"
+    entry: str | None = None        # the map entry that decided, verbatim
 
 
 @dataclass

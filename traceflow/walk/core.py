@@ -1,0 +1,158 @@
+"""The solver's loop: walk a packet through Locations, asking a component at each.
+
+The walk is a sequence of *locations* (a node's host stack at an interface, an OVS bridge at
+an input port, a BPF program on a device's hook, ...). The component that handles a location
+turns the packet into one or more outcomes with weights (load-balancer choices), each leading
+to the next location or to an end (delivered, dropped, unknown). Which components exist is
+the CNI's business (``traceflow.cni.datapath_for``); the kernel host stack is shared. Conntrack
+state travels with each branch per node, so the reply leg sees the entries the request leg
+committed and NAT is undone where the real datapath undoes it.
+"""
+
+from __future__ import annotations
+
+from traceflow import kube
+from traceflow.errors import InputError
+from traceflow.packet import PROTO_NUMBERS, Packet
+from traceflow.snapshot import Missing, Snapshot
+from traceflow.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.walk.host import HostStack
+from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
+
+
+class Solver:
+    def __init__(self, snapshot: Snapshot):
+        from traceflow.cni import datapath_for
+        self.snap = snapshot
+        self.cluster = snapshot.cluster
+        self.cni = snapshot.conventions
+        self.warnings: list[str] = []
+        self.host = HostStack(self)
+        self.datapath = datapath_for(snapshot)(self)
+        # location type -> the component's step(branch, location, query) -> [(branch, next)]
+        self.components = {AtHost: self.host.step, **self.datapath.components()}
+
+    # ---- public -------------------------------------------------------------------------
+    def trace(self, q: Query) -> Trace:
+        trace = Trace(q.as_dict())
+        first = self._initial_packet(q)
+        start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(first, q))])
+        if q.service is None:
+            start.choose_target(self.cluster, q.dst_ip)
+        branches = self._walk_leg(start, q.source, first, q)
+        paths = []
+        for b in branches:
+            verdict, drop, endpoint = b.end
+            if verdict == Verdict.DELIVERED and q.reply:
+                for rb in self._reply(b, endpoint, q):
+                    paths.append(self._path(rb, endpoint))
+            else:
+                paths.append(self._path(b, endpoint))
+        if q.endpoint:
+            paths = [p for p in paths if _endpoint_matches(p.endpoint, q.endpoint)]
+            if not paths:
+                raise InputError(f"no path reaches endpoint {q.endpoint!r}", "--endpoint")
+        trace.paths = paths
+        trace.warnings = list(dict.fromkeys(self.warnings))
+        return trace
+
+    def _path(self, b: Branch, endpoint) -> Path:
+        verdict, drop, _ = b.end
+        for leg in b.legs:
+            if leg.verdict == Verdict.UNKNOWN and verdict == Verdict.DELIVERED:
+                leg.verdict = Verdict.DELIVERED
+        name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
+        return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices)
+
+    # ---- the first packet ------------------------------------------------------------------
+    def _initial_packet(self, q: Query) -> Packet:
+        return Packet(nw_src=q.source.ip, nw_dst=q.dst_ip, nw_proto=PROTO_NUMBERS[q.protocol.lower()],
+                      tp_src=q.src_port, tp_dst=q.dst_port,
+                      tcp_flags="syn" if q.protocol == "TCP" else None)
+
+    def _walk_leg(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query) -> list[Branch]:
+        """From a pod's eth0 to wherever the packet ends."""
+        try:
+            start = self.datapath.leave_pod(branch, pod, packet, q)
+        except Missing as miss:
+            return [self.missing(branch, pod.node or "?", "pod", miss)]
+        if start is None:
+            return [branch]
+        return self._run(branch, start, q)
+
+    # ---- the walk ---------------------------------------------------------------------------
+    def _run(self, branch: Branch, start, q: Query) -> list[Branch]:
+        done: list[Branch] = []
+        work = [(branch, start)]
+        while work:
+            b, loc = work.pop(0)
+            b.steps += 1
+            component = self.datapath.component_name(loc)
+            if b.steps > MAX_LOCATIONS:
+                b.add(Hop(getattr(loc, "node", "?"), component, None, None,
+                          "the packet keeps going round: loop detected", unknown=True))
+                done.append(b.finish(Verdict.UNKNOWN, Drop(loc.node, component, None, None,
+                                                           "forwarding loop")))
+                continue
+            step = self.components.get(type(loc))
+            if step is None:   # a datapath handing on to a place nobody models is a bug
+                raise TypeError(f"no component handles {type(loc).__name__}")
+            try:
+                outcomes = step(b, loc, q)
+            except Missing as miss:
+                done.append(self.missing(b, loc.node, component, miss))
+                continue
+            for nb, nloc in outcomes:
+                if nloc is None:
+                    done.append(nb)
+                else:
+                    work.append((nb, nloc))
+        return done
+
+    def missing(self, b: Branch, node: str, component: str, miss: Missing) -> Branch:
+        b.add(Hop(node, component, None, None, f"cannot continue: {miss}", unknown=True))
+        return b.finish(Verdict.UNKNOWN, Drop(node, component, None, None, str(miss)))
+
+    # ---- reply --------------------------------------------------------------------------------
+    def _reply(self, b: Branch, server: kube.Pod, q: Query) -> list[Branch]:
+        b.leg.verdict = Verdict.DELIVERED
+        for leg in b.legs:
+            leg.verdict = Verdict.DELIVERED
+        request_pkt = b.final_packet
+        rb = b.fork()
+        rb.end = None
+        reply = request_pkt.reversed()
+        rb.legs.append(Leg("reply", Verdict.UNKNOWN, [], describe(reply, None)))
+        results = []
+        for done in self._walk_leg(rb, server, reply, q):
+            verdict, drop, endpoint = done.end
+            if verdict == Verdict.DELIVERED:
+                got = done.final_packet
+                if endpoint is not q.source and endpoint != q.source:
+                    done.finish(Verdict.DROPPED, Drop(endpoint.node if endpoint else "?", "pod",
+                                                      None, None,
+                                                      f"the reply reaches {endpoint.key if endpoint else '?'} "
+                                                      f"instead of {q.source.key}"))
+                elif (got.nw_src, got.tp_src) != (q.dst_ip, q.dst_port):
+                    last = done.leg.hops[-1]
+                    done.finish(Verdict.DROPPED, Drop(last.node, "pod", None, None,
+                                                      f"the reply arrives from {got.nw_src}:{got.tp_src}, "
+                                                      f"but {q.source.key} talked to {q.dst_ip}:{q.dst_port}: "
+                                                      "the un-NAT did not happen, the client resets"))
+            done.end = (done.end[0], done.end[1], server)
+            results.append(done)
+        return results
+
+    # ---- kept for callers of the one-class solver ------------------------------------------
+    def _ovs_hop(self, *args, **kwargs) -> Hop:
+        return self.datapath.ovs_hop(*args, **kwargs)
+
+    def _arp_via_ovs(self, node_name, node, dev, target):
+        got = self.datapath.answer_arp(node_name, node, dev, target)
+        return got[0] if got else None
+
+
+def _endpoint_matches(endpoint: str | None, pin: str) -> bool:
+    if endpoint is None:
+        return False
+    return endpoint == pin or endpoint.split("/")[-1] == pin

@@ -1,0 +1,313 @@
+"""The kernel host stack every CNI shares: conntrack, netfilter (iptables/nft), routing,
+IPVS, neighbours. A packet arrives on an interface (``AtHost``) and leaves on a device; where
+that device leads (back into a CNI's datapath, out of the node) the CNI's Datapath says.
+"""
+
+from __future__ import annotations
+
+from traceflow.conntrack import reverse
+from traceflow.packet import Packet
+from traceflow.snapshot import NodeModel
+from traceflow.trace import Drop, Hop, Verdict
+from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, fmt as _fmt, primary_ip as _primary_ip
+from traceflow.walk.state import tuple5 as _tuple
+
+
+class HostStack:
+    """The component for ``AtHost`` locations. ``walk`` is the Solver (snapshot, cluster,
+    datapath, warnings)."""
+
+    def __init__(self, walk):
+        self.walk = walk
+        self.snap = walk.snap
+        self.cluster = walk.cluster
+        self.warnings = walk.warnings
+
+    @property
+    def datapath(self):
+        return self.walk.datapath
+
+    def step(self, b: Branch, loc: AtHost, q: Query) -> list:
+        return self._host(b, loc, q)
+
+    def _host(self, b: Branch, loc: AtHost, q: Query) -> list:
+        from traceflow.netfilter.engine import NodeContext
+        node = self.snap.node(loc.node)
+        pkt = loc.packet.copy()
+        ct = b.ct(loc.node)
+        tup = _tuple(pkt)
+        entry, is_reply = ct.lookup(HOST_ZONE, tup)
+        rs = node.netfilter
+        for caveat in getattr(rs, "caveats", ()):
+            self.warnings.append(f"{loc.node}: {caveat}")
+        late_src = None
+        if entry is not None:
+            new_conn = False
+            entry.seen_reply = entry.seen_reply or is_reply
+            if entry.nat:
+                # the kernel rewrites destinations before routing (PREROUTING) and sources
+                # after it (POSTROUTING): a reply's un-DNAT is a source rewrite, done late
+                target = entry.orig if is_reply else reverse(entry.reply)
+                want_src = (target[3], target[4]) if is_reply else (target[1], target[2])
+                want_dst = (target[1], target[2]) if is_reply else (target[3], target[4])
+                if (pkt.nw_dst, pkt.tp_dst) != want_dst:
+                    before = pkt.copy()
+                    pkt.nw_dst, pkt.tp_dst = want_dst
+                    b.add(_ct_hop(loc.node, entry, is_reply, before, pkt, "PREROUTING"))
+                if (pkt.nw_src, pkt.tp_src) != want_src:
+                    late_src = (entry, is_reply, want_src)
+        else:
+            new_conn = True
+        ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                          in_iface=loc.iif, out_iface=None,
+                          ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
+                          ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=loc.node)
+        pre = self._netfilter(b, rs, "PREROUTING", pkt, ctx, loc.node)
+        results = []
+        for nb, npkt, _ in pre:
+            if nb.end:
+                results.append((nb, None))
+                continue
+            results.extend(self._route_and_forward(nb, loc, node, npkt, ctx, new_conn, tup,
+                                                   late_src))
+        return results
+
+    def _netfilter(self, b: Branch, rs, hook: str, pkt: Packet, ctx, node: str) -> list:
+        """Run one netfilter hook (iptables or nft); returns [(branch, packet, nat)]."""
+        if rs is None:
+            return [(b, pkt, None)]
+        if hasattr(rs, "evaluate_hook"):          # nftables
+            branches, component = rs.evaluate_hook(hook, pkt, ctx), "nft"
+        else:
+            from traceflow.netfilter.engine import evaluate_hook
+            branches, component = evaluate_hook(rs, hook, pkt, ctx), "iptables"
+        out = []
+        for nf in branches:
+            nb = b.fork() if len(branches) > 1 else b
+            nb.weight *= nf.weight
+            for step in nf.steps:
+                nb.add(self._nf_hop(node, component, step, nf, pkt))
+            if nf.nat is not None and nf.nat.kind == "DNAT" and nf.nat.translated:
+                nb.choose_target(self.cluster, nf.nat.translated[0])
+            if len(branches) > 1:
+                nb.choices.append(f"{node} {component} {hook}: {_branch_label(nf)} "
+                                  f"({nf.weight:.0%} of new connections)")
+            if nf.verdict != "ACCEPT":
+                self._nf_end(nb, node, component, nf)
+            out.append((nb, nf.packet, nf.nat))
+        return out
+
+    @staticmethod
+    def _nf_hop(node: str, component: str, step, nf, before: Packet) -> Hop:
+        hop = Hop(node, component, step.table, step.rule.text if step.rule is not None else None,
+                  step.effect, chain=step.chain,
+                  source=step.rule.source if step.rule is not None else None,
+                  matched=tuple(step.matched), unknown=step.unknown)
+        if any(word in step.effect.upper() for word in ("DNAT", "SNAT", "MASQUERADE", "MARK")):
+            hop.packet = nf.packet.headers()
+            hop.changed = nf.packet.diff(before)
+        return hop
+
+    @staticmethod
+    def _nf_end(b: Branch, node: str, component: str, nf) -> Branch:
+        """A branch the hook did not accept: dropped, rejected, or not decidable."""
+        last = nf.steps[-1] if nf.steps else None
+        rule = last.rule.text if last is not None and last.rule is not None else None
+        table = last.table if last is not None else None
+        if nf.verdict == "UNKNOWN":
+            return b.finish(Verdict.UNKNOWN, Drop(node, component, table, rule,
+                                                  last.effect if last else "unknown"))
+        reason = f"{nf.verdict} in {last.table}/{last.chain}: {last.effect}" if last else nf.verdict
+        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason))
+
+    def _route_and_forward(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
+                           new_conn: bool, orig_tuple, late_src) -> list:
+        """Routing decision, then FORWARD and POSTROUTING; a local destination that IPVS
+        serves is load-balanced at INPUT and leaves again as a locally sent packet."""
+        dec = self._route(b, loc.node, node, pkt, iif=loc.iif)
+        if dec.kind == "local":
+            return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec)
+        if dec.kind != "unicast":
+            return [(self._no_route(b, loc.node, dec), None)]
+        ctx.out_iface = dec.dev
+        outcomes = []
+        for fb, fpkt, _ in self._netfilter(b, node.netfilter, "FORWARD", pkt, ctx, loc.node):
+            outcomes.extend(self._postrouting(fb, loc.node, node, fpkt, ctx, dec)
+                            if not fb.end else [(fb, fpkt, dec)])
+        return self._send_all(outcomes, loc, node, new_conn, orig_tuple, late_src)
+
+    def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
+               use_src: bool = True):
+        from traceflow.routing.lookup import route_lookup
+        dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst,
+                           src=pkt.nw_src if use_src else None, iif=iif,
+                           mark=pkt.mark, local_addresses=node.local_addresses,
+                           interfaces=node.interfaces or None, sysctls=node.sysctls)
+        route = dec.route
+        b.add(Hop(node_name, "route", dec.table, route.text if route is not None else None,
+                  dec.reason, source=route.source if route is not None else None,
+                  notes=list(dec.steps)))
+        return dec
+
+    @staticmethod
+    def _no_route(b: Branch, node_name: str, dec) -> Branch:
+        return b.finish(Verdict.DROPPED, Drop(node_name, "route", dec.table,
+                                              dec.route.text if dec.route else None,
+                                              f"no usable route: {dec.reason}"))
+
+    def _postrouting(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, ctx, dec):
+        ctx.masquerade_ip = _primary_ip(node.interface(dec.dev))
+        return [(pb, ppkt, dec) for pb, ppkt, _ in
+                self._netfilter(b, node.netfilter, "POSTROUTING", pkt, ctx, node_name)]
+
+    def _send_all(self, outcomes, loc: AtHost, node: NodeModel, new_conn: bool, orig_tuple,
+                  late_src=None):
+        """Commit the kernel's conntrack entry (with the NAT it did), or apply an existing
+        connection's source rewrite (a reply's un-DNAT), then resolve and send."""
+        results = []
+        for ob, opkt, dec in outcomes:
+            if ob.end:
+                results.append((ob, None))
+                continue
+            if late_src is not None:
+                entry, is_reply, (ip, port) = late_src
+                before, opkt = opkt, opkt.copy()
+                opkt.nw_src, opkt.tp_src = ip, port
+                ob.add(_ct_hop(loc.node, entry, is_reply, before, opkt, "POSTROUTING"))
+            if new_conn and _tuple(opkt) != orig_tuple:
+                nat_kind = "+".join(k for k, changed in
+                                    (("dst", (opkt.nw_dst, opkt.tp_dst) != (orig_tuple[3], orig_tuple[4])),
+                                     ("src", (opkt.nw_src, opkt.tp_src) != (orig_tuple[1], orig_tuple[2])))
+                                    if changed)
+                ob.ct(loc.node).commit(HOST_ZONE, orig_tuple, _tuple(opkt),
+                                       where=f"{loc.node} kernel conntrack", nat=nat_kind)
+            results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
+        return results
+
+    def _local_input(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
+                     new_conn: bool, orig_tuple, dec) -> list:
+        ipvs = node.ipvs
+        branches = ipvs.evaluate(pkt) if ipvs is not None and new_conn else None
+        if branches is None:
+            why = ("the packet goes up to the host's own sockets" if ipvs is None or new_conn
+                   else "a reply to an IPVS connection is un-NAT-ed by conntrack before this")
+            return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
+                                                    dec.route.text if dec.route else None,
+                                                    f"{pkt.nw_dst} is local to {loc.node}: {why}")),
+                     None)]
+        outcomes = []
+        for nf in branches:
+            nb = b.fork() if len(branches) > 1 else b
+            nb.weight *= nf.weight
+            for step in nf.steps:
+                nb.add(self._nf_hop(loc.node, "ipvs", step, nf, pkt))
+            if nf.nat is not None and nf.nat.translated and nf.nat.translated[0]:
+                nb.choose_target(self.cluster, nf.nat.translated[0])
+                if len(branches) > 1:
+                    nb.choices.append(f"{loc.node} IPVS: real server {nf.nat.translated[0]}:"
+                                      f"{nf.nat.translated[1]} ({nf.weight:.0%} of new connections)")
+            if nf.verdict != "ACCEPT":
+                outcomes.append((self._nf_end(nb, loc.node, "ipvs", nf), nf.packet, dec))
+                continue
+            # IPVS sends the translated packet out itself: an output route lookup for the real
+            # server, by destination only (the client's source address is kept, not checked)
+            odec = self._route(nb, loc.node, node, nf.packet, iif=None, use_src=False)
+            if odec.kind != "unicast":
+                outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
+                continue
+            ctx.out_iface = odec.dev
+            outcomes.extend(self._postrouting(nb, loc.node, node, nf.packet, ctx, odec))
+        return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
+
+    def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
+        from traceflow.neigh import resolve
+        nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
+        iface = node.interface(dec.dev)
+        before = pkt.copy()
+        pkt = pkt.copy()
+        pkt.nw_ttl -= 1
+        if iface is not None and iface.mac:
+            pkt.dl_src = iface.mac
+        neigh = node.neighbours
+        if neigh is None:
+            result_mac, text, src, ok = None, None, None, None
+            reason = f"needs nodes/{loc.node}/ip-neigh.txt to resolve {nexthop} on {dec.dev}"
+        else:
+            res = resolve(neigh, nexthop, dec.dev)
+            ok = res.usable
+            reason = res.reason
+            result_mac = res.neighbour.lladdr if res.neighbour is not None else None
+            text = res.neighbour.text if res.neighbour is not None else None
+            src = res.neighbour.source if res.neighbour is not None else None
+        if result_mac is None and ok is not False:
+            # the CNI may answer ARP itself (Antrea: OVS's ARP responder on the gateway)
+            answered = self.datapath.answer_arp(loc.node, node, dec.dev, nexthop)
+            if answered:
+                result_mac, reason = answered
+                ok = True
+        notes = [n for n in (self.datapath.describe_mac(result_mac),) if n]
+        if result_mac:
+            pkt.dl_dst = result_mac
+        b.add(Hop(loc.node, "neigh", dec.dev, text, reason, source=src, packet=pkt.headers(),
+                  changed=pkt.diff(before), notes=notes, unknown=ok is None and not result_mac))
+        if ok is False:
+            return (b.finish(Verdict.DROPPED, Drop(loc.node, "neigh", dec.dev, text,
+                                                   f"neighbour unreachable: {reason}")), None)
+        if not result_mac:
+            return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "neigh", dec.dev, text, reason)), None)
+        # a device of the CNI's datapath (Antrea's gateway into OVS, Cilium's lxc or native
+        # device hooks) takes the packet on; any other device leaves the node
+        handed = self.datapath.host_output(b, loc, node, pkt, dec, nexthop)
+        if handed is not None:
+            return handed
+        return (self._leaves_node(b, loc, pkt, dec, nexthop), None)
+
+    def _leaves_node(self, b: Branch, loc: AtHost, pkt: Packet, dec, nexthop: str) -> Branch:
+        """The host sends the packet out of a device no datapath claims: fine for the outside
+        world, wrong for a Pod of this cluster, which must go through the CNI's datapath."""
+        owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
+        rule = dec.route.text if dec.route is not None else None
+        if owner is not None:
+            cidr = ", ".join(owner.pod_cidrs)
+            return b.finish(Verdict.DROPPED, Drop(
+                loc.node, "route", dec.table, rule,
+                f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "
+                f"it out of {dec.dev} via {nexthop}, outside the overlay: the route for {cidr} "
+                f"through the {self.datapath.name} gateway is missing"))
+        return b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, rule,
+                                              f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
+                                              "outside the cluster, not followed further"))
+
+
+def _ct_hop(node: str, entry, is_reply: bool, before: Packet, after: Packet, hook: str) -> Hop:
+    """The kernel's conntrack translating a packet of a connection it already NAT-ed."""
+    undnat = is_reply and "dst" in (entry.nat or "") and after.nw_src != before.nw_src
+    what = " (un-DNAT)" if undnat else (" (un-SNAT)" if is_reply else "")
+    return Hop(node, "iptables", "nat", _ct_text(entry),
+               f"{'reply of' if is_reply else 'packet of'} a NAT-ed connection: conntrack "
+               f"{'restores' if is_reply else 'applies'} the translation at {hook}: "
+               f"{_fmt(before)} -> {_fmt(after)}{what}",
+               chain="conntrack", packet=after.headers(), changed=after.diff(before),
+               notes=[f"connection committed by {entry.where}"])
+
+
+def _ct_text(entry) -> str:
+    o, r = entry.orig, entry.reply
+    return (f"conntrack: {o[1]}:{o[2]} -> {o[3]}:{o[4]} (reply {r[1]}:{r[2]} -> {r[3]}:{r[4]}) "
+            f"[{entry.nat or 'no'} NAT]")
+
+
+def _describe(pkt: Packet, q: Query | None) -> str:
+    proto = pkt.proto_name
+    text = f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst} {proto}"
+    if q is not None:
+        text = f"{q.source.key} -> {q.destination_label}: " + text
+    return text
+
+
+def _branch_label(nf) -> str:
+    if nf.nat is not None:
+        return f"{nf.nat.kind} to {nf.nat.translated[0]}:{nf.nat.translated[1]}" \
+            if hasattr(nf.nat, "translated") else str(nf.nat)
+    return "branch"
+
