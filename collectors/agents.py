@@ -81,6 +81,8 @@ class CiliumCommand:
 CILIUM_COMMANDS = (
     CiliumCommand("cilium-status", "status --verbose", False, "status -o json"),
     CiliumCommand("cilium-bpf-lb-list", "bpf lb list", True, "bpf lb list -o json"),
+    # `--frontends`: per slot `beid count[qcount]`, the only listing that shows a service's count
+    CiliumCommand("cilium-bpf-lb-list-frontends", "bpf lb list --frontends", False),
     CiliumCommand("cilium-service-list", "service list", True, "service list -o json"),
     CiliumCommand("cilium-bpf-lb-maglev-list", "bpf lb maglev list", False,
                   "bpf lb maglev list -o json", (1, 9)),
