@@ -3,7 +3,6 @@
 JSON forms agree; bad input is an error naming file and line."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -217,6 +216,12 @@ def test_shuffled_per_slot_lb_list_groups_the_same(rnd):
         rnd.shuffle(rows)
         got = lb.parse_lb_list("\n".join([header] + rows) + "\n", path)
         assert grouping(got) == EXPECTED_LB[version]
+        # the -o json form of the same map, its keys in that order too
+        doc = {}
+        for r in rows:
+            key, value = r.split("  ", 1)
+            doc.setdefault(key.strip(), []).append(value.strip())
+        assert grouping(lb.parse_lb_list(json.dumps(doc), path)) == EXPECTED_LB[version]
 
 
 @settings(max_examples=40, deadline=None)
@@ -240,6 +245,9 @@ def test_shuffled_groups_of_continuation_format_group_the_same(rnd):
             out.append(f"{key:<20} {entries[0]}")
             out += [" " * 21 + e for e in entries[1:]]
         assert grouping(lb.parse_lb_list("\n".join(out) + "\n", path)) == EXPECTED_LB[version]
+        # -o json: one key per service, its entries in dump order
+        doc = {key: entries for key, *entries in groups}
+        assert grouping(lb.parse_lb_list(json.dumps(doc), path)) == EXPECTED_LB[version]
 
 
 def test_the_old_positional_misgrouping_cannot_happen():
