@@ -352,6 +352,10 @@ def test_db_frontends_truncated_table_is_flagged_and_json_is_complete():
     table = {s.name: s for s in lb.parse_db_frontends(*fx("1.18", "cilium-db-frontends.txt"))}
     big = table["default/big"]
     assert big.truncated == 3 and len(big.backends) == 5       # never a silent partial list
+    assert big.truncation_note == ("1.18/cilium-db-frontends.txt:6: the table shows 5 of 8 backends of "
+                                   "10.96.150.7:80; collect `cilium-dbg shell -- db/show --format=json "
+                                   "frontends` for all of them")
+    assert table["default/web"].truncation_note is None
     assert all(s.truncated == 0 for n, s in table.items() if n != "default/big")
     js = {s.name: s for s in lb.parse_db_frontends(*fx("1.18", "cilium-db-frontends.json"))}
     assert js["default/big"].truncated == 0 and len(js["default/big"].backends) == 8
