@@ -3,7 +3,6 @@
 JSON forms agree; bad input is an error naming file and line."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -217,6 +216,12 @@ def test_shuffled_per_slot_lb_list_groups_the_same(rnd):
         rnd.shuffle(rows)
         got = lb.parse_lb_list("\n".join([header] + rows) + "\n", path)
         assert grouping(got) == EXPECTED_LB[version]
+        # the -o json form of the same map, its keys in that order too
+        doc = {}
+        for r in rows:
+            key, value = r.split("  ", 1)
+            doc.setdefault(key.strip(), []).append(value.strip())
+        assert grouping(lb.parse_lb_list(json.dumps(doc), path)) == EXPECTED_LB[version]
 
 
 @settings(max_examples=40, deadline=None)
@@ -240,6 +245,9 @@ def test_shuffled_groups_of_continuation_format_group_the_same(rnd):
             out.append(f"{key:<20} {entries[0]}")
             out += [" " * 21 + e for e in entries[1:]]
         assert grouping(lb.parse_lb_list("\n".join(out) + "\n", path)) == EXPECTED_LB[version]
+        # -o json: one key per service, its entries in dump order
+        doc = {key: entries for key, *entries in groups}
+        assert grouping(lb.parse_lb_list(json.dumps(doc), path)) == EXPECTED_LB[version]
 
 
 def test_the_old_positional_misgrouping_cannot_happen():
@@ -344,6 +352,10 @@ def test_db_frontends_truncated_table_is_flagged_and_json_is_complete():
     table = {s.name: s for s in lb.parse_db_frontends(*fx("1.18", "cilium-db-frontends.txt"))}
     big = table["default/big"]
     assert big.truncated == 3 and len(big.backends) == 5       # never a silent partial list
+    assert big.truncation_note == ("1.18/cilium-db-frontends.txt:6: the table shows 5 of 8 backends of "
+                                   "10.96.150.7:80; collect `cilium-dbg shell -- db/show --format=json "
+                                   "frontends` for all of them")
+    assert table["default/web"].truncation_note is None
     assert all(s.truncated == 0 for n, s in table.items() if n != "default/big")
     js = {s.name: s for s in lb.parse_db_frontends(*fx("1.18", "cilium-db-frontends.json"))}
     assert js["default/big"].truncated == 0 and len(js["default/big"].backends) == 8

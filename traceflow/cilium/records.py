@@ -75,6 +75,15 @@ class LbService:
         """(address, port, protocol, scope): what Cilium's lb4_key looks the service up by."""
         return (self.frontend_ip, self.port, self.protocol, self.scope)
 
+    @property
+    def truncation_note(self) -> str | None:
+        """Why the backends are incomplete, for the user (None when they are complete)."""
+        if not self.truncated:
+            return None
+        return (f"{self.source.file}:{self.source.line}: the table shows {len(self.backends)} of "
+                f"{len(self.backends) + self.truncated} backends of {self.frontend_ip}:{self.port}; "
+                "collect `cilium-dbg shell -- db/show --format=json frontends` for all of them")
+
 
 @dataclass(frozen=True)
 class LbFrontendSlot:
