@@ -67,6 +67,16 @@ def main() -> None:
     hops = sum(len(l.hops) for p in trace.paths for l in p.legs)
     print(f"example: open+parse+trace (2 paths, {hops} hops, with replies): {t * 1000:.1f} ms")
 
+    save = example_path().parent / "kube-proxy-iptables" / "nodes"
+    save = next(iter(sorted(save.glob("*/iptables-save.txt"))), None)
+    if save is not None:
+        from traceflow.netfilter.iptables import parse_iptables_save
+        text = save.read_text()
+        t_ipt, rs = timed(lambda: parse_iptables_save(text, str(save)), repeat=3)
+        n_rules = sum(1 for _ in rs.rules())
+        print(f"iptables-save of the 301-service example: {n_rules} rules in {t_ipt * 1000:.0f} ms "
+              f"({n_rules / t_ipt:,.0f} rules/s)")
+
     from benchmarks.synth import build
     with tempfile.TemporaryDirectory() as tmp:
         big = build(Path(tmp) / "big", args.flows)

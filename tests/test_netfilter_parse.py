@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-import time
 from pathlib import Path
 
 import pytest
@@ -448,10 +447,8 @@ def kube_proxy_save(services: int) -> str:
     return "\n".join(["*nat", *decl, *rules, "COMMIT", ""])
 
 
-def test_parse_speed_10k_rules():
+def test_parse_10k_rules():
+    """10,000 kube-proxy rules parse without a diagnostic (their speed: benchmarks/run.py)."""
     text = kube_proxy_save(1250)                        # 1250 * 8 = 10000 rules
-    start = time.perf_counter()
     rs = parse_iptables_save(text, "big.txt")
-    elapsed = time.perf_counter() - start
     assert sum(1 for _ in rs.rules()) == 10000 and rs.diagnostics == []
-    assert elapsed < 1.0, f"10k rules took {elapsed:.2f}s"
