@@ -40,6 +40,7 @@ complete -c traceflow -n '__fish_seen_subcommand_from nf-trace' -l output -s o -
 complete -c traceflow -n '__fish_seen_subcommand_from nf-trace' -l width -x -d 'Terminal width for the table output'
 complete -c traceflow -n '__fish_seen_subcommand_from nf-trace' -l help -s h -d 'Show help'
 complete -c traceflow -n '__fish_seen_subcommand_from ovs-trace' -l table -x -d 'Table to start in'
+complete -c traceflow -n '__fish_seen_subcommand_from ovs-trace' -l ct-next -x -d 'Conntrack state for the next ct() recirculation, e.g'
 complete -c traceflow -n '__fish_seen_subcommand_from ovs-trace' -l bundle -s b -r -F -d 'Bundle folder or .tar.gz to trace offline'
 complete -c traceflow -n '__fish_seen_subcommand_from ovs-trace' -l output -s o -x -a 'table json yaml' -d 'Output format'
 complete -c traceflow -n '__fish_seen_subcommand_from ovs-trace' -l width -x -d 'Terminal width for the table output'

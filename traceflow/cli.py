@@ -402,6 +402,9 @@ def ovs_trace(
                                          "'in_port=frontend-a3ba2f,tcp,nw_src=10.222.1.48,"
                                          "nw_dst=10.104.65.133,tp_dst=80'."),
     table: int = typer.Option(0, "--table", help="Table to start in."),
+    ct_next: Optional[list[str]] = typer.Option(
+        None, "--ct-next", help="Conntrack state for the next ct() recirculation, e.g. "
+        "trk,est (repeat for each; then trk,new), as ofproto/trace --ct-next."),
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
@@ -409,7 +412,8 @@ def ovs_trace(
     """Offline `ofproto/trace`: one node's OVS pipeline for one packet, every group bucket."""
     def build():
         from traceflow.components import ovs_component_trace
-        return ovs_component_trace(_open_snapshot(bundle, end_to_end=False), node, flow, table)
+        return ovs_component_trace(_open_snapshot(bundle, end_to_end=False), node, flow, table,
+                                   ct_next)
     trace = _run(build)
     _emit(trace, output, width)
     _exit_for(trace)

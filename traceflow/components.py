@@ -25,7 +25,11 @@ def _node(snap: Snapshot, node: str):
 
 
 def parse_flow_spec(spec: str, bridge) -> dict:
-    """An ofproto/trace flow (``in_port=X,tcp,nw_src=...,tp_dst=80``) -> field values."""
+    """An ofproto/trace flow (``in_port=X,tcp,nw_src=...,tp_dst=80``) -> field values.
+
+    Read the way ofproto/trace reads it: a field left out is 0 (no TTL, no IPv4 unless a
+    protocol word or dl_type says so), ``in_port`` may be a number, a port name, ``LOCAL``
+    or the bridge's own name, and ``ct_mark``/``ct_label`` are the existing connection's."""
     state: dict = {}
     src = Source("<flow>", 1, spec)
     for token in [t.strip() for t in spec.split(",") if t.strip()]:
@@ -42,35 +46,58 @@ def parse_flow_spec(spec: str, bridge) -> dict:
             state["in_port"] = number
             continue
         m = _match(key, value, token, src)
+        if m.field.name != "nw_frag" and m.mask != F.full_mask(m.field) and \
+                m.field.kind != "ct_state":
+            raise InputError.at(src, f"{token!r}: a packet has exact values, not a mask")
         state[m.field.name] = m.value
-    state.setdefault("dl_type", 0x0800)
-    state.setdefault("nw_ttl", 64)
     return state
+
+
+def parse_ct_states(states: list[str]) -> list[int]:
+    """``--ct-next`` values as ofproto/trace takes them: ``trk,est``, ``trk|est`` or ``+trk+est``."""
+    out = []
+    for text in states:
+        names = [n for n in text.replace("|", ",").replace("+", ",").split(",") if n]
+        bad = [n for n in names if n not in F.CT_STATE_BITS]
+        if bad or not names:
+            raise InputError(f"bad conntrack state {text!r} (flags: "
+                             f"{', '.join(F.CT_STATE_BITS)})", "--ct-next")
+        out.append(sum(F.CT_STATE_BITS[n] for n in set(names)))
+    return out
 
 
 def _packet_from_state(state: dict) -> Packet:
     fmt = F.format_value
     return Packet(dl_src=fmt(F.FIELDS["dl_src"], state.get("dl_src", 0)),
                   dl_dst=fmt(F.FIELDS["dl_dst"], state.get("dl_dst", 0)),
+                  dl_type=state.get("dl_type", 0),
                   nw_src=fmt(F.FIELDS["nw_src"], state.get("nw_src", 0)),
                   nw_dst=fmt(F.FIELDS["nw_dst"], state.get("nw_dst", 0)),
-                  nw_proto=state.get("nw_proto"), nw_ttl=state.get("nw_ttl", 64),
+                  nw_proto=state.get("nw_proto"), nw_ttl=state.get("nw_ttl", 0),
                   tp_src=state.get("tp_src"), tp_dst=state.get("tp_dst"))
 
 
-def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0) -> Trace:
+def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
+                        ct_next: list[str] | None = None) -> Trace:
+    """Offline ``ofproto/trace``: as OVS, conntrack is not consulted; each ct(table=...)
+    resumes with the next ``ct_next`` state, or trk|new when they have run out."""
     from traceflow.solver import Solver, _from_state
     model = _node(snap, node)
     try:
         bridge = model.bridge
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
+    if snap.cni == "antrea":      # ovs-ofctl show does not give port types: the CNI knows
+        tun = snap.conventions.tunnel_port(bridge.ports)
+        if tun and bridge.port_number(tun) is not None:
+            bridge.tunnel_ports.add(bridge.port_number(tun))
     state = parse_flow_spec(spec, bridge)
+    states = parse_ct_states(ct_next or [])
     trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
                    "dst_port": state.get("tp_dst")})
     solver = Solver(snap)
     first = _packet_from_state(state)
-    for run in simulate(bridge, state, Conntrack(), table, model.annotator):
+    for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
         leg = Leg("request", Verdict.UNKNOWN, [], spec)
         before = first
         for hit in run.hits:
