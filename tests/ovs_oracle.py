@@ -380,7 +380,12 @@ _OUTPUT_PORT = re.compile(r"^-> output port is (\d+)$")
 # Notes after an output action that mean OpenFlow itself sent nothing. Other notes
 # ("Not tunneling to our own address" after a recirculation, flooding details...) are
 # datapath-level: the OpenFlow output action still happened.
-_CANCELLED = (">> skipping output to input port", ">> Nonexistent output port")
+_CANCELLED = (">> skipping output to input port", ">> Nonexistent output port",
+              "-> OFPPC_NO_FWD set, skipping output", ">> output port")   # "... out of range"
+# A tunnel port's output with no tunnel destination is refused by OVS (tnl_port_send); with
+# one, the dummy datapath refuses it too (no route), which is environment, not OpenFlow.
+_NOT_TUNNELING = ">> Not tunneling to our own address"
+_OUTPUT_OPTS = re.compile(r"^output\(port=(\d+)(?:,.*)?\)$")
 _SPECIAL = ("NORMAL", "LOCAL", "CONTROLLER", "IN_PORT", "FLOOD", "ALL")
 # controller(reason=...,id=...) and output to the CONTROLLER port (CONTROLLER:65535)
 _TO_CONTROLLER = ("controller(", "CONTROLLER:")
@@ -431,6 +436,10 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
         elif line.startswith("output:"):
             port = line[len("output:"):]
             stage.outputs.append(int(port) if port.isdigit() else None)  # None: see next line
+        elif _OUTPUT_OPTS.match(line):
+            stage.outputs.append(int(_OUTPUT_OPTS.match(line).group(1)))
+        elif line.startswith(_NOT_TUNNELING) and stage.outputs and not stage.final.get("tun_dst"):
+            stage.outputs.pop()
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:
             stage.outputs[-1] = int(_OUTPUT_PORT.match(line).group(1))
         elif line in _SPECIAL:

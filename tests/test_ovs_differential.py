@@ -152,8 +152,10 @@ class Node:
 def read_bridge(name: str) -> Bridge:
     d = BUNDLE / "nodes" / name
     ports = parse_show((d / "ovs-show.txt").read_text(), f"nodes/{name}/ovs-show.txt")
-    return Bridge(name, FlowDump((d / "ovs-flows.txt").read_text(), f"nodes/{name}/ovs-flows.txt"),
-                  {}, ports)
+    bridge = Bridge(name, FlowDump((d / "ovs-flows.txt").read_text(),
+                                   f"nodes/{name}/ovs-flows.txt"), {}, ports)
+    bridge.tunnel_ports.add(bridge.port_number("antrea-tun0"))   # the oracle's Geneve port
+    return bridge
 
 
 def all_flows(bridge: Bridge) -> list[Flow]:

@@ -82,7 +82,8 @@ def parse_flow(line: str, source: Source) -> Flow:
     conj_id = None
     protocol = None
     matches = []
-    for token in A.split_top(head.replace(", ", ",")):
+    # -O OpenFlow15 separates a bare flag from the next key with a space ("reset_counts priority=5")
+    for token in (t for part in A.split_top(head.replace(", ", ",")) for t in part.split()):
         key, eq, value = token.partition("=")
         key = key.strip()
         if not eq:

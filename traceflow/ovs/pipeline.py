@@ -240,7 +240,7 @@ class _Runner:
                          lookup_port: int | None = None) -> None:
         """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
         looks up with that in_port, but OVS restores the real one before the actions run."""
-        if depth >= MAX_RESUBMIT_DEPTH:
+        if depth > MAX_RESUBMIT_DEPTH:
             raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: recursion too deep")
         self.visits += 1
         if self.visits > MAX_TABLE_VISITS:
@@ -251,17 +251,15 @@ class _Runner:
             hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
             self.hits.append(hit)
             raise _Stop(hit.unknown)
+        looked_up = state
         if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
             # frags=normal (OVS's default): a fragment, first or later, is looked up with
-            # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table)
-            state["tp_src"] = state["tp_dst"] = 0
+            # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
+            # keeps its ports
+            looked_up = dict(state, tp_src=0, tp_dst=0)
         if lookup_port is not None:
-            real = state.get("in_port")
-            state["in_port"] = lookup_port
-            flow, conj_notes = self.lookup(state, table)
-            state["in_port"] = real
-        else:
-            flow, conj_notes = self.lookup(state, table)
+            looked_up = dict(looked_up, in_port=lookup_port)
+        flow, conj_notes = self.lookup(looked_up, table)
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
@@ -275,7 +273,7 @@ class _Runner:
             self.dropped_by = hit
             return
         hit.notes.extend(conj_notes)
-        hit.notes.extend(self._ambiguity(flow, state, table))
+        hit.notes.extend(self._ambiguity(flow, looked_up, table))
         hit.notes.extend(self.annotator.describe_match(flow))
         self.apply_actions(flow.actions, state, hit, depth, flow)
         if hit.state_after is None:
@@ -460,6 +458,11 @@ class _Runner:
 
     def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
         fld = act.field
+        if fld.name in ("tp_src", "tp_dst") and state.get("nw_frag", 0) & 2:
+            # a later fragment has no transport header: OVS skips the rewrite
+            hit.effects.append(f"set {fld.name}: a later fragment has no transport header, "
+                               "no effect")
+            return
         if act.mask is None:
             sub = A.Subfield(fld, 0, fld.bits - 1)
             self._write(state, sub, act.value, hit)
