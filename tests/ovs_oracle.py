@@ -428,6 +428,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
     body = lines[next(i for i, l in enumerate(lines) if l.startswith("bridge(")):
                  next(i for i, l in enumerate(lines) if l.startswith("Final flow: "))]
     group = None        # the group of the line before
+    previous = ""
     for raw in body:
         line = raw.strip()
         m = _HIT.match(raw)
@@ -438,8 +439,9 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
             stage.outputs.append(int(port) if port.isdigit() else None)  # None: see next line
         elif _OUTPUT_OPTS.match(line):
             stage.outputs.append(int(_OUTPUT_OPTS.match(line).group(1)))
-        elif line.startswith(_NOT_TUNNELING) and stage.outputs and not stage.final.get("tun_dst"):
-            stage.outputs.pop()
+        elif (line.startswith(_NOT_TUNNELING) and previous.startswith("output:")
+              and not stage.final.get("tun_dst")):
+            stage.outputs.pop()       # only right after an OpenFlow output (not NORMAL's flood)
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:
             stage.outputs[-1] = int(_OUTPUT_PORT.match(line).group(1))
         elif line in _SPECIAL:
@@ -452,6 +454,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
         elif line.startswith(_CANCELLED) and stage.outputs:
             stage.outputs.pop()
         group = int(_GROUP.match(line).group(1)) if _GROUP.match(line) else None
+        previous = line
     return stage
 
 

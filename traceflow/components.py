@@ -263,7 +263,7 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
     route = dec.route
     hop = Hop(node, "route", dec.table, route.text if route is not None else None, dec.reason,
               source=route.source if route is not None else None, notes=list(dec.steps))
-    ok = dec.kind in ("unicast", "local", "broadcast")
+    ok = dec.kind in ("unicast", "local", "anycast", "broadcast", "multicast")
     verdict = Verdict.DELIVERED if ok else Verdict.DROPPED
     drop = None if ok else Drop(node, "route", dec.table, hop.rule, dec.reason)
     trace = Trace({"kind": "route-get", "source": src, "destination": dst, "protocol": None,
