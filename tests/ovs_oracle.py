@@ -439,7 +439,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
             stage.outputs.append(int(port) if port.isdigit() else None)  # None: see next line
         elif _OUTPUT_OPTS.match(line):
             stage.outputs.append(int(_OUTPUT_OPTS.match(line).group(1)))
-        elif (line.startswith(_NOT_TUNNELING) and previous.startswith("output:")
+        elif (line.startswith(_NOT_TUNNELING) and previous.startswith(("output:", "-> output port is"))
               and not stage.final.get("tun_dst")):
             stage.outputs.pop()       # only right after an OpenFlow output (not NORMAL's flood)
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:

@@ -168,7 +168,10 @@ class Solver:
             branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
                                                 f"cannot find the OVS port of {pod.key}"))
             return None
-        gw_ip, gw_mac, how, rule, src = self._pod_gateway(pod, node, files)
+        own = self._pod_first_hop(branch, pod, node, files, packet)
+        if own is False:
+            return None
+        gw_ip, gw_mac, how, rule, src = own or self._pod_gateway(pod, node, files)
         pod_mac = self._pod_mac(files) or mac
         packet.dl_src = pod_mac or packet.dl_src
         packet.dl_dst = gw_mac or packet.dl_dst
@@ -176,10 +179,35 @@ class Solver:
         if port is None:
             raise Missing(f"nodes/{pod.node}/ovs-show.txt", f"port {port_name}")
         branch.add(Hop(pod.node, "pod", "main", rule,
-                       f"{pod.key} sends to {packet.nw_dst} via its gateway {gw_ip} "
-                       f"({gw_mac}), out of eth0 into OVS port {port.number} ({port_name})",
+                       f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
+                       f"eth0 into OVS port {port.number} ({port_name})",
                        source=src, packet=packet.headers(), notes=[how]))
         return AtOvs(pod.node, port.number, packet)
+
+    def _pod_first_hop(self, branch: Branch, pod, node: NodeModel, files: dict,
+                       packet: Packet):
+        """The pod's files as they are (traceflow.podside): False when the pod cannot send
+        (the branch is finished with the reason), None when it has no ip-route.txt."""
+        from traceflow.podside import first_hop
+        n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
+        cni_gw, cni_mac, _ = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
+        hop = first_hop(files, pod.key, pod.ip, packet.nw_dst, cni_gw, self.cni.name)
+        if hop is None:
+            return None
+        if hop.drop or hop.unknown:
+            verdict = Verdict.DROPPED if hop.drop else Verdict.UNKNOWN
+            branch.add(Hop(pod.node, "pod", "main", hop.rule, hop.drop or hop.unknown,
+                           source=hop.source, unknown=verdict == Verdict.UNKNOWN))
+            branch.finish(verdict, Drop(pod.node, "pod", "main", hop.rule, hop.drop or hop.unknown))
+            return False
+        if hop.mac is None:   # the route is read, the MAC is the CNI's (say which file lacks)
+            self.warnings.append(f"{pod.key}: next hop {hop.gateway} from {files['ip-route.txt'][1]}"
+                                 f"; its MAC from {self.cni.name}'s conventions ("
+                                 + ("no pods/{0}/{1}/ip-neigh.txt".format(pod.namespace, pod.name)
+                                    if "ip-neigh.txt" in hop.absent else
+                                    "ip-neigh.txt has no usable entry for it") + ")")
+            return hop.gateway, cni_mac, hop.how, hop.rule, hop.source
+        return hop.gateway, hop.mac, hop.how, hop.rule, hop.source
 
     def _pod_gateway(self, pod, node: NodeModel, files: dict):
         """(gateway IP, gateway MAC, how we know, rule text, Source) for a pod's first hop."""
@@ -196,9 +224,12 @@ class Solver:
                             default.text, default.source)
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
         gw_ip, gw_mac, how = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
+        missing = [f for f in ("ip-route.txt", "ip-neigh.txt") if f not in files]
         self.warnings.append(f"{pod.key}: gateway and its MAC derived from {self.cni.name}'s "
-                             f"conventions (no pods/{pod.namespace}/{pod.name}/ip-route.txt and "
-                             "ip-neigh.txt)")
+                             f"conventions (no pods/{pod.namespace}/{pod.name}/"
+                             + " and ".join(missing) + ")" if missing else
+                             f"{pod.key}: gateway and its MAC derived from {self.cni.name}'s "
+                             "conventions")
         return gw_ip, gw_mac, how, f"default via {gw_ip} dev eth0", None
 
     @staticmethod

@@ -237,7 +237,7 @@ class _Runner:
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
-                         lookup_port: int | None = None) -> None:
+                         lookup_port: int | None = None, nested: bool = False) -> None:
         """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
         looks up with that in_port, but OVS restores the real one before the actions run."""
         if depth > MAX_RESUBMIT_DEPTH:
@@ -266,7 +266,7 @@ class _Runner:
             # Reached by resubmit/goto from another table (depth > 0), a miss only ends that
             # lookup: OVS goes on with the calling flow's remaining actions (Antrea's ServiceLB
             # chain resubmits to tables that have no table-miss flow).
-            hit.effects.append("no flow matched: table miss, packet dropped" if depth == 0 else
+            hit.effects.append("no flow matched: table miss, packet dropped" if not nested else
                                "no flow matched (table miss): nothing done here, the calling "
                                "flow's remaining actions go on")
             hit.state_after = dict(state)
@@ -376,7 +376,7 @@ class _Runner:
                 # only a resubmit to the same or an earlier table deepens the recursion
                 deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
                            or target <= hit.table)
-                self.lookup_and_apply(state, target, depth + deepens, port)
+                self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
                 if act.goto:
                     return
             elif isinstance(act, A.Load):
