@@ -131,6 +131,8 @@ class Solver:
                 raise InputError(f"no path reaches endpoint {q.endpoint!r}", "--endpoint")
         trace.paths = paths
         trace.warnings = list(dict.fromkeys(self.warnings))
+        from traceflow.policycheck import note_disagreements
+        note_disagreements(self.cluster, q.source, q.protocol.upper(), trace)
         return trace
 
     def _path(self, b: Branch, endpoint) -> Path:
