@@ -94,3 +94,21 @@ def test_both_files_absent_falls_back_to_the_cni_with_a_warning(bundle):
     code, doc = trace(bundle)
     assert code == 0
     assert any("ip-route.txt and ip-neigh.txt" in w for w in doc.get("warnings", []))
+
+
+def test_spoofguard_mismatch_ends_in_the_spoofguard_drop(bundle):
+    """The flows bind frontend's port and MAC to another IP (a stale IP after a restart):
+    the pod is found by its MAC and its packet is dropped by the SpoofGuard table, as OVS
+    does (table 10's ip flow for the port does not match nw_src; the priority-0 drop does)."""
+    flows = bundle / "nodes/worker1/ovs-flows.txt"
+    text = flows.read_text()
+    assert "nw_src=10.222.1.48 actions=resubmit(,30)" in text
+    flows.write_text(text.replace("nw_src=10.222.1.48 actions=resubmit(,30)",
+                                  "nw_src=10.222.1.148 actions=resubmit(,30)")
+                     .replace("arp_spa=10.222.1.48,", "arp_spa=10.222.1.148,"))
+    code, doc = trace(bundle)
+    assert code == 1
+    for path in doc["paths"]:
+        assert path["verdict"] == "dropped"
+        assert (path["drop"]["component"], path["drop"]["table"]) == ("ovs", "10")
+        assert any("SpoofGuard mismatch" in n for n in first_hops({"paths": [path]})[0]["notes"])

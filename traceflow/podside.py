@@ -81,3 +81,14 @@ def first_hop(files: dict, pod_key: str, pod_ip: str, dst_ip: str,
                     f"is {cni_gateway}; {where}: the pod's ARP request for {hop.gateway} gets "
                     "no answer and the packet is never sent")
     return hop
+
+
+def port_by_mac(pod_ports: dict, mac: str | None) -> tuple[str | None, str | None]:
+    """(OVS port, IP the CNI's flows bind to it) for the pod's own MAC, when its IP is not
+    the one the flows know (a SpoofGuard mismatch: the flows drop what the pod sends)."""
+    if not mac:
+        return None, None
+    for ip, (port, known_mac) in pod_ports.items():
+        if known_mac and known_mac.lower() == mac.lower():
+            return port, ip
+    return None, None

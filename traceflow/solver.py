@@ -163,6 +163,14 @@ class Solver:
         node = self.snap.node(pod.node)
         files = self.snap.pod_files(pod)
         port_name, mac = node.pod_ports.get(pod.ip, (None, None))
+        mismatch = None
+        if port_name is None:      # the flows may know the pod by its MAC, with another IP
+            from traceflow.podside import port_by_mac
+            port_name, known_ip = port_by_mac(node.pod_ports, self._pod_mac(files))
+            if port_name is not None:
+                mac = self._pod_mac(files)
+                mismatch = (f"the flows bind OVS port {port_name} (MAC {mac}) to {known_ip}, "
+                            f"not to {pod.key}'s {pod.ip}: a SpoofGuard mismatch")
         if port_name is None:
             branch.add(Hop(pod.node, "pod", None, None,
                            f"no OVS port for {pod.key} ({pod.ip}) in the SpoofGuard flows",
@@ -183,7 +191,8 @@ class Solver:
         branch.add(Hop(pod.node, "pod", "main", rule,
                        f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
                        f"eth0 into OVS port {port.number} ({port_name})",
-                       source=src, packet=packet.headers(), notes=[how]))
+                       source=src, packet=packet.headers(),
+                       notes=[how] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
     def _pod_first_hop(self, branch: Branch, pod, node: NodeModel, files: dict,
