@@ -192,7 +192,7 @@ class Solver:
                        f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
                        f"eth0 into OVS port {port.number} ({port_name})",
                        source=src, packet=packet.headers(),
-                       notes=[how] + ([mismatch] if mismatch else [])))
+                       notes=[how, _REALISTIC] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
     def _pod_first_hop(self, branch: Branch, pod, node: NodeModel, files: dict,
@@ -772,6 +772,12 @@ def _to_state(pkt: Packet, in_port: int) -> dict:
         if pkt.extra.get(key):
             state[key] = int(ipaddress.IPv4Address(pkt.extra[key]))
     return state
+
+
+# What a pod-to-* trace assumes of the first packet that the query does not say (ovs-trace,
+# an offline ofproto/trace, assumes nothing: a field left out is 0, as OVS reads it).
+_REALISTIC = ("first packet assumed as a Linux pod sends it: IPv4, TTL 64, a TCP SYN (or the "
+              "first UDP/SCTP datagram), conntrack state new")
 
 
 def _from_state(state: dict, template: Packet) -> Packet:
