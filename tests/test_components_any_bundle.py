@@ -185,3 +185,19 @@ def test_mark_in_hex_or_decimal(tmp_path):
     r = runner.invoke(app, ["route-get", "n1", "10.244.2.5", "--mark", "0xzz",
                             "--bundle", str(bundle)])
     assert r.exit_code == 2 and "--mark" in r.stderr and "0xzz" in r.stderr
+
+
+def test_nf_trace_without_rules_names_the_files_it_needs(tmp_path):
+    bundle = small_bundle(tmp_path, "cilium")
+    (bundle / "nodes/n1/iptables-save.txt").unlink()
+    r = runner.invoke(app, ["nf-trace", "n1", "--src", CLIENT, "--dst", "10.96.0.10",
+                            "--bundle", str(bundle)])
+    assert r.exit_code == 2
+    assert "nft.txt" in r.stderr and "iptables-save.txt" in r.stderr and "n1" in r.stderr
+
+
+def test_ovs_trace_bad_ct_next_is_refused(tmp_path):
+    from traceflow.cli import example_path
+    r = runner.invoke(app, ["ovs-trace", "worker1", "in_port=1,ip", "--ct-next", "trk,bogus",
+                            "--bundle", str(example_path())])
+    assert r.exit_code == 2 and "--ct-next" in r.stderr and "bogus" in r.stderr
