@@ -55,6 +55,7 @@ table=0, priority=100,in_port=1,ip,nw_dst=10.0.0.10 actions=output(port=2,max_le
 table=0, priority=100,in_port=1,ip,nw_dst=10.0.0.11 actions=resubmit(,20)
 table=0, priority=100,in_port=1,ip,nw_dst=10.0.0.12 actions=resubmit(,0)
 table=0, priority=100,in_port=1,ip,nw_dst=10.0.0.13 actions=ct(table=7)
+table=7, priority=25,ct_state=+est+trk,ct_label=0x2a actions=output:3
 table=7, priority=20,ct_state=+est+trk,ct_mark=0x5 actions=output:2
 table=7, priority=15,ct_state=+rpl+trk actions=LOCAL
 table=7, priority=10 actions=output:3
@@ -94,6 +95,8 @@ CASES = {
                                         "over max translation depth 64: dropped"),
     "ct-next-est-with-preset-ct-mark": ("in_port=1,ip,nw_dst=10.0.0.13,ct_mark=5", ["trk,est"],
                                         [2], "ct_mark is the connection's"),
+    "ct-next-est-with-preset-ct-label": ("in_port=1,ip,nw_dst=10.0.0.13,ct_label=0x2a",
+                                         ["trk,est"], [3], "ct_label is the connection's"),
     "ct-next-runs-out-trk-new": ("in_port=1,ip,nw_dst=10.0.0.13,ct_mark=5", [], [3], ""),
     "ct-next-one-per-recirculation": ("in_port=1,ip,nw_dst=10.0.0.17,ct_mark=5",
                                       ["trk,est", "trk,rpl"], [2, "LOCAL"], "then the next state"),
