@@ -54,7 +54,8 @@ def parse_flow_spec(spec: str, bridge) -> dict:
 
 
 def parse_ct_states(states: list[str]) -> list[int]:
-    """``--ct-next`` values as ofproto/trace takes them: ``trk,est``, ``trk|est`` or ``+trk+est``."""
+    """``--ct-next`` values as ofproto/trace takes them (``trk,est``); ``trk|est`` and
+    ``+trk+est`` are read too."""
     out = []
     for text in states:
         names = [n for n in text.replace("|", ",").replace("+", ",").split(",") if n]

@@ -60,7 +60,8 @@ def note_disagreements(cluster: kube.Cluster, source: kube.Pod, proto: str, trac
                     "disagree with the policy as written (not yet realised by the agent, "
                     "or a policy the bundle lacks)")
         elif path.drop is not None and "NetworkPolicy" not in (path.drop.reason or ""):
-            note = "; ".join(found) + f" (the packet is dropped before that, at {path.drop.component})"
+            note = ("; ".join(found)
+                    + f" (the packet is dropped before that, at {path.drop.component})")
         else:
             continue
         leg = next(leg for leg in path.legs if leg.direction == "request")

@@ -212,7 +212,8 @@ class Solver:
             branch.finish(verdict, Drop(pod.node, "pod", "main", hop.rule, hop.drop or hop.unknown))
             return False
         if hop.mac is None:   # the route is read, the MAC is the CNI's (say which file lacks)
-            self.warnings.append(f"{pod.key}: next hop {hop.gateway} from {files['ip-route.txt'][1]}"
+            routes = files["ip-route.txt"][1]
+            self.warnings.append(f"{pod.key}: next hop {hop.gateway} from {routes}"
                                  f"; its MAC from {self.cni.name}'s conventions ("
                                  + ("no pods/{0}/{1}/ip-neigh.txt".format(pod.namespace, pod.name)
                                     if "ip-neigh.txt" in hop.absent else

@@ -416,7 +416,8 @@ _ACTION_WORDS = {"clear_actions", "dec_mpls_ttl", "dec_nsh_ttl", "pop_mpls", "pu
                  "encap", "decap", "fin_timeout", "debug_recirc", "debug_slow", "ct_clear",
                  "write_actions", "write_metadata", "meter", "goto_table", "set_mpls_ttl",
                  "set_mpls_label", "set_mpls_tc", "set_vlan_vid", "set_vlan_pcp", "mod_vlan_vid",
-                 "mod_vlan_pcp", "enqueue", "bundle", "bundle_load", "multipath", "check_pkt_larger",
+                 "mod_vlan_pcp", "enqueue", "bundle", "bundle_load", "multipath",
+                 "check_pkt_larger",
                  "push", "pop", "stack_push", "stack_pop"}
 
 _BARE = {

@@ -509,7 +509,8 @@ class _Runner:
             # L2 lookup found no port). Only when ovs-show.txt gave the bridge's ports.
             hit.effects.append(f"{how}: no such port on the bridge, nothing is sent")
             return
-        config = self.bridge.port_by_number[port].config if port in self.bridge.port_by_number else ()
+        known = self.bridge.port_by_number.get(port)
+        config = known.config if known is not None else ()
         if "NO_FWD" in config:
             hit.effects.append(f"{how} ({name}): the port is configured NO_FWD "
                                "(ovs-show.txt), OVS skips the output")
