@@ -35,7 +35,7 @@ _traceflow() {
                 --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
                 --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
             esac
-            COMPREPLY=($(compgen -W "--table --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
+            COMPREPLY=($(compgen -W "--table --ct-next --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
         pod-to-pod)
             case "$prev" in
                 --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;

@@ -380,7 +380,12 @@ _OUTPUT_PORT = re.compile(r"^-> output port is (\d+)$")
 # Notes after an output action that mean OpenFlow itself sent nothing. Other notes
 # ("Not tunneling to our own address" after a recirculation, flooding details...) are
 # datapath-level: the OpenFlow output action still happened.
-_CANCELLED = (">> skipping output to input port", ">> Nonexistent output port")
+_CANCELLED = (">> skipping output to input port", ">> Nonexistent output port",
+              "-> OFPPC_NO_FWD set, skipping output", ">> output port")   # "... out of range"
+# A tunnel port's output with no tunnel destination is refused by OVS (tnl_port_send); with
+# one, the dummy datapath refuses it too (no route), which is environment, not OpenFlow.
+_NOT_TUNNELING = ">> Not tunneling to our own address"
+_OUTPUT_OPTS = re.compile(r"^output\(port=(\d+)(?:,.*)?\)$")
 _SPECIAL = ("NORMAL", "LOCAL", "CONTROLLER", "IN_PORT", "FLOOD", "ALL")
 # controller(reason=...,id=...) and output to the CONTROLLER port (CONTROLLER:65535)
 _TO_CONTROLLER = ("controller(", "CONTROLLER:")
@@ -423,6 +428,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
     body = lines[next(i for i, l in enumerate(lines) if l.startswith("bridge(")):
                  next(i for i, l in enumerate(lines) if l.startswith("Final flow: "))]
     group = None        # the group of the line before
+    previous = ""
     for raw in body:
         line = raw.strip()
         m = _HIT.match(raw)
@@ -431,6 +437,11 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
         elif line.startswith("output:"):
             port = line[len("output:"):]
             stage.outputs.append(int(port) if port.isdigit() else None)  # None: see next line
+        elif _OUTPUT_OPTS.match(line):
+            stage.outputs.append(int(_OUTPUT_OPTS.match(line).group(1)))
+        elif (line.startswith(_NOT_TUNNELING) and previous.startswith(("output:", "-> output port is"))
+              and not stage.final.get("tun_dst")):
+            stage.outputs.pop()       # only right after an OpenFlow output (not NORMAL's flood)
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:
             stage.outputs[-1] = int(_OUTPUT_PORT.match(line).group(1))
         elif line in _SPECIAL:
@@ -443,6 +454,7 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
         elif line.startswith(_CANCELLED) and stage.outputs:
             stage.outputs.pop()
         group = int(_GROUP.match(line).group(1)) if _GROUP.match(line) else None
+        previous = line
     return stage
 
 

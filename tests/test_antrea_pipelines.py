@@ -273,7 +273,7 @@ def test_service_without_endpoints_goes_to_the_agent():
 
 def test_v2_ovs_trace_component_names_tables():
     spec = ("in_port=client-6-3353ef,tcp,dl_src=5e:b5:e3:a6:90:b7,dl_dst=ba:5e:d1:55:aa:c0,"
-            "nw_src=10.10.0.26,nw_dst=10.105.31.235,tp_src=40000,tp_dst=80")
+            "nw_src=10.10.0.26,nw_dst=10.105.31.235,tp_src=40000,tp_dst=80,nw_ttl=64")
     code, doc = run_json("ovs-trace", "node1", spec, "--bundle", str(V2))
     assert code == 0
     assert sorted(p["endpoint"] for p in doc["paths"]) == ["port 32768 (antrea-tun0)",
@@ -493,3 +493,13 @@ def test_real_ovs_agrees_on_the_first_leg_for_every_bucket(bundle, spec, outputs
     assert set(theirs) == outputs, "ofproto/trace did not reach every bucket"
     for out in outputs:
         assert ours[out] == theirs[out], f"output {out}"
+
+
+def test_ovs_trace_spec_without_ttl_is_ttl_zero_as_ofproto_trace():
+    """ofproto/trace reads a field left out of the flow as 0: with no nw_ttl, the routed hop's
+    dec_ttl raises the TTL exception (checked on the real OVS in tests/test_ovs_semantics.py)."""
+    spec = ("in_port=client-6-3353ef,tcp,dl_src=5e:b5:e3:a6:90:b7,dl_dst=ba:5e:d1:55:aa:c0,"
+            "nw_src=10.10.0.26,nw_dst=10.105.31.235,tp_src=40000,tp_dst=80")
+    code, doc = run_json("ovs-trace", "node1", spec, "--bundle", str(V2))
+    assert code == 1
+    assert all("TTL expired" in p["drop"]["reason"] for p in doc["paths"])

@@ -152,8 +152,10 @@ class Node:
 def read_bridge(name: str) -> Bridge:
     d = BUNDLE / "nodes" / name
     ports = parse_show((d / "ovs-show.txt").read_text(), f"nodes/{name}/ovs-show.txt")
-    return Bridge(name, FlowDump((d / "ovs-flows.txt").read_text(), f"nodes/{name}/ovs-flows.txt"),
-                  {}, ports)
+    bridge = Bridge(name, FlowDump((d / "ovs-flows.txt").read_text(),
+                                   f"nodes/{name}/ovs-flows.txt"), {}, ports)
+    bridge.tunnel_ports.add(bridge.port_number("antrea-tun0"))   # the oracle's Geneve port
+    return bridge
 
 
 def all_flows(bridge: Bridge) -> list[Flow]:
@@ -789,3 +791,45 @@ def test_ovs_behaviour(quirks_node, quirk):
                                   "arp_tha": 0}))
     for o in compare_all(quirks_node, probes):
         assert not o.diffs, f"{why}\n" + o.report()
+
+
+# ============================================================== the ovs-trace command itself
+
+CLI_PACKETS = int(os.environ.get("TRACEFLOW_OVS_CLI_PACKETS", "40"))
+
+
+def test_ovs_trace_cli_with_ct_next_agrees(nodes):
+    """`traceflow ovs-trace NODE SPEC --ct-next ...` on the bundle (the CLI path, not only
+    the simulator in process) against ofproto/trace with the same --ct-next states: output
+    ports agree, for packets from every port (LOCAL included), with conntrack states and with
+    a connection mark preset in the flow spec."""
+    import json
+    import re
+
+    from typer.testing import CliRunner
+
+    from traceflow.cli import app
+    node = nodes("worker1")
+    probes = targeted_probes(node)
+    picked = probes[:: max(1, len(probes) // CLI_PACKETS)][:CLI_PACKETS]
+    marked = [Probe.make({**p.state(), "ct_mark": 0x20}, p.ct_next) for p in picked[::4]]
+    local = [p for p in probes if dict(p.fields)["in_port"] == LOCAL][:4]
+    runner = CliRunner()
+    cases = picked + marked + local
+    assert any(dict(p.fields)["in_port"] == LOCAL for p in cases)
+    traces = node.ovs.trace_many([(p.spec(), p.ct_args()) for p in cases])
+    bad = []
+    for probe, trace in zip(cases, traces):
+        args = ["ovs-trace", "worker1", probe.spec(), "--bundle", str(BUNDLE), "-o", "json"]
+        for state in probe.ct_args():
+            args += ["--ct-next", state]
+        r = runner.invoke(app, args)
+        assert r.exit_code in (0, 1), r.output
+        outs = []
+        for path in json.loads(r.stdout)["paths"]:
+            outs += [int(x) if x.isdigit() else x
+                     for x in re.findall(r"port (\w+) \(", path["endpoint"] or "")]
+        if outs != trace.outputs:
+            bad.append(f"{probe.describe()}: ovs {trace.outputs}, cli {outs}")
+    assert not bad, f"{len(bad)} of {len(cases)} disagree:\n" + "\n".join(bad[:10])
+    print(f"\n{len(cases)} ovs-trace CLI runs agree with ofproto/trace")

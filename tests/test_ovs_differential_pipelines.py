@@ -163,10 +163,12 @@ class Node:
 def read_bridge(bundle: str, node: str) -> Bridge:
     d = EXAMPLES / bundle / "nodes" / node
     tables = d / "ovs-tables.txt"
-    return Bridge(node, FlowDump((d / "ovs-flows.txt").read_text(), f"nodes/{node}/ovs-flows.txt"),
-                  parse_groups((d / "ovs-groups.txt").read_text(), f"nodes/{node}/ovs-groups.txt"),
-                  parse_show((d / "ovs-show.txt").read_text(), f"nodes/{node}/ovs-show.txt"),
-                  parse_tables(tables.read_text(), "ovs-tables.txt") if tables.exists() else {})
+    bridge = Bridge(node, FlowDump((d / "ovs-flows.txt").read_text(), f"nodes/{node}/ovs-flows.txt"),
+                    parse_groups((d / "ovs-groups.txt").read_text(), f"nodes/{node}/ovs-groups.txt"),
+                    parse_show((d / "ovs-show.txt").read_text(), f"nodes/{node}/ovs-show.txt"),
+                    parse_tables(tables.read_text(), "ovs-tables.txt") if tables.exists() else {})
+    bridge.tunnel_ports.add(bridge.port_number(TUN))    # the oracle's Geneve port
+    return bridge
 
 
 def all_flows(bridge: Bridge) -> list[Flow]:

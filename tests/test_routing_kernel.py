@@ -494,3 +494,93 @@ def _report(query: Query, kernel: dict, ours, problem: str, router: Router) -> s
             f"  ours: {ours.kind} dev={ours.dev} via={ours.gateway} table={ours.table} "
             f"src={ours.prefsrc} error={ours.error}\n  reason: {ours.reason}\n"
             f"  steps:\n{steps}\n  rules:\n{rules}")
+
+
+# --------------------------------------------------------------------------- IPv6, multicast
+
+# A dual-stack node with IPv6 forwarding on (so the kernel adds the subnet-router anycast
+# routes), DAD off (link-local addresses usable at once), a route with a preferred source.
+DUAL = Scenario(
+    name="dual-stack",
+    devices=("ens160", "eth1"),
+    addresses=("addr add 10.79.1.20/24 dev ens160", "addr add 192.168.60.2/24 dev eth1",
+               "addr add fd00:10::20/64 dev ens160", "addr add fd00:10::21/64 dev ens160",
+               "addr add 2001:db8:1::2/64 dev eth1"),
+    routes=("route add default via 10.79.1.1 dev ens160",
+            "route add default via fd00:10::1 dev ens160",
+            "route add 2001:db8:7::/48 via fd00:10::1 dev ens160 src fd00:10::21"),
+    rules=(), rp_filter={}, no_forwarding=frozenset(), local_sources=(), other_sources=(),
+    edge_destinations=(), expected_outcomes=frozenset())
+
+
+@pytest.fixture(scope="module")
+def dual_node():
+    reason = _why_not_runnable()
+    if reason:
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:8]
+    ns, sink = f"tf-route6-{tag}", f"tf-sink6-{tag}"
+    created = []
+    try:
+        for name in (ns, sink):
+            _ip("netns", "add", name)
+            created.append(name)
+        conf = "/proc/sys/net/ipv6/conf"
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-ec",
+                        f"echo 0 > {conf}/default/accept_dad; echo 0 > {conf}/all/accept_dad; "
+                        f"echo 1 > {conf}/all/forwarding"], check=True)
+        _build(DUAL, ns, sink)
+        yield KernelNode(DUAL, ns, _ip("-n", ns, "rule", "list").stdout + _ip(
+            "-n", ns, "-6", "rule", "list").stdout,
+            _ip("-n", ns, "route", "show", "table", "all").stdout
+            + _ip("-n", ns, "-6", "route", "show", "table", "all").stdout,
+            _ip("-n", ns, "addr", "show").stdout)
+    finally:
+        for name in reversed(created):
+            _ip("netns", "del", name, check=False)
+
+
+def _link_local(addr_text: str, dev: str) -> str:
+    iface = next(i for i in parse_ip_addr(addr_text, "ip-addr.txt") if i.name == dev)
+    return next(a.address for a in iface.addresses if a.family == 6 and a.scope == "link")
+
+
+def dual_queries(node: KernelNode) -> list[Query]:
+    ll0, ll1 = _link_local(node.addr_text, "ens160"), _link_local(node.addr_text, "eth1")
+    v6 = [
+        Query(ll0, "2001:db8:9::9", iif="eth1"),      # link-local of another device
+        Query(ll0, "fe80::9", iif="ens160"), Query(ll0, "fe80::9", iif="eth1"),
+        Query(ll1, "fe80::9", iif="eth1"), Query(ll0), Query(ll0, oif="eth1"),
+        Query("fe80::99"), Query("fe80::99", oif="eth1"),
+        Query("::1", "2001:db8:9::9", iif="eth1"),   # ::1 on a non-loopback device
+        Query("::1", "2001:db8:9::9", iif="ens160"), Query("::1"), Query("::1", oif="eth1"),
+        Query("2001:db8:1::", "fd00:10::9", iif="ens160"), Query("2001:db8:1::"),  # anycast
+        Query("fd00:10::"), Query("fd00:10::20", "fd00:10::99", iif="eth1"),
+        Query("2001:db8:7::5"), Query("2001:db8:9::5"), Query("2001:db8:1::77"),  # sources
+        Query("fd00:10::5"), Query("fd00:10::20"),
+        Query("ff02::1"), Query("ff02::1", oif="eth1"), Query("ff05::5"),          # multicast
+        Query("ff02::1", "2001:db8:1::2"), Query("ff05::5", "fd00:10::20"),
+        Query("ff0e::1"),
+    ]
+    v4 = [Query(dst, src) for dst in ("255.255.255.255", "224.0.0.5", "239.1.2.3",
+                                      "10.79.1.255")
+          for src in ("10.79.1.20", "192.168.60.2", "127.0.0.1", None)]
+    v4 += [Query("224.0.0.5", oif="eth1"), Query("255.255.255.255", oif="eth1"),
+           Query("224.0.0.5", "192.168.60.2", oif="ens160")]
+    return v6 + v4
+
+
+def test_ipv6_multicast_and_broadcast_agree_with_kernel(dual_node):
+    router = _router(dual_node)
+    queries = dual_queries(dual_node)
+    answers = _kernel_answers(dual_node.ns, queries)
+    failures = []
+    for query, kernel in zip(queries, answers):
+        ours = _ours(router, query)
+        problem = _disagreement(router, kernel, ours)
+        if problem:
+            failures.append(_report(query, kernel, ours, problem, router))
+    print(f"\ndual-stack: {len(queries) - len(failures)}/{len(queries)} IPv6, multicast and "
+          "broadcast queries agree with the kernel")
+    assert not failures, f"{len(failures)} of {len(queries)} disagree:\n\n" + \
+        "\n\n".join(failures[:8])

@@ -95,23 +95,38 @@ def _fail(err: Exception, code: ExitCode = ExitCode.BAD_INPUT) -> None:
     raise typer.Exit(int(code))
 
 
-def _open_snapshot(bundle: Optional[Path]):
+def _open_snapshot(bundle: Optional[Path], end_to_end: bool = True):
+    """The bundle as a Snapshot; an end-to-end trace also needs a CNI traceflow models (the
+    component commands read one node's files and do not)."""
     from collectors.bundle import Bundle
     if bundle is None:
         raise InputError("no --bundle given: pass --bundle PATH (collect one from a cluster with "
                          "`traceflow collect -o bundle.tar.gz`; try `traceflow demo`)", "--bundle")
-    return _snapshot(Bundle.open(bundle))
+    return _snapshot(Bundle.open(bundle), end_to_end)
 
 
 # the bundle the command traced, for the summary's "bundle:" lines (one command, one bundle)
 _traced: dict = {}
 
 
-def _snapshot(bundle):
+def _mark(text: str) -> int:
+    """A mark as `ip rule`/iptables print it: decimal or 0x hex, 32 bits."""
+    try:
+        value = int(text.strip(), 0)
+    except ValueError:
+        raise InputError(f"bad mark {text!r}: expected a number such as 16 or 0x10",
+                         "--mark") from None
+    if not 0 <= value < 2 ** 32:
+        raise InputError(f"mark {text!r} is not a 32-bit value", "--mark")
+    return value
+
+
+def _snapshot(bundle, end_to_end: bool = True):
     from traceflow.snapshot import Snapshot, check_supported
     _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
     snap = Snapshot(bundle)
-    check_supported(snap)
+    if end_to_end:
+        check_supported(snap)
     return snap
 
 
@@ -489,6 +504,9 @@ def ovs_trace(
                                          "'in_port=frontend-a3ba2f,tcp,nw_src=10.222.1.48,"
                                          "nw_dst=10.104.65.133,tp_dst=80'."),
     table: int = typer.Option(0, "--table", help="Table to start in."),
+    ct_next: Optional[list[str]] = typer.Option(
+        None, "--ct-next", help="Conntrack state for the next ct() recirculation, e.g. "
+        "trk,est (repeat for each; then trk,new), as ofproto/trace --ct-next."),
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
@@ -499,7 +517,8 @@ def ovs_trace(
     """Offline `ofproto/trace`: one node's OVS pipeline for one packet, every group bucket."""
     def build():
         from traceflow.components import ovs_component_trace
-        return ovs_component_trace(_open_snapshot(bundle), node, flow, table)
+        return ovs_component_trace(_open_snapshot(bundle, end_to_end=False), node, flow, table,
+                                   ct_next)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
@@ -517,7 +536,7 @@ def nf_trace(
                              help="PREROUTING, INPUT, FORWARD, OUTPUT or POSTROUTING."),
     iif: Optional[str] = typer.Option(None, "--iif", help="Input interface."),
     oif: Optional[str] = typer.Option(None, "--oif", help="Output interface."),
-    mark: int = typer.Option(0, "--mark", help="Packet mark (fwmark)."),
+    mark: str = typer.Option("0", "--mark", help="Packet mark (fwmark): 16, 0x10 or 0o20."),
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
@@ -528,8 +547,9 @@ def nf_trace(
     """A netfilter trace of one packet at one hook: every chain and rule it meets."""
     def build():
         from traceflow.components import nf_component_trace
-        return nf_component_trace(_open_snapshot(bundle), node, hook.upper(), src, dst,
-                                  protocol.value, sport, dport, iif, oif, mark)
+        snap = _open_snapshot(bundle, end_to_end=False)
+        return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
+                                  dport, iif, oif, _mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
@@ -541,7 +561,7 @@ def route_get(
     dst: str = typer.Argument(..., help="Destination IP."),
     src: Optional[str] = typer.Option(None, "--from", help="Source IP."),
     iif: Optional[str] = typer.Option(None, "--iif", help="Input interface (forwarded packet)."),
-    mark: int = typer.Option(0, "--mark", help="fwmark."),
+    mark: str = typer.Option("0", "--mark", help="fwmark: 16, 0x10 or 0o20."),
     bundle: Optional[Path] = BundleOpt,
     output: Output = OutputOpt,
     width: Optional[int] = WidthOpt,
@@ -552,7 +572,8 @@ def route_get(
     """Like `ip route get`: the rule, table and route the node's kernel would use."""
     def build():
         from traceflow.components import route_component_trace
-        return route_component_trace(_open_snapshot(bundle), node, dst, src, iif, mark)
+        snap = _open_snapshot(bundle, end_to_end=False)
+        return route_component_trace(snap, node, dst, src, iif, _mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)

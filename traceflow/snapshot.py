@@ -48,7 +48,13 @@ class NodeModel:
         groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
         tables = parse_tables(*self._file("ovs-tables.txt")) if self._file("ovs-tables.txt") else {}
         self.flow_text = text
-        return Bridge(self.name, FlowDump(text, name), groups, ports, tables)
+        bridge = Bridge(self.name, FlowDump(text, name), groups, ports, tables)
+        # `ovs-ofctl show` gives no port types: the CNI knows its tunnel port, and output to it
+        # without a tunnel destination sends nothing (as OVS does)
+        tun = self.snapshot.conventions.tunnel_port(ports)
+        if tun and bridge.port_number(tun) is not None:
+            bridge.tunnel_ports.add(bridge.port_number(tun))
+        return bridge
 
     @cached_property
     def annotator(self) -> Annotator:

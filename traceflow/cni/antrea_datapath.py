@@ -15,7 +15,9 @@ from traceflow.packet import Packet, Tunnel
 from traceflow.snapshot import Missing, NodeModel
 from traceflow.trace import Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
-from traceflow.walk.pod import pod_gateway, pod_mac
+from traceflow.podside import port_by_mac
+from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop,
+                                 pod_mac)
 from traceflow.walk.state import AtHost, AtOvs, Branch, Query, new_leg, primary_ip as _primary_ip
 
 
@@ -43,6 +45,13 @@ class AntreaDatapath(Datapath):
         node = self.snap.node(pod.node)
         files = self.snap.pod_files(pod)
         port_name, mac = node.pod_ports.get(pod.ip, (None, None))
+        mismatch = None
+        if port_name is None:      # the flows may know the pod by its MAC, with another IP
+            port_name, known_ip = port_by_mac(node.pod_ports, pod_mac(files))
+            if port_name is not None:
+                mac = pod_mac(files)
+                mismatch = (f"the flows bind OVS port {port_name} (MAC {mac}) to {known_ip}, "
+                            f"not to {pod.key}'s {pod.ip}: a SpoofGuard mismatch")
         if port_name is None:
             branch.add(Hop(pod.node, "pod", None, None,
                            f"no OVS port for {pod.key} ({pod.ip}) in the SpoofGuard flows",
@@ -50,7 +59,19 @@ class AntreaDatapath(Datapath):
             branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
                                                 f"cannot find the OVS port of {pod.key}"))
             return None
-        gw_ip, gw_mac, how, rule, src = self._pod_gateway(pod, node, files)
+        n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
+        cni_gw, cni_mac, _ = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
+        def mac_of(ip):            # who answers the pod's ARP request for its next hop
+            if ip == cni_gw:
+                return cni_mac, f"from {self.cni.name}'s conventions (the gateway's MAC)", True
+            _, peer_mac = node.pod_ports.get(ip, (None, None))
+            if peer_mac:
+                return peer_mac, "is the local pod's MAC from the SpoofGuard flows", False
+            return None, None, True
+        own = own_first_hop(self, branch, pod, files, packet, cni_gw, mac_of)
+        if own is False:
+            return None
+        gw_ip, gw_mac, how, rule, src = own or self._pod_gateway(pod, node, files)
         pod_mac_ = pod_mac(files) or mac
         packet.dl_src = pod_mac_ or packet.dl_src
         packet.dl_dst = gw_mac or packet.dl_dst
@@ -58,22 +79,17 @@ class AntreaDatapath(Datapath):
         if port is None:
             raise Missing(f"nodes/{pod.node}/ovs-show.txt", f"port {port_name}")
         branch.add(Hop(pod.node, "pod", "main", rule,
-                       f"{pod.key} sends to {packet.nw_dst} via its gateway {gw_ip} "
-                       f"({gw_mac}), out of eth0 into OVS port {port.number} ({port_name})",
-                       source=src, packet=packet.headers(), notes=[how]))
+                       f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
+                       f"eth0 into OVS port {port.number} ({port_name})",
+                       source=src, packet=packet.headers(),
+                       notes=[how, REALISTIC_FIRST_PACKET] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
-
     def _pod_gateway(self, pod, node: NodeModel, files: dict):
-        """(gateway IP, gateway MAC, how we know, rule text, Source) for a pod's first hop."""
-        got = pod_gateway(files)
-        if got is not None:
-            return got[:5]
+        """(gateway IP, gateway MAC, how we know, rule text, Source) from the CNI's conventions."""
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
         gw_ip, gw_mac, how = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
-        self.warnings.append(f"{pod.key}: gateway and its MAC derived from {self.cni.name}'s "
-                             f"conventions (no pods/{pod.namespace}/{pod.name}/ip-route.txt and "
-                             "ip-neigh.txt)")
+        self.warnings.append(conventions_warning(pod, files, self.cni.name))
         return gw_ip, gw_mac, how, f"default via {gw_ip} dev eth0", None
 
     # ---- OVS -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from traceflow.packet import Packet, Tunnel
 from traceflow.snapshot import Missing
 from traceflow.trace import Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
-from traceflow.walk.pod import pod_gateway, pod_mac
+from traceflow.walk.pod import conventions_warning, own_first_hop, pod_gateway, pod_mac
 from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
 
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
@@ -96,16 +96,25 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
             raise Missing(f"nodes/{pod.node}/ip-addr.txt",
                           f"the lxc device with ifindex {rec.ifindex} of {pod.key}")
         files = self.snap.pod_files(pod)
-        got = pod_gateway(files)
-        if got is not None:
+        host_ip = primary_ip(node.interface("cilium_host"))
+        lxc_mac = (rec.node_mac or "").lower() or None
+        # every next hop of a Cilium pod answers with the lxc device's MAC (the veth's host side)
+        own = own_first_hop(self, branch, pod, files, packet, host_ip,
+                            lambda ip: (lxc_mac, f"is {pod.key}'s lxc device MAC, as Cilium answers"
+                                                 " every ARP request from the pod", False))
+        if own is False:           # the pod's own files say it cannot send: finished
+            return None
+        got = pod_gateway(files)   # with the neighbour entry, for the ARP hop below
+        if got is not None and (own is None or got[0] == own[0]):
             gw_ip, gw_mac, how, rule, src, neigh = got
+        elif own is not None:
+            (gw_ip, gw_mac, how, rule, src), neigh = own, None
         else:
-            gw_ip = primary_ip(node.interface("cilium_host")) or "?"
-            gw_mac, how, rule, src, neigh = (rec.node_mac or "").lower() or None, (
+            gw_ip = host_ip or "?"
+            gw_mac, how, rule, src, neigh = lxc_mac, (
                 "derived from Cilium's conventions (the cilium_host address as gateway, answered "
                 "by the lxc device's MAC)"), f"default via {gw_ip} dev eth0", None, None
-            self.warnings.append(f"{pod.key}: gateway and its MAC derived from Cilium's conventions "
-                                 f"(no pods/{pod.namespace}/{pod.name}/ip-route.txt and ip-neigh.txt)")
+            self.warnings.append(conventions_warning(pod, files, "Cilium"))
         packet.dl_src = pod_mac(files) or (rec.mac or "").lower() or packet.dl_src
         packet.dl_dst = gw_mac or packet.dl_dst
         branch.add(Hop(pod.node, "pod", "main", rule,

@@ -93,6 +93,12 @@ class Move:
 class Output:
     port: str | None = None        # number or name as written
     reg: Subfield | None = None    # output:NXM_NX_REG1[]
+    max_len: int | None = None     # output(port=2,max_len=64): truncated copy
+
+
+@dataclass(frozen=True)
+class Exit:
+    """``exit``: no further actions at all, in this flow or in the flows that resubmitted."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,15 @@ def _move(arg: str) -> Move:
 
 def _output(arg: str):
     arg = arg.strip()
+    if arg.startswith("port="):   # output(port=P,max_len=N)
+        opts = dict(p.partition("=")[::2] for p in split_top(arg))
+        inner = _output(opts.pop("port"))
+        max_len = int(opts.pop("max_len"), 0) if "max_len" in opts else None
+        if opts:
+            raise ActionError(f"unknown output option(s) {sorted(opts)}")
+        if isinstance(inner, Output):
+            return Output(inner.port, inner.reg, max_len)
+        return inner
     if arg.endswith("]") or F.lookup(arg):
         return Output(reg=parse_subfield(arg))
     if arg.upper() in _SPECIAL_PORTS:
@@ -396,8 +411,19 @@ _PARSERS = {
     "set_queue": lambda a: NoEffect(f"set_queue:{a}", "QoS queue only"),
 }
 
+# Argument-less OpenFlow actions traceflow does not model: never a port name.
+_ACTION_WORDS = {"clear_actions", "dec_mpls_ttl", "dec_nsh_ttl", "pop_mpls", "push_mpls",
+                 "encap", "decap", "fin_timeout", "debug_recirc", "debug_slow", "ct_clear",
+                 "write_actions", "write_metadata", "meter", "goto_table", "set_mpls_ttl",
+                 "set_mpls_label", "set_mpls_tc", "set_vlan_vid", "set_vlan_pcp", "mod_vlan_vid",
+                 "mod_vlan_pcp", "enqueue", "bundle", "bundle_load", "multipath",
+                 "check_pkt_larger",
+                 "push", "pop", "stack_push", "stack_pop"}
+
 _BARE = {
     "drop": Drop(),
+    "exit": Exit(),
+    "pop_queue": NoEffect("pop_queue", "QoS queue only"),
     "dec_ttl": DecTtl(),
     "ct_clear": CtClear(),
     "strip_vlan": NoEffect("strip_vlan", "removes a VLAN tag (not shown)"),
@@ -423,6 +449,8 @@ def parse_action(text: str):
                 return Unknown(text, str(exc))
             except ValueError as exc:
                 return Unknown(text, f"cannot read {keyword}: {exc}")
+        if decoder is None and arg is None and keyword in _ACTION_WORDS:
+            return Unknown(text, f"action {keyword!r} is not modelled")
         if decoder is None and arg is None:
             # A bare word: with --names a port can be written alone as an output action.
             return Output(port=text)

@@ -72,21 +72,31 @@ _PORT = re.compile(r"^\s*(\d+|LOCAL)\(([^)]+)\):\s*addr:([0-9a-fA-F:]+)")
 
 @dataclass(frozen=True)
 class Port:
-    number: int | None   # None for LOCAL
+    number: int | None   # None for LOCAL (the bridge's own port, OpenFlow 65534)
     name: str
     mac: str
     source: Source
+    config: tuple = ()   # "config:" flags of the port, e.g. ("NO_FWD",)
+
+
+_CONFIG = re.compile(r"^\s+config:\s+(.*)$")
 
 
 def parse_show(text: str, name: str) -> dict[str, Port]:
-    """`ovs-ofctl show br-int`: port name -> Port (number and MAC)."""
-    ports = {}
+    """`ovs-ofctl show br-int`: port name -> Port (number, MAC and config flags)."""
+    ports: dict[str, Port] = {}
+    last = None
     for n, line in enumerate(text.splitlines(), 1):
         m = _PORT.match(line)
         if m:
             number = None if m.group(1) == "LOCAL" else int(m.group(1))
-            ports[m.group(2)] = Port(number, m.group(2), m.group(3).lower(),
-                                     Source(name, n, line.strip()))
+            last = ports[m.group(2)] = Port(number, m.group(2), m.group(3).lower(),
+                                            Source(name, n, line.strip()))
+            continue
+        c = _CONFIG.match(line)
+        if c and last is not None:
+            flags = tuple(w for w in c.group(1).split() if w != "0")
+            last = ports[last.name] = Port(last.number, last.name, last.mac, last.source, flags)
     return ports
 
 

@@ -8,6 +8,7 @@ name in a dump maps to a field, how wide it is and how to read and print its val
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 
 
@@ -37,6 +38,7 @@ _CANONICAL = [
     _f("ct_state", 32, "ct_state"), _f("ct_zone", 16), _f("ct_mark", 32), _f("ct_label", 128),
     _f("ct_nw_src", 32, "ipv4"), _f("ct_nw_dst", 32, "ipv4"), _f("ct_nw_proto", 8),
     _f("ct_tp_src", 16), _f("ct_tp_dst", 16), _f("conj_id", 32), _f("actset_output", 32),
+    _f("nd_sll", 48, "mac"), _f("nd_tll", 48, "mac"),
 ]
 _CANONICAL += [_f(f"reg{i}", 32) for i in range(16)]
 _CANONICAL += [_f(f"xreg{i}", 64) for i in range(8)]
@@ -75,7 +77,9 @@ _ALIASES = {
     "NXM_NX_CT_LABEL": "ct_label", "NXM_NX_CT_NW_SRC": "ct_nw_src",
     "NXM_NX_CT_NW_DST": "ct_nw_dst", "NXM_NX_CT_NW_PROTO": "ct_nw_proto",
     "NXM_NX_CT_TP_SRC": "ct_tp_src", "NXM_NX_CT_TP_DST": "ct_tp_dst",
-    "NXM_NX_CONJ_ID": "conj_id",
+    "NXM_NX_CONJ_ID": "conj_id", "NXM_NX_ND_SLL": "nd_sll", "NXM_NX_ND_TLL": "nd_tll",
+    "OXM_OF_IPV6_ND_SLL": "nd_sll", "OXM_OF_IPV6_ND_TLL": "nd_tll",
+    "ipv6_nd_sll": "nd_sll", "ipv6_nd_tll": "nd_tll",
 }
 _ALIASES.update({f"NXM_NX_REG{i}": f"reg{i}" for i in range(16)})
 _ALIASES.update({f"OXM_OF_PKT_REG{i}": f"xreg{i}" for i in range(8)})
@@ -93,6 +97,14 @@ PROTOCOLS: dict[str, dict[str, int]] = {
     "udp6": {"dl_type": 0x86DD, "nw_proto": 17}, "sctp6": {"dl_type": 0x86DD, "nw_proto": 132},
     "icmp6": {"dl_type": 0x86DD, "nw_proto": 58},
 }
+
+TCP_FLAG_BITS = {"fin": 0x001, "syn": 0x002, "rst": 0x004, "psh": 0x008, "ack": 0x010,
+                 "urg": 0x020, "ece": 0x040, "cwr": 0x080, "ns": 0x100}
+# OpenFlow's reserved port numbers as ovs-ofctl names them (OFPP_*, 16-bit form).
+RESERVED_PORTS = {"IN_PORT": 0xfff8, "TABLE": 0xfff9, "NORMAL": 0xfffa, "FLOOD": 0xfffb,
+                  "ALL": 0xfffc, "CONTROLLER": 0xfffd, "LOCAL": 0xfffe, "NONE": 0xffff,
+                  "UNSET": 0xfff7}
+LOCAL_PORT = RESERVED_PORTS["LOCAL"]
 
 CT_STATE_BITS = {"new": 0x01, "est": 0x02, "rel": 0x04, "rpl": 0x08, "inv": 0x10,
                  "trk": 0x20, "snat": 0x40, "dnat": 0x80}
@@ -143,6 +155,10 @@ def parse_value(field: Field, text: str) -> tuple[int, int]:
     """Read ``value[/mask]`` as written after ``field=`` in a match; returns (value, mask)."""
     if field.kind == "ct_state":
         return parse_ct_state(text)
+    if field.name == "tcp_flags" and (text[:1] in "+-" or text[:1].isalpha()):
+        return _parse_tcp_flags(text)
+    if field.name in ("in_port", "actset_output") and text.upper() in RESERVED_PORTS:
+        return RESERVED_PORTS[text.upper()], full_mask(field)
     value_text, _, mask_text = text.partition("/")
     if field.kind == "ipv4":
         if mask_text:
@@ -171,8 +187,20 @@ def parse_value(field: Field, text: str) -> tuple[int, int]:
     return parse_int(value_text) & mask, mask
 
 
+def parse_flag_names(text: str, bits: dict, what: str) -> int:
+    """``trk|rpl`` / ``syn|psh`` (exact flags, as ofproto/trace and Final flow print them)."""
+    value = 0
+    for name in text.split("|"):
+        if name not in bits:
+            raise ValueError(f"bad {what} flag {name!r}")
+        value |= bits[name]
+    return value
+
+
 def parse_ct_state(text: str) -> tuple[int, int]:
-    """``-new+trk`` or ``+est+rpl`` or ``0x21/0x21`` -> (value, mask)."""
+    """``-new+trk`` or ``+est+rpl`` or ``0x21/0x21`` or ``trk|rpl`` -> (value, mask)."""
+    if text[:1].isalpha():
+        return parse_flag_names(text, CT_STATE_BITS, "ct_state"), 0xFF
     if text[:1] not in "+-":
         value_text, _, mask_text = text.partition("/")
         mask = parse_int(mask_text) if mask_text else 0xFF
@@ -192,6 +220,21 @@ def parse_ct_state(text: str) -> tuple[int, int]:
         if sign == "+":
             value |= bit
         i = j
+    return value, mask
+
+
+def _parse_tcp_flags(text: str) -> tuple[int, int]:
+    """``syn|ack`` (exact) or ``+syn-ack`` (those bits only), as ovs-ofctl writes tcp_flags."""
+    if text[:1] not in "+-":
+        return parse_flag_names(text, TCP_FLAG_BITS, "tcp_flags"), full_mask(FIELDS["tcp_flags"])
+    value = mask = 0
+    for sign, name in re.findall(r"([+-])([a-z]+)", text):
+        if name not in TCP_FLAG_BITS:
+            raise ValueError(f"bad tcp_flags flag {name!r}")
+        mask |= TCP_FLAG_BITS[name]
+        value |= TCP_FLAG_BITS[name] if sign == "+" else 0
+    if re.sub(r"[+-][a-z]+", "", text):
+        raise ValueError(f"bad tcp_flags {text!r}")
     return value, mask
 
 

@@ -24,6 +24,8 @@ from traceflow.ovs import fields as F
 _HEADER_KEYS = {"cookie", "duration", "table", "n_packets", "n_bytes", "idle_age", "hard_age",
                 "idle_timeout", "hard_timeout", "importance", "reset_counts", "send_flow_rem",
                 "no_packet_counts", "no_byte_counts", "check_overlap", "out_port", "out_group"}
+_HEADER_FLAGS = {"reset_counts", "send_flow_rem", "check_overlap", "no_packet_counts",
+                 "no_byte_counts", "no_readonly_table"}
 _SKIP_LINE = re.compile(r"^\s*(NXST_FLOW|OFPST_FLOW|OFPST_TABLE|NXST_TABLE|OFPT_|$)")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")
 _DOC_NUMBER = re.compile(r"^\d+\.\s+(?=\S+=)")   # "3. table=..." as design docs number flows
@@ -80,10 +82,13 @@ def parse_flow(line: str, source: Source) -> Flow:
     conj_id = None
     protocol = None
     matches = []
-    for token in A.split_top(head.replace(", ", ",")):
+    # -O OpenFlow15 separates a bare flag from the next key with a space ("reset_counts priority=5")
+    for token in (t for part in A.split_top(head.replace(", ", ",")) for t in part.split()):
         key, eq, value = token.partition("=")
         key = key.strip()
         if not eq:
+            if key in _HEADER_FLAGS:      # -O OpenFlow15 prints flow flags as bare words
+                continue
             if key in F.PROTOCOLS:
                 protocol = key
                 for name, v in F.PROTOCOLS[key].items():
@@ -131,7 +136,7 @@ def _match_cached(key: str, value: str, token: str) -> MatchField:
     fld = F.lookup(key)
     if fld is None:
         raise _BadMatch(f"unknown match field {key!r}")
-    if fld.name == "in_port" and not value[:1].isdigit():
+    if fld.name == "in_port" and not value[:1].isdigit() and value.upper() != "LOCAL":
         return MatchField(fld, None, F.full_mask(fld), token, port_name=value.strip('"'))
     if fld.name == "nw_frag":
         frag = {"no": (0, 3), "yes": (1, 1), "first": (1, 3), "later": (3, 3), "not_later": (0, 2)}

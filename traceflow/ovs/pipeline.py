@@ -20,8 +20,12 @@ from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Group, Port
 from traceflow.ovs.flows import Flow, FlowDump
 
-MAX_RESUBMIT_DEPTH = 64     # OVS's own limit on nested resubmits
-MAX_TABLE_VISITS = 4096     # OVS's limit on total resubmits per translation
+# OVS's limits per translation (ofproto-dpif-xlate.c): MAX_DEPTH counts only resubmits to the
+# same or an earlier table (a chain moving forward through the tables does not deepen), and
+# MAX_RESUBMITS = MAX_DEPTH * MAX_DEPTH all resubmits. Past either, the translation fails and
+# the packet is dropped ("Translation failed (Recursion too deep), packet is dropped").
+MAX_RESUBMIT_DEPTH = 64
+MAX_TABLE_VISITS = 4096
 MAX_RECIRCULATIONS = 16
 
 
@@ -57,13 +61,25 @@ class Bridge:
     ports: dict[str, Port] = field(default_factory=dict)
     table_numbers: dict[str, int] = field(default_factory=dict)
 
+    # OpenFlow port numbers of tunnel ports (`ovs-ofctl show` does not say a port's type:
+    # the CNI adapter or the caller tells)
+    tunnel_ports: set = field(default_factory=set)
+
     def __post_init__(self):
         self.flows.resolve_names(self.table_numbers)
         self.port_by_number = {p.number: p for p in self.ports.values() if p.number is not None}
+        # LOCAL: `ovs-ofctl show` lists it as LOCAL(br-int), without its number (65534)
+        local = next((p for p in self.ports.values() if p.number is None), None)
+        self.local_name = local.name if local else None
+        if local is not None:
+            self.port_by_number[F.LOCAL_PORT] = local
 
     def port_number(self, name_or_number: str) -> int | None:
+        """An OpenFlow port number from a number, a port name, LOCAL or the bridge's name."""
         if name_or_number.isdigit():
             return int(name_or_number)
+        if name_or_number.upper() == "LOCAL" or name_or_number == self.local_name:
+            return F.LOCAL_PORT
         port = self.ports.get(name_or_number)
         return port.number if port else None
 
@@ -122,6 +138,17 @@ class _Fork(Exception):
 class _Stop(Exception):
     def __init__(self, reason: str):
         self.reason = reason
+
+
+class _Failed(Exception):
+    """OVS gives up translating this pass and drops the packet (resource limits)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class _Exit(Exception):
+    """The ``exit`` action: nothing more is done in this pass."""
 
 
 def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int = 0,
@@ -190,41 +217,63 @@ class _Runner:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return
+            sent = len(self.outputs)
             try:
                 self.lookup_and_apply(st, table, depth=0)
             except _Stop as stop:
                 self.unknown = stop.reason
                 return
+            except _Exit:
+                pass
+            except _Failed as fail:
+                # the whole pass is dropped: its outputs and recirculations never happen
+                del self.outputs[sent:]
+                self.recirc.clear()
+                hit = self.hits[-1]
+                hit.effects.append(f"translation failed ({fail.reason}): OVS drops the packet")
+                self.dropped_by = hit
             self.finals.append(dict(st))   # actions change `st` in place, resubmits included
             self.stage += 1
 
     # ---- one table ------------------------------------------------------------------
-    def lookup_and_apply(self, state: dict, table: int | str, depth: int) -> None:
+    def lookup_and_apply(self, state: dict, table: int | str, depth: int,
+                         lookup_port: int | None = None, nested: bool = False) -> None:
+        """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
+        looks up with that in_port, but OVS restores the real one before the actions run."""
         if depth > MAX_RESUBMIT_DEPTH:
-            raise _Stop(f"resubmit depth exceeded {MAX_RESUBMIT_DEPTH} at table {table} (loop?)")
+            raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: recursion too deep")
         self.visits += 1
         if self.visits > MAX_TABLE_VISITS:
-            raise _Stop("too many table visits (loop?)")
+            raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
         table = self.bridge.table_id(table)
         if isinstance(table, str):
             hit = TableHit(table, None, stage=self.stage)
             hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
             self.hits.append(hit)
             raise _Stop(hit.unknown)
-        flow, conj_notes = self.lookup(state, table)
+        looked_up = state
+        if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
+            # frags=normal (OVS's default): a fragment, first or later, is looked up with
+            # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
+            # keeps its ports
+            looked_up = dict(state, tp_src=0, tp_dst=0)
+        if lookup_port is not None:
+            looked_up = dict(looked_up, in_port=lookup_port)
+        flow, conj_notes = self.lookup(looked_up, table)
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
             # Reached by resubmit/goto from another table (depth > 0), a miss only ends that
             # lookup: OVS goes on with the calling flow's remaining actions (Antrea's ServiceLB
             # chain resubmits to tables that have no table-miss flow).
-            hit.effects.append("no flow matched: table miss, packet dropped" if depth == 0 else
+            hit.effects.append("no flow matched: table miss, packet dropped" if not nested else
                                "no flow matched (table miss): nothing done here, the calling "
                                "flow's remaining actions go on")
             hit.state_after = dict(state)
             self.dropped_by = hit
             return
         hit.notes.extend(conj_notes)
+        hit.notes.extend(self._ambiguity(flow, looked_up, table))
         hit.notes.extend(self.annotator.describe_match(flow))
         self.apply_actions(flow.actions, state, hit, depth, flow)
         if hit.state_after is None:
@@ -281,6 +330,22 @@ class _Runner:
                     return flow, notes
         return hard, []
 
+    def _ambiguity(self, flow: Flow, state: dict, table: int) -> list[str]:
+        """Another flow of the same priority that matches too: OVS does not define which one
+        wins (ovs-fields(7): overlapping flows of equal priority), so say so."""
+        if flow.conj_id is not None:
+            return []
+        others = [f for f in self.bridge.flows.candidates(table, state)
+                  if f is not flow and f.priority == flow.priority and f.conj_id is None
+                  and not any(isinstance(a, A.Conjunction) for a in f.actions)
+                  and self.matches(f, state)]
+        if not others:
+            return []
+        lines = ", ".join(f"line {f.source.line}" for f in others[:3])
+        return [f"ambiguous: {lines} also match{'es' if len(others) == 1 else ''} at priority "
+                f"{flow.priority}; OVS leaves the choice between equal-priority overlapping "
+                f"flows undefined (traced with the first in the dump, line {flow.source.line})"]
+
     def matches(self, flow: Flow, state: dict) -> bool:
         for m in flow.matches:
             if m.value is None:   # in_port by name
@@ -302,12 +367,16 @@ class _Runner:
                 target = hit.table if act.table is None else self.bridge.table_id(act.table)
                 hit.effects.append(f"{'go to' if act.goto else 'continue in'} table "
                                    f"{self._table_label(target)}")
-                saved_port = state.get("in_port")
+                port = None
                 if act.port is not None:
-                    state["in_port"] = self.bridge.port_number(act.port) or 0
-                self.lookup_and_apply(state, target, depth + 1)
-                if act.port is not None:
-                    state["in_port"] = saved_port
+                    port = self.bridge.port_number(act.port)
+                    if port is None:
+                        hit.unknown = f"resubmit port {act.port!r} is not in ovs-show.txt"
+                        raise _Stop(hit.unknown)
+                # only a resubmit to the same or an earlier table deepens the recursion
+                deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
+                           or target <= hit.table)
+                self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
                 if act.goto:
                     return
             elif isinstance(act, A.Load):
@@ -324,7 +393,7 @@ class _Runner:
                     # OVS: dec_ttl does nothing to a non-IP packet (no TTL, no exception)
                     hit.effects.append("dec_ttl: not an IP packet, no effect")
                     continue
-                ttl = state.get("nw_ttl", 64)
+                ttl = state.get("nw_ttl", 0)
                 if ttl <= 1:
                     hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
                     self.dropped_by = hit
@@ -354,7 +423,15 @@ class _Runner:
                 hit.effects.append("learn: installs a flow for later packets (e.g. session "
                                    "affinity); this packet is unchanged")
             elif isinstance(act, A.Clone):
+                # the clone works on a copy: its rewrites reach only its own outputs
+                before = hit.state_after
                 self.apply_actions(act.actions, dict(state), hit, depth, flow)
+                hit.state_after = before
+            elif isinstance(act, A.Exit):
+                hit.effects.append("exit: no further actions in this pass")
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                raise _Exit()
             elif isinstance(act, A.NoEffect):
                 hit.effects.append(f"{act.text}: {act.why}")
             elif isinstance(act, A.Unknown):
@@ -381,6 +458,11 @@ class _Runner:
 
     def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
         fld = act.field
+        if fld.name in ("tp_src", "tp_dst") and state.get("nw_frag", 0) & 2:
+            # a later fragment has no transport header: OVS skips the rewrite
+            hit.effects.append(f"set {fld.name}: a later fragment has no transport header, "
+                               "no effect")
+            return
         if act.mask is None:
             sub = A.Subfield(fld, 0, fld.bits - 1)
             self._write(state, sub, act.value, hit)
@@ -397,23 +479,47 @@ class _Runner:
             hit.notes.append(note)
 
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
+        """One rule for every way of naming the port (number, register, name): a port the
+        bridge does not have sends nothing, as OVS's "Nonexistent output port"."""
         if act.reg is not None:
             port = (state.get(act.reg.field.name, 0) >> act.reg.start) & ((1 << act.reg.width) - 1)
             how = f"output to the port in {act.reg} = {port}"
+            if port > 0xffff:
+                # xlate_output_reg_action: wider than an OpenFlow port number
+                hit.effects.append(f"{how}: output port {port} is out of range, nothing is sent")
+                return
         else:
             number = self.bridge.port_number(act.port)
+            how = f"output to port {act.port if number is None else number}"
             if number is None:
-                hit.unknown = f"output port {act.port!r} is not in ovs-show.txt"
-                raise _Stop(hit.unknown)
+                if not self.bridge.port_by_number:
+                    hit.unknown = f"output port {act.port!r}: the bundle lists no ports"
+                    raise _Stop(hit.unknown)
+                hit.effects.append(f"{how}: no port {act.port!r} on the bridge (ovs-show.txt), "
+                                   "nothing is sent")
+                return
             port = number
-            how = f"output to port {port}"
+        special = next((n for n, v in F.RESERVED_PORTS.items() if v == port), None)
+        if special in ("IN_PORT", "NORMAL", "FLOOD", "ALL", "CONTROLLER", "LOCAL", "NONE"):
+            self._special_output(special, state, hit, flow)
+            return
         name = self.bridge.port_name(port)
-        if (act.reg is not None and self.bridge.port_by_number and port < 0xff00
-                and port not in self.bridge.port_by_number):
+        if self.bridge.port_by_number and port not in self.bridge.port_by_number:
             # OVS: "Nonexistent output port", nothing is sent (e.g. reg1 still 0 when the
-            # L2 lookup found no port). Only when ovs-show.txt gave the bridge's ports;
-            # 0xff00 and up are OpenFlow's reserved ports (LOCAL 0xfffe ...).
+            # L2 lookup found no port). Only when ovs-show.txt gave the bridge's ports.
             hit.effects.append(f"{how}: no such port on the bridge, nothing is sent")
+            return
+        known = self.bridge.port_by_number.get(port)
+        config = known.config if known is not None else ()
+        if "NO_FWD" in config:
+            hit.effects.append(f"{how} ({name}): the port is configured NO_FWD "
+                               "(ovs-show.txt), OVS skips the output")
+            return
+        if port in self.bridge.tunnel_ports and not (state.get("tun_dst")
+                                                     or state.get("tun_ipv6_dst")):
+            hit.effects.append(f"{how} ({name}): a tunnel port but the packet has no tunnel "
+                               "destination (tun_dst): OVS does not send it (\"Not tunneling "
+                               "to our own address\")")
             return
         if port == state.get("in_port"):
             hit.effects.append(f"{how} ({name}): that is the input port, so OVS drops it "
@@ -428,6 +534,10 @@ class _Runner:
         self.outputs.append(Output(port, dict(state), flow))
 
     def _special_output(self, name: str, state: dict, hit: TableHit, flow: Flow) -> None:
+        if name == "LOCAL" and state.get("in_port") == F.LOCAL_PORT:
+            hit.effects.append("output to the bridge's LOCAL port: that is the input port, "
+                               "so OVS drops it (only IN_PORT may send back)")
+            return
         if name == "IN_PORT":
             port = state.get("in_port", 0)
             hit.effects.append(f"send back out of the input port {port} "

@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 from traceflow.routing.parse import (DEFAULT_IP_RULES, SCOPES, Interface, IpRule, NextHop,
                                      Route, RoutingTables, parse_ip_rules)
 
-KINDS = ("unicast", "local", "broadcast", "multicast", "blackhole", "unreachable",
+KINDS = ("unicast", "local", "anycast", "broadcast", "multicast", "blackhole", "unreachable",
          "prohibit", "no-route", "invalid", "unknown")
 
 # What `ip route get` prints after "RTNETLINK answers: " for each errno.
@@ -196,6 +196,29 @@ def _is_loopback(v: int) -> bool:
     return (v >> 24) == 127
 
 
+def _v6_strict(v: int) -> bool:
+    """rt6_need_strict: link-local unicast, multicast and ::1 destinations only take routes
+    through the interface given (the input device, or the output device asked for)."""
+    return (v >> 118) == 0x3FA or (v >> 120) == 0xFF or v == 1
+
+
+def _v6_scope(v: int) -> int:
+    """__ipv6_addr_src_scope, ordered: 1 node-local (::1), 2 link, 5 site, 14 global."""
+    if v == 1:
+        return 1
+    if (v >> 120) == 0xFF:
+        return (v >> 112) & 0xF
+    if (v >> 118) == 0x3FA:
+        return 2
+    if (v >> 118) == 0x3FB:
+        return 5
+    return 14
+
+
+def _common_prefix(a: int, b: int) -> int:
+    return 128 - (a ^ b).bit_length()
+
+
 def _is_local_multicast(v: int) -> bool:
     return (v >> 8) == 0xE00000
 
@@ -348,8 +371,13 @@ class Router:
         index = self.tables.index(tables, flow.family) if tables else None
         if index is None:
             return None, None
+        strict_dev = None
+        if flow.family == 6 and _v6_strict(flow.dst):
+            strict_dev = flow.oif or (flow.iif if flow.iif != LOOPBACK else None)
         for same_prefix in index.candidates(flow.dst):
             for route in same_prefix:
+                if strict_dev and all(p.dev != strict_dev for p in route.paths()):
+                    continue
                 if route.tos and route.tos != flow.tos:
                     continue
                 if route.type in _REJECT_ROUTES or route.type == "throw":
@@ -456,10 +484,13 @@ class Router:
         if hit.error:
             return self._failed(flow, steps, hit)
         route = hit.route
-        if route.type == "local":
-            return self._made(flow, steps, "local", None, LOOPBACK, flow.src or None, hit)
+        if route.type in ("local", "anycast"):
+            # the kernel prints the source it would pick for the destination (ip6_route_get_saddr)
+            src = _addr_value(route.prefsrc) or (flow.dst if route.type == "local" else
+                                                 self._select_addr_v6(route.dev, flow.dst))
+            return self._made(flow, steps, route.type, None, LOOPBACK, src, hit)
         paths = self._paths(route, hit.path, flow)
-        src = flow.src or _addr_value(route.prefsrc)
+        src = _addr_value(route.prefsrc) or self._select_addr_v6(paths[0][2], flow.dst)
         kind = route.type if route.type in ("unicast", "multicast") else None
         if kind is None:
             return self._unknown(flow, steps, f"{route.type} routes are not modelled", hit.rule,
@@ -604,8 +635,8 @@ class Router:
         if hit.error:
             return self._failed(flow, steps, hit)
         route = hit.route
-        if route.type == "local":
-            return self._made(flow, steps, "local", None, LOOPBACK, None, hit)
+        if route.type in ("local", "anycast"):
+            return self._made(flow, steps, route.type, None, LOOPBACK, None, hit)
         paths = self._paths(route, hit.path, flow)
         return self._made(flow, steps, "unicast", paths[0][1], paths[0][2], None, hit, paths)
 
@@ -645,6 +676,37 @@ class Router:
                         and addr.scope_value <= scope:
                     return addr.value
         return 0
+
+    def _select_addr_v6(self, dev: str | None, dst: int) -> int:
+        """ipv6_dev_get_saddr, the rules that decide on a node's usual addresses (RFC 6724):
+        an address of the output device whose scope is the smallest that reaches the
+        destination's, then the longest prefix in common with it, first listed on a tie
+        (``ip addr`` lists a device's addresses in the kernel's order); devices in index
+        order when the output device has none. Tentative addresses are never used."""
+        if self.interfaces is None:
+            return 0
+        want = _v6_scope(dst)
+
+        def usable(iface) -> list:
+            return [a for a in (iface.addresses if iface else ())
+                    if a.family == 6 and "tentative" not in a.flags and "dadfailed" not in a.flags]
+
+        def best(addrs: list) -> int:
+            def rank(a):
+                scope = _v6_scope(a.value)
+                fits = scope >= want
+                return (not fits, scope if fits else -scope, "deprecated" in a.flags,
+                        -_common_prefix(a.value, dst))
+            return min(addrs, key=rank).value if addrs else 0
+
+        own = usable(self.interfaces.get(dev)) if dev else []
+        if own and (best(own) and _v6_scope(best(own)) >= want):
+            return best(own)
+        if want <= 2:               # link-local or narrower: only the device's own
+            return best(own)
+        others = [a for i in sorted(self.interfaces.values(), key=lambda i: i.index)
+                  for a in usable(i)]
+        return best(own + others)
 
     def source_address(self, dev: str, gateway: str | None = None,
                        scope: str = "global") -> str | None:

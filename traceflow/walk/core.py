@@ -53,7 +53,10 @@ class Solver:
             if not paths:
                 raise InputError(f"no path reaches endpoint {q.endpoint!r}", "--endpoint")
         trace.paths = paths
-        trace.warnings = list(dict.fromkeys(self.warnings))
+        # a path the datapath delivered that the NetworkPolicies as written deny is called out
+        from traceflow.policycheck import note_disagreements
+        note_disagreements(self.cluster, q.source, q.protocol.upper(), trace)
+        trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
         return trace
 
     def _path(self, b: Branch, endpoint) -> Path:

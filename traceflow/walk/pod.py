@@ -39,3 +39,52 @@ def pod_mac(files: dict) -> str | None:
         if iface.name == "eth0" and iface.mac:
             return iface.mac
     return None
+
+
+# What a pod-to-* trace assumes of the first packet that the query does not say (ovs-trace,
+# an offline ofproto/trace, assumes nothing: a field left out is 0, as OVS reads it).
+REALISTIC_FIRST_PACKET = ("first packet assumed as a Linux pod sends it: IPv4, TTL 64, a TCP SYN "
+                          "(or the first UDP/SCTP datagram), conntrack state new")
+
+
+def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str | None,
+                  mac_of):
+    """The pod's first hop from its own files as they are (traceflow.podside).
+
+    ``mac_of(ip) -> (mac, how, from_conventions)`` is the CNI's answer to the pod's ARP request for a next hop
+    its ip-neigh.txt does not list (the gateway's MAC, or a local peer pod's MAC).
+
+    Returns (gateway IP, gateway MAC, how we know, rule text, Source); False when the pod
+    cannot send (the branch is finished with the reason and file:line); None when the pod has
+    no ip-route.txt (the caller falls back to the CNI's conventions and says so)."""
+    from traceflow.podside import first_hop
+    from traceflow.trace import Drop, Hop, Verdict
+    hop = first_hop(files, pod.key, pod.ip, packet.nw_dst, cni_gateway, datapath.name)
+    if hop is None:
+        return None
+    if hop.drop or hop.unknown:
+        verdict = Verdict.DROPPED if hop.drop else Verdict.UNKNOWN
+        reason = hop.drop or hop.unknown
+        branch.add(Hop(pod.node, "pod", "main", hop.rule, reason, source=hop.source,
+                       unknown=verdict == Verdict.UNKNOWN))
+        branch.finish(verdict, Drop(pod.node, "pod", "main", hop.rule, reason))
+        return False
+    if hop.mac is None:   # the route is the pod's own, the MAC the CNI's: say which file lacks
+        mac, how, convention = mac_of(hop.gateway)
+        lacks = (f"no pods/{pod.namespace}/{pod.name}/ip-neigh.txt" if "ip-neigh.txt" in hop.absent
+                 else "ip-neigh.txt has no usable entry for it")
+        said = f"the MAC of next hop {hop.gateway} ({mac or 'unknown'}) {how or 'is not known'}"
+        if convention or mac is None:     # an assumption: a warning; a fact the CNI shows: a note
+            datapath.warnings.append(f"{pod.key}: {said} ({lacks})")
+        return hop.gateway, mac, f"{hop.how}; {said}", hop.rule, hop.source
+    return hop.gateway, hop.mac, hop.how, hop.rule, hop.source
+
+
+def conventions_warning(pod, files: dict, cni_name: str) -> str:
+    """The warning for a first hop taken from the CNI's conventions, naming only the pod
+    files the bundle really lacks."""
+    missing = [f for f in ("ip-route.txt", "ip-neigh.txt") if f not in files]
+    text = f"{pod.key}: gateway and its MAC derived from {cni_name}'s conventions"
+    if missing:
+        text += f" (no pods/{pod.namespace}/{pod.name}/" + " and ".join(missing) + ")"
+    return text
