@@ -82,7 +82,7 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
                         ct_next: list[str] | None = None) -> Trace:
     """Offline ``ofproto/trace``: as OVS, conntrack is not consulted; each ct(table=...)
     resumes with the next ``ct_next`` state, or trk|new when they have run out."""
-    from traceflow.solver import Solver, _from_state
+    from traceflow.walk.ovs_bridge import from_state, ovs_hop
     model = _node(snap, node)
     try:
         bridge = model.bridge
@@ -92,14 +92,13 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
     states = parse_ct_states(ct_next or [])
     trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
                    "dst_port": state.get("tp_dst")})
-    solver = Solver(snap)
     first = _packet_from_state(state)
     for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
         leg = Leg("request", Verdict.UNKNOWN, [], spec)
         before = first
         for hit in run.hits:
-            pkt = _from_state(hit.state_after or state, before)
-            leg.hops.append(solver._ovs_hop(node, hit, pkt, before, model))
+            pkt = from_state(hit.state_after or state, before)
+            leg.hops.append(ovs_hop(node, hit, pkt, before, model))
             before = pkt
         drop = None
         if run.unknown:

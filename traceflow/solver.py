@@ -7,7 +7,6 @@ This module keeps the entry points stable.
 
 from __future__ import annotations
 
-from traceflow.cni.antrea_datapath import _from_state, _to_state  # noqa: F401  (components.py)
 from traceflow.walk.core import Solver  # noqa: F401
 from traceflow.walk.state import (HOST_ZONE, MAX_LOCATIONS, AtBpf, AtHost, AtOvs,  # noqa: F401
                                   AtUnderlay, Branch, Query)

@@ -15,6 +15,7 @@ from traceflow.packet import Packet, Tunnel
 from traceflow.snapshot import Missing, NodeModel
 from traceflow.trace import Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
+from traceflow.walk.ovs_bridge import from_state, ovs_hop, to_state
 from traceflow.podside import port_by_mac
 from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop,
                                  pod_mac)
@@ -96,7 +97,7 @@ class AntreaDatapath(Datapath):
     def _ovs(self, b: Branch, loc: AtOvs, q: Query) -> list:
         node = self.snap.node(loc.node)
         bridge = node.bridge
-        state = _to_state(loc.packet, loc.in_port)
+        state = to_state(loc.packet, loc.in_port)
         runs = simulate(bridge, state, b.ct(loc.node), 0, node.annotator)
         out = []
         for run in runs:
@@ -109,22 +110,11 @@ class AntreaDatapath(Datapath):
                                       f"({share:.0%} of new connections)")
             before = loc.packet
             for hit in run.hits:
-                pkt = _from_state(hit.state_after or state, before)
-                nb.add(self.ovs_hop(loc.node, hit, pkt, before, node))
+                pkt = from_state(hit.state_after or state, before)
+                nb.add(ovs_hop(loc.node, hit, pkt, before, node))
                 before = pkt
             out.extend(self._after_ovs(nb, loc, run, node, q))
         return out
-
-    def ovs_hop(self, node: str, hit: TableHit, pkt: Packet, before: Packet,
-                 model: NodeModel) -> Hop:
-        flow = hit.flow
-        name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
-        effect = "; ".join(hit.effects) if hit.effects else "no action"
-        return Hop(node, "ovs", str(hit.table), flow.text if flow else None, effect,
-                   priority=flow.priority if flow else None, table_name=name,
-                   source=flow.source if flow else None, packet=pkt.headers(),
-                   changed=pkt.diff(before), matched=flow.match_texts() if flow else (),
-                   notes=list(hit.notes), unknown=hit.unknown is not None)
 
     def _after_ovs(self, b: Branch, loc: AtOvs, run: OvsRun, node: NodeModel, q: Query) -> list:
         last = run.hits[-1] if run.hits else None
@@ -145,7 +135,7 @@ class AntreaDatapath(Datapath):
         results = []
         for output in run.outputs:
             nb = b.fork() if len(run.outputs) > 1 else b
-            pkt = _from_state(output.state, loc.packet)
+            pkt = from_state(output.state, loc.packet)
             if pkt.nw_dst != loc.packet.nw_dst:   # DNAT inside OVS (AntreaProxy)
                 nb.choose_target(self.cluster, pkt.nw_dst)
             results.append(self._leave_ovs(nb, loc, output, pkt, node, q))
@@ -157,7 +147,7 @@ class AntreaDatapath(Datapath):
         where = f"table {hit.table}" + (f" ({name})" if name else "")
         if flow is None:
             return f"no flow matched in {where} (table miss)"
-        pkt = _from_state(hit.state_after or {}, loc.packet)
+        pkt = from_state(hit.state_after or {}, loc.packet)
         direction = self.cni.policy_direction(name)
         if direction:
             pod_ip = pkt.nw_src if direction == "egress" else pkt.nw_dst
@@ -277,43 +267,3 @@ class AntreaDatapath(Datapath):
                 if out.state.get("arp_op") == 2:
                     return F.format_value(F.FIELDS["arp_sha"], out.state.get("arp_sha", 0))
         return None
-
-
-
-def _to_state(pkt: Packet, in_port: int) -> dict:
-    state = {"in_port": in_port, "dl_type": pkt.dl_type, "dl_src": F.parse_mac(pkt.dl_src),
-             "dl_dst": F.parse_mac(pkt.dl_dst), "nw_ttl": pkt.nw_ttl, "pkt_mark": pkt.mark}
-    if pkt.nw_src:
-        state["nw_src"] = int(ipaddress.IPv4Address(pkt.nw_src))
-    if pkt.nw_dst:
-        state["nw_dst"] = int(ipaddress.IPv4Address(pkt.nw_dst))
-    if pkt.nw_proto is not None:
-        state["nw_proto"] = pkt.nw_proto
-    if pkt.tp_src is not None:
-        state["tp_src"] = pkt.tp_src
-    if pkt.tp_dst is not None:
-        state["tp_dst"] = pkt.tp_dst
-    for key in ("tun_src", "tun_dst"):
-        if pkt.extra.get(key):
-            state[key] = int(ipaddress.IPv4Address(pkt.extra[key]))
-    return state
-
-
-def _from_state(state: dict, template: Packet) -> Packet:
-    pkt = template.copy()
-    fmt = F.format_value
-    if "dl_src" in state:
-        pkt.dl_src = fmt(F.FIELDS["dl_src"], state["dl_src"])
-    if "dl_dst" in state:
-        pkt.dl_dst = fmt(F.FIELDS["dl_dst"], state["dl_dst"])
-    if "nw_src" in state and template.nw_src is not None:
-        pkt.nw_src = fmt(F.FIELDS["nw_src"], state["nw_src"])
-    if "nw_dst" in state and template.nw_dst is not None:
-        pkt.nw_dst = fmt(F.FIELDS["nw_dst"], state["nw_dst"])
-    for key in ("tp_src", "tp_dst", "nw_ttl"):
-        if key in state and getattr(template, key) is not None:
-            setattr(pkt, key, state[key])
-    pkt.extra = {k: v for k, v in pkt.extra.items() if k not in ("tun_src", "tun_dst")}
-    return pkt
-
-

@@ -147,9 +147,6 @@ class Solver:
         return results
 
     # ---- kept for callers of the one-class solver ------------------------------------------
-    def _ovs_hop(self, *args, **kwargs) -> Hop:
-        return self.datapath.ovs_hop(*args, **kwargs)
-
     def _arp_via_ovs(self, node_name, node, dev, target):
         got = self.datapath.answer_arp(node_name, node, dev, target)
         return got[0] if got else None

@@ -1,0 +1,62 @@
+"""The glue between the OVS simulator (traceflow.ovs) and the walk: a packet as the
+simulator's field state and back, and a table hit as a trace hop. No CNI knowledge: any
+datapath with an OVS bridge (and `ovs-trace`) uses it."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from traceflow.ovs import fields as F
+from traceflow.ovs.pipeline import TableHit
+from traceflow.packet import Packet
+from traceflow.snapshot import NodeModel
+from traceflow.trace import Hop
+
+
+def to_state(pkt: Packet, in_port: int) -> dict:
+    state = {"in_port": in_port, "dl_type": pkt.dl_type, "dl_src": F.parse_mac(pkt.dl_src),
+             "dl_dst": F.parse_mac(pkt.dl_dst), "nw_ttl": pkt.nw_ttl, "pkt_mark": pkt.mark}
+    if pkt.nw_src:
+        state["nw_src"] = int(ipaddress.IPv4Address(pkt.nw_src))
+    if pkt.nw_dst:
+        state["nw_dst"] = int(ipaddress.IPv4Address(pkt.nw_dst))
+    if pkt.nw_proto is not None:
+        state["nw_proto"] = pkt.nw_proto
+    if pkt.tp_src is not None:
+        state["tp_src"] = pkt.tp_src
+    if pkt.tp_dst is not None:
+        state["tp_dst"] = pkt.tp_dst
+    for key in ("tun_src", "tun_dst"):
+        if pkt.extra.get(key):
+            state[key] = int(ipaddress.IPv4Address(pkt.extra[key]))
+    return state
+
+
+def from_state(state: dict, template: Packet) -> Packet:
+    pkt = template.copy()
+    fmt = F.format_value
+    if "dl_src" in state:
+        pkt.dl_src = fmt(F.FIELDS["dl_src"], state["dl_src"])
+    if "dl_dst" in state:
+        pkt.dl_dst = fmt(F.FIELDS["dl_dst"], state["dl_dst"])
+    if "nw_src" in state and template.nw_src is not None:
+        pkt.nw_src = fmt(F.FIELDS["nw_src"], state["nw_src"])
+    if "nw_dst" in state and template.nw_dst is not None:
+        pkt.nw_dst = fmt(F.FIELDS["nw_dst"], state["nw_dst"])
+    for key in ("tp_src", "tp_dst", "nw_ttl"):
+        if key in state and getattr(template, key) is not None:
+            setattr(pkt, key, state[key])
+    pkt.extra = {k: v for k, v in pkt.extra.items() if k not in ("tun_src", "tun_dst")}
+    return pkt
+
+
+def ovs_hop(node: str, hit: TableHit, pkt: Packet, before: Packet, model: NodeModel) -> Hop:
+    """One OVS table hit as a trace hop: the flow, its table name, what it did and changed."""
+    flow = hit.flow
+    name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
+    effect = "; ".join(hit.effects) if hit.effects else "no action"
+    return Hop(node, "ovs", str(hit.table), flow.text if flow else None, effect,
+               priority=flow.priority if flow else None, table_name=name,
+               source=flow.source if flow else None, packet=pkt.headers(),
+               changed=pkt.diff(before), matched=flow.match_texts() if flow else (),
+               notes=list(hit.notes), unknown=hit.unknown is not None)
