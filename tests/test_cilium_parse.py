@@ -7,16 +7,14 @@ import pytest
 from traceflow.cilium import parse as C
 from traceflow.errors import InputError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REAL = SHARED / "realworld" / "cilium"
-needs_shared = pytest.mark.skipif(not REAL.is_dir(), reason="shared/ reference corpus not present")
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+REAL = DATA / "realworld" / "cilium"
 
 
 def read(name):
     return (REAL / name).read_text(), name
 
 
-@needs_shared
 def test_service_list_with_multiple_backends():
     svcs = C.parse_service_list(*read("kwx4957-week4_cilium-dbg-service-list.txt"))
     by_front = {(s.frontend_ip, s.port): s for s in svcs if s.protocol == "TCP"}
@@ -29,7 +27,6 @@ def test_service_list_with_multiple_backends():
     assert by_front[("0.0.0.0", 30003)].type == "NodePort"
 
 
-@needs_shared
 def test_services_without_backends_in_three_formats():
     for name, parser in [("imroc-tke-cilium_service-list_no-backends.txt", C.parse_service_list),
                          ("imroc-tke-cilium_bpf-lb-list_empty-backends.txt", C.parse_bpf_lb_list),
@@ -55,7 +52,6 @@ def test_bpf_lb_list_backend_slots():
         ("10.0.1.53", 1), ("10.0.2.53", 2)]
 
 
-@needs_shared
 @pytest.mark.parametrize("name, count", [
     ("kwx4957-week1_cilium-map-get-cilium_ipcache_tunnel.txt", 19),
     ("kwx4957-week4_cilium-dbg-bpf-ipcache-list.txt", 22),
@@ -67,7 +63,6 @@ def test_ipcache_formats(name, count):
     assert tunnelled and all(e.identity >= 1 for e in entries)
 
 
-@needs_shared
 def test_ipcache_facts_and_ipmasq_and_endpoints():
     e = {x.prefix: x for x in C.parse_ipcache(*read("kwx4957-week4_cilium-dbg-bpf-ipcache-list.txt"))}
     assert e["172.20.2.0/24"].tunnel_endpoint == "192.168.20.100" and e["172.20.2.0/24"].flags == ("hastunnel",)
