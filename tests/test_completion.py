@@ -150,3 +150,15 @@ def test_module_help_creates_nothing(tmp_path):
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(completion.FILES.values())
+
+
+def test_fish_completes_pod_names(bin_dir):
+    if shutil.which("fish") is None:
+        pytest.skip("fish is not installed")
+    script = ROOT / "completions" / "traceflow.fish"
+    r = subprocess.run(["fish", "--no-config", "-c",
+                        f"source {script}; complete -C 'traceflow pod-to-svc -b {SEED} fr'; "
+                        f"complete -C 'traceflow route-get -b {SEED} wor'"],
+                       capture_output=True, text=True, env=_env(bin_dir), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["frontend", "worker1", "worker2"]
