@@ -277,3 +277,58 @@ def test_usage_names_kubectl_traceflow_as_a_plugin(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100"))
         assert r.returncode == 0 and expect in r.stdout, r.stdout[:300]
+
+
+# ---- hostNetwork sources (the example's antrea-agent pods run in their node's network) -----------
+
+def _hops(path):
+    return [h for leg in path["legs"] for h in leg["hops"]]
+
+
+def test_hostnetwork_source_starts_in_its_nodes_host_stack():
+    code, doc = trace_json("pod-to-svc", "kube-system/antrea-agent-f76q2", "default/backendsvc")
+    assert code == 1                      # backend2's ingress policy admits frontend only
+    by_ep = {p["endpoint"]: p for p in doc["paths"]}
+    assert set(by_ep) == {"default/backend1", "default/backend2"}
+    ok = by_ep["default/backend1"]
+    assert ok["verdict"] == "delivered"
+    hops = _hops(ok)
+    first = hops[0]
+    assert first["node"] == "worker1" and first["component"] == "host"
+    assert "uses the host network" in first["effect"]
+    # the kernel's local output path: route, nat OUTPUT (kube-proxy's DNAT), route again,
+    # POSTROUTING (masquerade to antrea-gw0's address), then into OVS through the gateway
+    effects = [h["effect"] for h in hops]
+    dnat = next(i for i, e in enumerate(effects) if e == "DNAT 10.104.65.133:80 -> 10.222.1.47:80")
+    assert hops[1]["component"] == "route" and "ens160" in hops[1]["rule"]
+    assert hops[dnat + 1]["component"] == "route" and "antrea-gw0" in hops[dnat + 1]["rule"]
+    assert "MASQUERADE 10.79.1.201:54321 -> 10.222.1.1:54321" in effects
+    assert any(h["component"] == "ovs" and h["node"] == "worker1" for h in hops[dnat:])
+    # the reply comes back up the host stack, un-NAT-ed by conntrack, to the agent
+    reply = [leg for leg in ok["legs"] if leg["direction"] == "reply"]
+    assert reply and reply[-1]["hops"][-1]["effect"] == \
+        "delivered to kube-system/antrea-agent-f76q2 (10.79.1.201), which uses worker1's host network"
+    dropped = by_ep["default/backend2"]
+    assert dropped["verdict"] == "dropped" and "from 10.222.1.1" in dropped["drop"]["reason"]
+
+
+def test_hostnetwork_source_by_node_ip_uses_the_routes_source_address():
+    code, doc = trace_json("pod-to-pod", "10.79.1.201", "backend1")
+    assert code == 0
+    assert doc["query"]["source"] == "kube-system/antrea-agent-f76q2"
+    [path] = doc["paths"]
+    assert path["verdict"] == "delivered"
+    # worker1's route to its own pod subnet says `src 10.222.1.1`: an unbound socket sends from
+    # the gateway address, which backend1's ingress policy lets through (node IP would not)
+    src = next(h for h in _hops(path) if h["effect"].startswith("source address"))
+    assert src["effect"].startswith("source address 10.222.1.1: the one the route gives for antrea-gw0")
+
+
+def test_hostnetwork_source_refused_when_the_bundle_lacks_its_node(tmp_path):
+    import shutil
+    bundle = tmp_path / "b"
+    shutil.copytree(SEED, bundle)
+    (bundle / "nodes/worker1/ip-route.txt").unlink()
+    msg = refused("pod-to-svc", "kube-system/antrea-agent-f76q2", "backendsvc", "--bundle", bundle)
+    assert "kube-system/antrea-agent-f76q2 uses the host network" in msg
+    assert "the bundle lacks nodes/worker1/ip-route.txt" in msg

@@ -248,7 +248,7 @@ def pod_to_svc(
             raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
         sp = resolve.service_port(svc, port, protocol.value if protocol else None)
         proto = sp.protocol.upper()
-        _check_pod(pod)
+        _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
         q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
                   pin, not no_reply)
@@ -298,8 +298,8 @@ def pod_to_pod(
             snap = _open_snapshot(bundle)
         src = resolve.pod(snap.cluster, src_ref, namespace)
         dst = resolve.pod(snap.cluster, dst_ref, namespace, "destination")
-        _check_pod(src)
-        _check_pod(dst)
+        _check_pod(src, snap)
+        _check_pod(dst, snap)
         q = Query("pod-to-pod", src, dst.ip, resolve.pod_port(dst, port), protocol.value.upper(),
                   src_port, dst.key, reply=not no_reply)
         return Solver(snap).trace(q)
@@ -317,7 +317,10 @@ def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
                                save_bundle=save_bundle))
 
 
-def _check_pod(pod) -> None:
+def _check_pod(pod, snap=None) -> None:
+    if pod.host_network and snap is not None:
+        from traceflow.hoststack import check_source
+        check_source(snap, pod)
     if not pod.ip:
         raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")
     if pod.phase != "Running":

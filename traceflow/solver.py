@@ -112,6 +112,7 @@ class Solver:
     # ---- public -------------------------------------------------------------------------
     def trace(self, q: Query) -> Trace:
         trace = Trace(q.as_dict())
+        self._query = q
         first = self._initial_packet(q)
         start = Branch([Leg("request", Verdict.UNKNOWN, [], _describe(first, q))])
         if q.service is None:
@@ -149,6 +150,13 @@ class Solver:
 
     def _walk_leg(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query) -> list[Branch]:
         """From a pod's eth0 to wherever the packet ends."""
+        if pod.host_network:        # sent by the node's own stack (hoststack.py)
+            from traceflow import hoststack
+            try:
+                starts = hoststack.send(self, branch, pod, packet, AtHost)
+            except Missing as miss:
+                return [self._missing(branch, pod.node or "?", "route", miss)]
+            return [d for b, loc in starts for d in ([b] if loc is None else self._run(b, loc, q))]
         try:
             start = self._leave_pod(branch, pod, packet)
         except Missing as miss:
@@ -491,6 +499,10 @@ class Solver:
         serves is load-balanced at INPUT and leaves again as a locally sent packet."""
         dec = self._route(b, loc.node, node, pkt, iif=loc.iif)
         if dec.kind == "local":
+            from traceflow import hoststack
+            pod = hoststack.local_receiver(self.cluster, self._query, loc.node, pkt, b.leg.direction)
+            if pod is not None:
+                return hoststack.receive(self, b, loc, node, pkt, ctx, late_src, pod)
             return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec)
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
