@@ -162,3 +162,24 @@ def test_fish_completes_pod_names(bin_dir):
                        capture_output=True, text=True, env=_env(bin_dir), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["frontend", "worker1", "worker2"]
+
+
+def test_names_from_the_live_cluster_without_a_bundle(tmp_path, monkeypatch):
+    """No bundle on the line: names come from the kubeconfig's cluster (a protocol-level fake
+    API server serving the example's objects, as in the live-collection tests)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_kube_api import FakeKubeAPI
+    api = FakeKubeAPI()
+    api.start()
+    try:
+        kc = api.write_kubeconfig(tmp_path / "kubeconfig")
+        monkeypatch.delenv("TRACEFLOW_BUNDLE", raising=False)
+        assert completion.candidates(["pod-to-svc", "--kubeconfig", str(kc), "fr"]) == ["frontend"]
+        assert completion.candidates(["pod-to-svc", "--kubeconfig", str(kc), "frontend", "b"]) == \
+            ["backendsvc"]
+        monkeypatch.setenv("KUBECONFIG", str(kc))
+        assert completion.candidates(["route-get", ""]) == ["master", "worker1", "worker2"]
+        assert completion.candidates(["pod-to-pod", "-n", "kube-system", "deploy/co"]) == \
+            ["deploy/coredns"]
+    finally:
+        api.stop()

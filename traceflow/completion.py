@@ -92,14 +92,17 @@ def _from_cluster(kubeconfig: str | None, context: str | None) -> _Names:
     try:
         require_cluster_access(kubeconfig)
         from kubernetes import client, config
+        if kubeconfig is None:   # read now: the client reads $KUBECONFIG once, at import
+            env = [x for x in os.environ.get("KUBECONFIG", "").split(os.pathsep) if x]
+            kubeconfig = next((x for x in env if Path(x).expanduser().is_file()), None)
         try:
             config.load_kube_config(config_file=kubeconfig, context=context)
         except Exception:     # noqa: BLE001 - in a pod: its service account
             config.load_incluster_config()
         v1 = client.CoreV1Api()
-        pods = v1.list_pod_for_all_namespaces(_request_timeout=3).items
-        svcs = v1.list_service_for_all_namespaces(_request_timeout=3).items
-        nodes = v1.list_node(_request_timeout=3).items
+        pods = _all(v1.list_pod_for_all_namespaces)
+        svcs = _all(v1.list_service_for_all_namespaces)
+        nodes = _all(v1.list_node)
     except Exception:         # noqa: BLE001 - completion must never print an error
         return _Names()
     return _Names([(p.metadata.namespace, p.metadata.name,
@@ -107,6 +110,19 @@ def _from_cluster(kubeconfig: str | None, context: str | None) -> _Names:
                    for p in pods],
                   [(s.metadata.namespace, s.metadata.name) for s in svcs],
                   [n.metadata.name for n in nodes])
+
+
+def _all(list_call, pages: int = 20) -> list:
+    """Every item of a paged list call (the API server may cut lists into pages)."""
+    items, token = [], None
+    for _ in range(pages):
+        kwargs = {"_continue": token} if token else {}
+        page = list_call(limit=500, _request_timeout=3, **kwargs)
+        items.extend(page.items)
+        token = page.metadata._continue if page.metadata is not None else None
+        if not token:
+            break
+    return items
 
 
 def _names(opts: dict) -> _Names:
