@@ -150,15 +150,17 @@ def test_port_the_service_does_not_have_lists_its_ports():
     assert "has several ports" in msg and "choose one with --port" in msg
 
 
-@pytest.mark.parametrize("args, text", [
-    (["--src-port", "99999"], "--src-port"),
-    (["--src-port", "0"], "--src-port"),
-    (["--width", "0"], "--width"),
+@pytest.mark.parametrize("args, text, limit", [
+    (["--src-port", "99999"], "--src-port", "65535"),
+    (["--src-port", "0"], "--src-port", "1"),
+    (["--width", "0"], "--width", "40"),
 ])
-def test_ranges(args, text):
-    r = invoke("pod-to-svc", "frontend", "backendsvc", "--bundle", SEED, *args)
-    assert r.exit_code == 2 and text in r.output and "Traceback" not in r.output
-    assert r.stdout == "" or "Usage" in r.output
+def test_ranges(args, text, limit):
+    r = invoke("pod-to-svc", "frontend", "backendsvc", "--bundle", SEED, *args,
+               env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert f"Invalid value for '{text}'" in r.output and limit in r.output
+    assert "verdict" not in r.output        # nothing traced
 
 
 def test_destination_port_out_of_range():
