@@ -296,7 +296,7 @@ def test_hostnetwork_source_starts_in_its_nodes_host_stack():
     assert ok["verdict"] == "delivered"
     hops = _hops(ok)
     first = hops[0]
-    assert first["node"] == "worker1" and first["component"] == "host"
+    assert first["node"] == "worker1" and first["component"] == "pod"
     assert "uses the host network" in first["effect"]
     # the kernel's local output path: route, nat OUTPUT (kube-proxy's DNAT), route again,
     # POSTROUTING (masquerade to antrea-gw0's address), then into OVS through the gateway

@@ -36,7 +36,8 @@ def send(host, branch, pod, packet, at_host):
     node_name = pod.node
     node = host.snap.node(node_name)
     loc = at_host(node_name, None, packet)
-    branch.add(Hop(node_name, "host", None, None,
+    # components as for any pod (trace-json-v1): "pod" where it sends and receives
+    branch.add(Hop(node_name, "pod", None, None,
                    f"{pod.key} uses the host network: {node_name}'s own stack sends to "
                    f"{packet.nw_dst} (local output: route, OUTPUT hook, route again, POSTROUTING)",
                    packet=packet.headers()))
@@ -49,7 +50,7 @@ def send(host, branch, pod, packet, at_host):
     if src and src != packet.nw_src:
         before = packet.copy()
         packet.nw_src = src
-        branch.add(Hop(node_name, "host", None, None,
+        branch.add(Hop(node_name, "route", None, None,
                        f"source address {src}: the one the route gives for {dec.dev} "
                        f"(an unbound socket; {pod.key}'s own IP is {pod.ip})",
                        packet=packet.headers(), changed=packet.diff(before)))
@@ -105,7 +106,7 @@ def receive(host, b, loc, node, pkt, ctx, late_src, pod):
             before, ipkt = ipkt, ipkt.copy()
             ipkt.nw_src, ipkt.tp_src = ip, port
             ib.add(_ct_hop(loc.node, entry, is_reply, before, ipkt, "INPUT"))
-        ib.add(Hop(loc.node, "host", None, None,
+        ib.add(Hop(loc.node, "pod", None, None,
                    f"delivered to {pod.key} ({pod.ip}), which uses {loc.node}'s host network",
                    packet=ipkt.headers()))
         ib.final_packet = ipkt
