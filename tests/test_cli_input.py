@@ -334,3 +334,13 @@ def test_hostnetwork_source_refused_when_the_bundle_lacks_its_node(tmp_path):
     msg = refused("pod-to-svc", "kube-system/antrea-agent-f76q2", "backendsvc", "--bundle", bundle)
     assert "kube-system/antrea-agent-f76q2 uses the host network" in msg
     assert "the bundle lacks nodes/worker1/ip-route.txt" in msg
+
+
+def test_hostnetwork_destination_is_named_even_when_dropped():
+    # frontend's egress policy allows only backend traffic: dropped on worker1, before any
+    # load balancer or address lookup could name the destination
+    code, doc = trace_json("pod-to-pod", "frontend", "kube-system/antrea-agent-fv5x9", "--port", "10349")
+    assert code == 1
+    assert [(p["endpoint"], p["verdict"]) for p in doc["paths"]] == \
+        [("kube-system/antrea-agent-fv5x9", "dropped")]
+    assert "egress" in doc["paths"][0]["drop"]["reason"]

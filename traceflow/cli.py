@@ -383,6 +383,8 @@ def collect_cmd(
             raise InputError("a destination needs a source pod (or -l)", "SOURCE")
         if parallel < 1:
             raise InputError("--parallel must be at least 1", "--parallel")
+        from traceflow.clihelp import require_cluster_access
+        require_cluster_access(kubeconfig)
         b = collect(CollectOptions(
             kubeconfig=str(kubeconfig) if kubeconfig else None, context=context,
             namespace=namespace, source=source, selector=selector, destination=destination,

@@ -115,8 +115,8 @@ class Solver:
         self._query = q
         first = self._initial_packet(q)
         start = Branch([Leg("request", Verdict.UNKNOWN, [], _describe(first, q))])
-        if q.service is None:
-            start.choose_target(self.cluster, q.dst_ip)
+        if q.service is None:       # pod-to-pod: the destination pod, hostNetwork ones too
+            start.target = q.destination_label
         branches = self._walk_leg(start, q.source, first, q)
         paths = []
         for b in branches:
