@@ -124,6 +124,19 @@ def test_ports_by_name_for_services_and_pods():
     assert "pod default/backend1 has no container port named 'http'" in msg
 
 
+def test_a_named_pod_port_brings_its_protocol():
+    coredns = "kube-system/coredns-f9fd979d6-4qzxk"
+    _, dns = trace_json("pod-to-pod", "frontend", coredns, "--port", "dns")
+    assert (dns["query"]["dst_port"], dns["query"]["protocol"]) == (53, "UDP")
+    _, dns_tcp = trace_json("pod-to-pod", "frontend", coredns, "--port", "dns-tcp")
+    assert (dns_tcp["query"]["dst_port"], dns_tcp["query"]["protocol"]) == (53, "TCP")
+    msg = refused("pod-to-pod", "frontend", coredns, "--port", "dns", "--protocol", "tcp",
+                  "--bundle", SEED)
+    assert f"container port 'dns' of pod {coredns} is 53/UDP, not TCP" in msg
+    msg = refused("pod-to-pod", "frontend", coredns, "--port", "http", "--bundle", SEED)
+    assert "its named ports: dns (53/UDP), dns-tcp (53/TCP), metrics (9153/TCP)" in msg
+
+
 # ---- validation --------------------------------------------------------------------------------
 
 def test_port_number_shared_by_two_protocols_is_never_guessed():

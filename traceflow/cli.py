@@ -300,7 +300,10 @@ def pod_to_pod(
         dst = resolve.pod(snap.cluster, dst_ref, namespace, "destination")
         _check_pod(src, snap)
         _check_pod(dst, snap)
-        q = Query("pod-to-pod", src, dst.ip, resolve.pod_port(dst, port), protocol.value.upper(),
+        from traceflow.clihelp import given_on_command_line
+        chosen = protocol.value if given_on_command_line("protocol") else None
+        number, named_proto = resolve.pod_port(dst, port, chosen)
+        q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
                   src_port, dst.key, reply=not no_reply)
         return Solver(snap).trace(q)
     trace = _run(build)

@@ -41,6 +41,11 @@ def _parameter_source(name: str) -> str | None:
     return getattr(source, "name", None)
 
 
+def given_on_command_line(name: str) -> bool:
+    """Whether option ``name`` was typed (or set in the environment), not left at its default."""
+    return _parameter_source(name) not in (None, "DEFAULT", "DEFAULT_MAP")
+
+
 def require_cluster_access(kubeconfig) -> None:
     """Live collection needs a kubeconfig or an in-cluster service account; without either,
     say how to trace offline instead of failing in the Kubernetes client (exit code 3, as for

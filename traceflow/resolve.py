@@ -231,17 +231,26 @@ def service_port(svc: Service, port: str | None, protocol: str | None) -> Servic
     return cands[0]
 
 
-def pod_port(pod: Pod, port: str) -> int:
-    """A destination port for pod-to-pod: a number, or the name of one of its container ports."""
+def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
+    """A destination port for pod-to-pod: a number, or the name of one of its container ports.
+    Returns (number, the named port's protocol or None); ``protocol`` (when the user gave
+    one) must agree with a named port's."""
     port = port.strip()
     if port.isdigit():
-        return _check_port(int(port), "--port")
-    for name, number, _ in pod.container_ports:
-        if name == port:
-            return number
-    named = ", ".join(f"{n} ({num}/{pr})" for n, num, pr in pod.container_ports if n)
+        return _check_port(int(port), "--port"), None
+    named = [(n, num, pr.upper()) for n, num, pr in pod.container_ports if n == port]
+    if protocol is not None:
+        kept = [x for x in named if x[2] == protocol.upper()]
+        if named and not kept:
+            has = ", ".join(f"{num}/{pr}" for _, num, pr in named)
+            raise InputError(f"container port {port!r} of pod {pod.key} is {has}, not "
+                             f"{protocol.upper()}", "--protocol")
+        named = kept
+    if named:
+        return named[0][1], named[0][2]
+    listed = ", ".join(f"{n} ({num}/{pr})" for n, num, pr in pod.container_ports if n)
     raise InputError(f"pod {pod.key} has no container port named {port!r} "
-                     f"({'its named ports: ' + named if named else 'it names no ports'})", "--port")
+                     f"({'its named ports: ' + listed if listed else 'it names no ports'})", "--port")
 
 
 def _check_port(n: int, option: str) -> int:
