@@ -357,3 +357,18 @@ def test_hostnetwork_destination_is_named_even_when_dropped():
     assert [(p["endpoint"], p["verdict"]) for p in doc["paths"]] == \
         [("kube-system/antrea-agent-fv5x9", "dropped")]
     assert "egress" in doc["paths"][0]["drop"]["reason"]
+
+
+def test_hostnetwork_source_to_its_own_node_is_unknown_not_dropped():
+    # kube-apiserver-node1 calls the kubernetes Service; kube-proxy's OUTPUT DNAT picks one of
+    # the three apiservers. The one on node1 itself is reached over lo (nothing in the bundle
+    # says what listens there); the others need OVS files this host-only bundle lacks.
+    r = invoke("pod-to-svc", "kube-system/kube-apiserver-node1", "default/kubernetes",
+               "--bundle", EXAMPLES / "kube-proxy-iptables", "-o", "json")
+    assert r.exit_code == 1, r.output
+    paths = {p["endpoint"]: p for p in json.loads(r.stdout)["paths"]}
+    assert set(paths) == {"192.168.10.11", "192.168.10.12", "192.168.10.13"}
+    assert all(p["verdict"] == "unknown" for p in paths.values())
+    assert "192.168.10.11 is node1's own address: the packet goes over lo" in \
+        paths["192.168.10.11"]["drop"]["reason"]
+    assert "needs nodes/node1/ovs-flows.txt" in paths["192.168.10.12"]["drop"]["reason"]

@@ -44,6 +44,8 @@ def send(host, branch, pod, packet, at_host):
     # an unbound socket: the route chooses the source address (its `src`, else the primary
     # address of the device it goes out of), which is not always the node's InternalIP
     dec = host._route(branch, node_name, node, packet, iif=None, use_src=False)
+    if dec.kind == "local":
+        return [(_over_loopback(branch, node_name, packet, dec), None)]
     if dec.kind != "unicast":
         return [(host._no_route(branch, node_name, dec), None)]
     src = dec.prefsrc or _primary_ip(node.interface(dec.dev))
@@ -66,13 +68,34 @@ def send(host, branch, pod, packet, at_host):
         odec = dec
         if opkt.nw_dst != orig.nw_dst:       # OUTPUT's DNAT re-routes the packet
             odec = host._route(ob, node_name, node, opkt, iif=None)
+            if odec.kind == "local":
+                outcomes.append((_over_loopback(ob, node_name, opkt, odec), opkt, odec))
+                continue
             if odec.kind != "unicast":
                 outcomes.append((host._no_route(ob, node_name, odec), opkt, odec))
                 continue
             ctx.out_iface = odec.dev
         outcomes.extend(host._postrouting(ob, node_name, node, opkt, ctx, odec))
     tup = (orig.nw_proto, orig.nw_src, orig.tp_src, orig.nw_dst, orig.tp_dst)
-    return host._send_all(outcomes, loc, node, True, tup, None)
+    # one outcome at a time: a file one branch lacks must not end the other branches
+    from traceflow.snapshot import Missing
+    results = []
+    for outcome in outcomes:
+        try:
+            results.extend(host._send_all([outcome], loc, node, True, tup, None))
+        except Missing as miss:
+            results.append((host._missing(outcome[0], node_name, "neigh", miss), None))
+    return results
+
+
+def _over_loopback(b, node_name: str, pkt, dec):
+    """A locally sent packet for one of the node's own addresses goes over `lo` to a local
+    socket: whether something listens there is not in the bundle."""
+    from traceflow.trace import Drop
+    return b.finish(Verdict.UNKNOWN, Drop(
+        node_name, "route", dec.table, dec.route.text if dec.route is not None else None,
+        f"{pkt.nw_dst} is {node_name}'s own address: the packet goes over lo to a local socket "
+        f"on {pkt.nw_dst}:{pkt.tp_dst}, which the bundle does not describe"))
 
 
 def local_receiver(cluster, query, node_name: str, pkt, direction: str):
