@@ -183,3 +183,21 @@ def test_names_from_the_live_cluster_without_a_bundle(tmp_path, monkeypatch):
             ["deploy/coredns"]
     finally:
         api.stop()
+
+
+def test_interactive_zsh_tab(bin_dir):
+    """zsh's completion system (compinit) with the script sourced, TAB typed in a terminal."""
+    pexpect = pytest.importorskip("pexpect")
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed")
+    script = ROOT / "completions" / "_traceflow"
+    child = pexpect.spawn("zsh", ["-f", "-i"], env=_env(bin_dir, TERM="dumb"), encoding="utf-8",
+                          timeout=30)
+    try:
+        child.sendline(f"PS1='%% '; autoload -Uz compinit; compinit -u -D; source {script}; "
+                       "echo READY")
+        child.expect_exact("READY")
+        child.send(f"traceflow pod-to-svc -b {SEED} fro\t")
+        child.expect_exact("frontend")
+    finally:
+        child.close(force=True)
