@@ -3,6 +3,7 @@
 _traceflow() {
     local cur="${COMP_WORDS[COMP_CWORD]}" IFS=$'\n'
     local -a out
+    [[ "$cur" == "=" ]] && cur=""          # `--bundle=<TAB>`: readline completes after the =
     out=($("${COMP_WORDS[0]}" __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null))
     if [[ "${out[0]}" == ":files" ]]; then
         COMPREPLY=($(compgen -f -- "$cur"))

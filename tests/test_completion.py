@@ -94,6 +94,17 @@ def test_commands_options_and_files(bin_dir, tmp_path):
     assert bash_complete(bin_dir, "traceflow completion ") == ["bash", "zsh", "fish"]
 
 
+def test_option_equals_value_as_bash_splits_it(bin_dir):
+    # COMP_WORDBREAKS holds "=": `--bundle=PATH` reaches the function as three words
+    words = ["traceflow", "pod-to-svc", "--bundle", "=", str(SEED), "-n", "=", "kube-system", "co"]
+    assert bash_complete(bin_dir, " ".join(words)) == \
+        ["coredns-f9fd979d6-4qzxk", "coredns-f9fd979d6-w8vd2"]
+    assert bash_complete(bin_dir, "traceflow pod-to-svc -o = j") == ["json"]
+    # zsh and fish keep `--namespace=kube-sys` one word: the whole word is replaced
+    assert completion.candidates(["pod-to-svc", f"--bundle={SEED}", "--namespace=kube-sys"]) == \
+        ["--namespace=kube-system"]
+
+
 def test_a_bad_bundle_completes_nothing_quietly(bin_dir, tmp_path):
     assert bash_complete(bin_dir, f"traceflow pod-to-svc -b {tmp_path} ") == []
 

@@ -193,7 +193,19 @@ def _contexts() -> list:
 def candidates(words: list[str]) -> list[str]:
     """Completions for the last of ``words`` (the arguments after the program name)."""
     words = list(words) or [""]
+    # `--bundle=PATH`: bash splits it into `--bundle`, `=`, `PATH` (= is a word break) and
+    # replaces only the part after `=`; zsh and fish keep one word and replace all of it
+    if len(words) >= 2 and (words[-1] == "=" or words[-2] == "=") and words[0] != "=":
+        split_at = len(words) - (1 if words[-1] == "=" else 2)
+        flag, value = words[split_at - 1], ("" if words[-1] == "=" else words[-1])
+        if flag.startswith("-"):
+            return candidates(_join_equals(words[:split_at - 1]) + [flag, value])
+    words = _join_equals(words)
     cur = words[-1]
+    if cur.startswith("-") and "=" in cur:
+        flag, value = cur.split("=", 1)
+        return [f"{flag}={c}" if c != FILES_MARK else c
+                for c in candidates(words[:-1] + [flag, value])]
     commands = _commands()
     if len(words) == 1:
         top = sorted(commands) + ["--help", "--version"]
@@ -239,6 +251,18 @@ def candidates(words: list[str]) -> list[str]:
     return []
 
 
+def _join_equals(words: list[str]) -> list[str]:
+    """Finished words with bash's `--flag`, `=`, `value` put back together."""
+    out: list[str] = []
+    for w in words:
+        if out and out[-1].startswith("-") and (w == "=" or out[-1].endswith("=")) \
+                and out[-1].count("=") <= 1 and not (w == "=" and out[-1].endswith("=")):
+            out[-1] += w
+        else:
+            out.append(w)
+    return out
+
+
 def complete_main(words: list[str]) -> int:
     """``traceflow __complete WORD...``: print the candidates, one a line."""
     try:
@@ -272,6 +296,7 @@ def bash() -> str:
 _traceflow() {
     local cur="${COMP_WORDS[COMP_CWORD]}" IFS=$'\\n'
     local -a out
+    [[ "$cur" == "=" ]] && cur=""          # `--bundle=<TAB>`: readline completes after the =
     out=($("${COMP_WORDS[0]}" __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null))
     if [[ "${out[0]}" == ":files" ]]; then
         COMPREPLY=($(compgen -f -- "$cur"))
