@@ -1,66 +1,15 @@
-# bash completion for traceflow (generated from the CLI; do not edit)
+# bash completion for traceflow and kubectl-traceflow (pods, Services, namespaces and nodes
+# come from the bundle named on the command line, TRACEFLOW_BUNDLE, or the current cluster)
 _traceflow() {
-    local cur prev cmd
-    cur="${COMP_WORDS[COMP_CWORD]}"
-    prev="${COMP_WORDS[COMP_CWORD-1]}"
-    cmd="${COMP_WORDS[1]}"
-    if [[ ${COMP_CWORD} -eq 1 ]]; then
-        COMPREPLY=($(compgen -W "collect demo example-path nf-trace ovs-trace pod-to-pod pod-to-svc rbac route-get --help --version" -- "$cur"))
-        return
+    local cur="${COMP_WORDS[COMP_CWORD]}" IFS=$'\n'
+    local -a out
+    [[ "$cur" == "=" ]] && cur=""          # `--bundle=<TAB>`: readline completes after the =
+    out=($("${COMP_WORDS[0]}" __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null))
+    if [[ "${out[0]}" == ":files" ]]; then
+        COMPREPLY=($(compgen -f -- "$cur"))
+        compopt -o filenames 2>/dev/null
+    else
+        COMPREPLY=("${out[@]}")
     fi
-    case "$cmd" in
-        collect)
-            case "$prev" in
-                --via) COMPREPLY=($(compgen -W "auto exec ssh" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--output -o --namespace -n --selector -l --port -p --nodes --all-nodes --context --kubeconfig --via --ssh-config --insecure-accept-host-keys --timeout --deadline --parallel --force --app-exec --help -h" -- "$cur"));;
-        demo)
-            case "$prev" in
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
-        example-path)
-            case "$prev" in
-            esac
-            COMPREPLY=($(compgen -W "--help -h" -- "$cur"));;
-        nf-trace)
-            case "$prev" in
-                --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--src --dst --dport --sport --protocol --hook --iif --oif --mark --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
-        ovs-trace)
-            case "$prev" in
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--table --ct-next --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
-        pod-to-pod)
-            case "$prev" in
-                --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --force --app-exec --help -h" -- "$cur"));;
-        pod-to-svc)
-            case "$prev" in
-                --protocol) COMPREPLY=($(compgen -W "tcp udp sctp" -- "$cur")); return;;
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--namespace -n --port -p --protocol --src-port --endpoint --no-reply --bundle -b --output -o --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --verbose -v --wide --hop --force --app-exec --help -h" -- "$cur"));;
-        rbac)
-            case "$prev" in
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--bundle -b --context --kubeconfig --user --group --help -h" -- "$cur"));;
-        route-get)
-            case "$prev" in
-                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
-                --output|-o) COMPREPLY=($(compgen -W "table json yaml html dot" -- "$cur")); return;;
-            esac
-            COMPREPLY=($(compgen -W "--from --iif --mark --bundle -b --output -o --width --verbose -v --wide --hop --help -h" -- "$cur"));;
-    esac
 }
-complete -o default -F _traceflow traceflow kubectl-traceflow
+complete -F _traceflow traceflow kubectl-traceflow

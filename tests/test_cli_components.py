@@ -70,10 +70,12 @@ def test_completions_are_generated_from_the_cli():
     for shell, filename in completion.FILES.items():
         on_disk = (ROOT / "completions" / filename).read_text()
         assert on_disk == completion.GENERATORS[shell](), f"{filename} is stale: make completions"
-    bash = completion.bash()
-    for cmd in ("pod-to-svc", "pod-to-pod", "ovs-trace", "nf-trace", "route-get", "demo"):
-        assert cmd in bash
-    assert "--endpoint" in bash and "table json yaml" in bash
+    top = completion.candidates([""])
+    for cmd in ("pod-to-svc", "pod-to-pod", "ovs-trace", "nf-trace", "route-get", "demo",
+                "completion"):
+        assert cmd in top
+    assert "--endpoint" in completion.candidates(["pod-to-svc", "--e"])
+    assert completion.candidates(["pod-to-svc", "-o", ""]) == ["table", "json", "yaml", "html", "dot"]
 
 
 def test_bash_completion_script_is_valid_bash():

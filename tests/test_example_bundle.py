@@ -1,6 +1,6 @@
 """Consistency checks for the example bundle examples/antrea-encap-kube-proxy.
 
-The bundle is assembled by hand from the seed packet walk (shared/seeds/000_...) and the
+The bundle is assembled by hand from the seed packet walk (tests/data/seeds/000_...) and the
 realworld corpus; these tests keep its files faithful to those sources and consistent with
 each other (every IP, MAC, port number and name must agree across files).
 """
@@ -16,8 +16,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "traceflow" / "examples" / "antrea-encap-kube-proxy"
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SEED = SHARED / "seeds" / "000_abb2a57c8f5a00fa.txt"
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+SEED = DATA / "seeds" / "000_abb2a57c8f5a00fa.txt"
 WORKERS = ("worker1", "worker2")
 K8S_KINDS = {
     "nodes.yaml": "Node",
@@ -197,10 +197,8 @@ def test_synthesised_flows_listed_in_provenance_are_in_the_file():
             assert s in lines, f"{node}: provenance lists a line that is not in the file: {s}"
 
 
-def test_sources_match_shared_reference():
-    """The one test that needs shared/ (seed + realworld corpus)."""
-    if not SEED.is_file():
-        pytest.skip(f"shared reference folder not found at {SHARED} (seed comparison needs it)")
+def test_sources_match_reference_corpus():
+    """The seed and the real-world corpus (copies in tests/data) agree with the bundle."""
     seed = SEED.read_text(encoding="utf-8")
     # the flow lines the seed shows per worker (node told by the agent pod in the command line)
     agent = {"antrea-agent-f76q2": "worker1", "antrea-agent-fv5x9": "worker2"}
@@ -216,7 +214,7 @@ def test_sources_match_shared_reference():
         elif line.startswith("vmware@"):
             cur = None
     realworld = {n: set() for n in WORKERS}
-    for f in (SHARED / "realworld" / "ovs-flows").glob("antrea-packet-walks_*"):
+    for f in (DATA / "realworld" / "ovs-flows").glob("antrea-packet-walks_*"):
         node = re.search(r"_(worker\d)_", f.name).group(1)
         realworld[node] |= {l.lstrip(" ") for l in f.read_text(encoding="utf-8").splitlines() if l.strip()}
     prov = manifest()["provenance"]
@@ -235,7 +233,7 @@ def test_sources_match_shared_reference():
         assert set(lines) >= realworld[node], f"{node}: realworld lines missing"
 
     # byte copies of the realworld corpus
-    rw = SHARED / "realworld"
+    rw = DATA / "realworld"
     for node in WORKERS:
         src = rw / "ovs-show" / f"antrea-packet-walks_{node}_ovs-ofctl-show-br-int.txt"
         assert (BUNDLE / f"nodes/{node}/ovs-show.txt").read_bytes() == src.read_bytes()

@@ -1,6 +1,6 @@
 """IPVS: parsing `ipvsadm -L` output and choosing real servers for a new connection.
 
-Every file in shared/realworld/ipvs must parse, with concrete facts checked per file; the
+Every file in tests/data/realworld/ipvs must parse, with concrete facts checked per file; the
 scheduler model is checked on tables written here.
 """
 
@@ -19,9 +19,8 @@ from traceflow.netfilter.ipvs import (
 )
 from traceflow.packet import Packet
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-IPVS_DIR = SHARED / "realworld" / "ipvs"
-needs_shared = pytest.mark.skipif(not IPVS_DIR.is_dir(), reason=f"{IPVS_DIR} not present")
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+IPVS_DIR = DATA / "realworld" / "ipvs"
 
 HEADER = """\
 IP Virtual Server version 1.2.1 (size=4096)
@@ -52,7 +51,6 @@ def corpus() -> list[str]:
 # --- the real-world corpus --------------------------------------------------------------------
 
 
-@needs_shared
 @pytest.mark.parametrize("name", corpus())
 def test_every_realworld_ipvs_file_parses(name):
     table = realworld(name)
@@ -61,7 +59,6 @@ def test_every_realworld_ipvs_file_parses(name):
     assert table.version == "1.2.1" and table.size == 4096
 
 
-@needs_shared
 def test_kind_cluster_table():
     table = realworld("ericpuwang_kind-ipvs_ipvsadm-ln.txt")
     assert servers(table) == {
@@ -83,7 +80,6 @@ def test_kind_cluster_table():
     assert tcp[0].steps[0].chain == "TCP 10.96.0.10:53 rr"
 
 
-@needs_shared
 def test_persistent_service_notes_persistence():
     table = realworld("feiskyer-handbook_ipvsadm-ln_persistent.txt")
     api = table.services[0]
@@ -100,7 +96,6 @@ def test_persistent_service_notes_persistence():
     assert table.services[1].persistent is None
 
 
-@needs_shared
 def test_service_without_real_servers_rejects():
     table = realworld("andreasm-antrea-cl02-node3_ipvsadm-L-n.txt")
     assert [s.label for s in table.services] == [
@@ -115,7 +110,6 @@ def test_service_without_real_servers_rejects():
     assert table.evaluate(conn("10.160.1.27", 31926)) is None
 
 
-@needs_shared
 def test_names_listing_keeps_names_and_lookups_are_unknown():
     table = realworld("andreasm-antrea-cl02-node1_ipvsadm-l-names.txt")
     assert [s.label for s in table.services] == [
@@ -138,7 +132,6 @@ def test_names_listing_keeps_names_and_lookups_are_unknown():
     assert table.evaluate(conn("10.30.69.1", 32611, proto=17)) is None
 
 
-@needs_shared
 @pytest.mark.parametrize("name, hosts, servers_per_host", [
     ("opsnull-follow-me-install_3nodes_ipvsadm-ln-loop.txt",
      ["172.27.138.251", "172.27.137.229", "172.27.138.239"], 3),

@@ -46,7 +46,7 @@ def test_parse_fields(neighbours):
 
 
 def test_realworld_file():
-    path = Path("/work/shared/realworld/iproute/g00ntar-cilium-sysdump-k3s_ip-4-neigh.txt")
+    path = Path(__file__).resolve().parent / "data/realworld/iproute/g00ntar-cilium-sysdump-k3s_ip-4-neigh.txt"
     [entry] = parse_ip_neigh(path.read_text(), path.name)
     assert (entry.ip, entry.dev, entry.lladdr, entry.state) == \
         ("192.168.5.2", "eth0", "52:55:c0:a8:05:02", "REACHABLE")

@@ -10,10 +10,9 @@ from traceflow.netfilter import (NodeContext, evaluate_hook, parse_iptables_list
                                  parse_iptables_save)
 from traceflow.packet import Packet
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-WORKER1 = (SHARED / "realworld" / "iptables-list"
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+WORKER1 = (DATA / "realworld" / "iptables-list"
            / "antrea-packet-walks_worker1_iptables-t-nat-L-n.txt")
-needs_seed = pytest.mark.skipif(not WORKER1.is_file(), reason=f"{WORKER1} not present")
 
 
 def tcp(src: str, dst: str, sport: int = 54444, dport: int = 80, mark: int = 0) -> Packet:
@@ -37,7 +36,6 @@ def worker1():
     return parse_iptables_list(WORKER1.read_text(), "nodes/worker1/iptables-nat-list.txt")
 
 
-@needs_seed
 def test_seed_cluster_ip_gives_two_equal_dnat_branches(worker1):
     syn = tcp("10.222.1.48", "10.104.65.133")
     branches = evaluate_hook(worker1, "PREROUTING", syn, NodeContext(node="worker1"))
@@ -68,7 +66,6 @@ def test_seed_cluster_ip_gives_two_equal_dnat_branches(worker1):
     assert syn.nw_dst == "10.104.65.133"
 
 
-@needs_seed
 def test_seed_source_outside_pod_cidr_is_marked_for_masquerade(worker1):
     branches = evaluate_hook(worker1, "PREROUTING", tcp("10.79.1.10", "10.104.65.133"),
                              NodeContext(node="worker1"))
@@ -81,7 +78,6 @@ def test_seed_source_outside_pod_cidr_is_marked_for_masquerade(worker1):
                                       "KUBE-SERVICES"]
 
 
-@needs_seed
 def test_seed_postrouting_masquerades_only_marked_packets(worker1):
     ctx = NodeContext(node="worker1", masquerade_ip="10.79.1.201", out_iface="genev_sys_6081",
                       ipsets={"ANTREA-POD-IP": ["10.222.0.0/16"]})
@@ -102,7 +98,6 @@ def test_seed_postrouting_masquerades_only_marked_packets(worker1):
     assert plain.steps[-1].effect == "policy ACCEPT of chain POSTROUTING"
 
 
-@needs_seed
 def test_seed_masquerade_without_the_interface_address_stays_unresolved(worker1):
     branch, = evaluate_hook(worker1, "POSTROUTING", tcp("10.79.1.10", "10.222.2.34", mark=0x4000),
                             NodeContext(node="worker1", out_iface="ens160"))
@@ -111,7 +106,6 @@ def test_seed_masquerade_without_the_interface_address_stays_unresolved(worker1)
     assert "address of the out interface ens160 (not known here" in branch.steps[-1].effect
 
 
-@needs_seed
 def test_seed_antrea_postrouting_needs_the_ipset(worker1):
     to_pod = tcp("10.222.1.48", "10.222.2.34")
     unknown, = evaluate_hook(worker1, "POSTROUTING", to_pod, NodeContext(node="worker1"))

@@ -1,6 +1,6 @@
 """Parsing iptables-save and `iptables -L` output into the rule model.
 
-The real-world corpus (shared/realworld) must parse without syntax errors, and concrete facts
+The real-world corpus (tests/data/realworld) must parse without syntax errors, and concrete facts
 per file are checked so a parser that silently drops or misreads rules fails.
 """
 
@@ -19,9 +19,8 @@ from traceflow.netfilter.iptables import (AddrMatch, AddrTypeMatch, CommentMatch
                                           RuleSyntaxError, SetMatch, StatisticMatch, UnknownMatch,
                                           parse_iptables_list, parse_iptables_save, tokenize)
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REALWORLD = SHARED / "realworld"
-needs_shared = pytest.mark.skipif(not REALWORLD.is_dir(), reason=f"{REALWORLD} not present")
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+REALWORLD = DATA / "realworld"
 
 GREP_FILTERED = "imroc-ack-cilium_iptables-save-grep-cilium.txt"
 
@@ -54,7 +53,6 @@ def corpus(kind: str) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
-@needs_shared
 @pytest.mark.parametrize("name", corpus("iptables-save"))
 def test_every_iptables_save_file_parses_without_syntax_errors(name):
     # the grep-filtered file has no *table header: readable only when the caller names a table
@@ -65,7 +63,6 @@ def test_every_iptables_save_file_parses_without_syntax_errors(name):
     assert sum(1 for _ in ruleset.rules()) > 10
 
 
-@needs_shared
 @pytest.mark.parametrize("name", corpus("iptables-list"))
 def test_every_iptables_list_file_parses_without_syntax_errors(name):
     ruleset = list_file(name, "filter" if "filter" in name else "nat")
@@ -77,7 +74,6 @@ def test_every_iptables_list_file_parses_without_syntax_errors(name):
 # --- iptables-save files ---------------------------------------------------------------------
 
 
-@needs_shared
 def test_kind_iptables_save_facts():
     rs = save_file("ericpuwang_kind-v1.23.5_iptables-save.txt")
     assert rs.diagnostics == []
@@ -120,7 +116,6 @@ def test_kind_iptables_save_facts():
     assert state.negated and state.states == {"RELATED", "ESTABLISHED", "DNAT"}
 
 
-@needs_shared
 def test_counters_form_iptables_save_c():
     rs = save_file("g00ntar-cilium-sysdump-k3s_iptables-save-c.txt")
     assert rs.diagnostics == []
@@ -135,7 +130,6 @@ def test_counters_form_iptables_save_c():
     assert str(dns.target_args["to"]) == "192.168.5.2:49336"
 
 
-@needs_shared
 def test_grep_filtered_save_is_one_located_error_without_default_table():
     rs = save_file(GREP_FILTERED)
     assert len(rs.syntax_errors) == 1
@@ -147,7 +141,6 @@ def test_grep_filtered_save_is_one_located_error_without_default_table():
     assert raised.value.line == 1
 
 
-@needs_shared
 def test_grep_filtered_save_reads_into_default_table_with_a_caveat():
     rs = save_file(GREP_FILTERED, default_table="mangle")
     assert list(rs.tables) == ["mangle"]
@@ -173,7 +166,6 @@ def test_grep_filtered_save_reads_into_default_table_with_a_caveat():
 # --- iptables -L files -----------------------------------------------------------------------
 
 
-@needs_shared
 def test_antrea_worker1_listing_facts():
     rs = list_file("antrea-packet-walks_worker1_iptables-t-nat-L-n.txt")
     nat = rs.tables["nat"]
@@ -200,7 +192,6 @@ def test_antrea_worker1_listing_facts():
     assert nat.chains["KUBE-POSTROUTING"].rules[1].target_args["mark"].apply(0x4001) == 0x1
 
 
-@needs_shared
 def test_antrea_worker2_listing_facts():
     nat = list_file("antrea-packet-walks_worker2_iptables-t-nat-L-n.txt").tables["nat"]
     assert len(nat.chains) == 33
@@ -210,7 +201,6 @@ def test_antrea_worker2_listing_facts():
     assert only(antrea, AddrMatch).cidr == ipaddress.ip_network("10.222.2.0/24")
 
 
-@needs_shared
 def test_verbose_nat_listing_facts():
     rs = list_file("xiazemin-docker-desktop-linuxkit_iptables-t-nat-nvL.txt")
     nat = rs.tables["nat"]
@@ -229,7 +219,6 @@ def test_verbose_nat_listing_facts():
     assert only(xlb, AddrTypeMatch).field == "nw_src"
 
 
-@needs_shared
 def test_verbose_filter_listing_facts():
     rs = list_file("xiazemin-docker-desktop-linuxkit_iptables-t-filter-nvL.txt", "filter")
     chains = rs.tables["filter"].chains
@@ -244,7 +233,6 @@ def test_verbose_filter_listing_facts():
         "! -s 127.0.0.0/8", "-d 127.0.0.0/8"}
 
 
-@needs_shared
 def test_both_formats_give_the_same_matches():
     listed = list_file("antrea-packet-walks_worker1_iptables-t-nat-L-n.txt").tables["nat"]
     saved = parse_iptables_save("\n".join([

@@ -1,6 +1,6 @@
 """nftables: parsing `nft list ruleset` output and simulating hooks (kube-proxy nftables mode).
 
-The real-world corpus (shared/realworld/nft) must parse without syntax errors, with concrete
+The real-world corpus (tests/data/realworld/nft) must parse without syntax errors, with concrete
 facts checked per file; a kube-proxy ruleset written here (the shape of kube-proxy's own
 expected output in pkg/proxy/nftables) checks the simulation: numgen endpoint choice, NodePort
 only to local addresses, masquerade only when marked.
@@ -31,9 +31,8 @@ from traceflow.netfilter.nft import (
 )
 from traceflow.packet import Packet
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-NFT_DIR = SHARED / "realworld" / "nft"
-needs_shared = pytest.mark.skipif(not NFT_DIR.is_dir(), reason=f"{NFT_DIR} not present")
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
+NFT_DIR = DATA / "realworld" / "nft"
 K3S = "mirzahilmi-k3s_nft-list-table-ip-kube-proxy.txt"
 IMROC = "imroc-ack-cilium-ipvs_nft-list-ruleset.txt"
 
@@ -62,7 +61,6 @@ def corpus() -> list[str]:
 # --- the real-world corpus --------------------------------------------------------------------
 
 
-@needs_shared
 @pytest.mark.parametrize("name", corpus())
 def test_every_realworld_nft_file_parses_without_syntax_errors(name):
     ruleset = realworld(name)
@@ -71,7 +69,6 @@ def test_every_realworld_nft_file_parses_without_syntax_errors(name):
     assert sum(1 for _ in ruleset.rules()) > 0
 
 
-@needs_shared
 def test_k3s_kube_proxy_table():
     ruleset = realworld(K3S)
     assert list(ruleset.tables) == ["ip kube-proxy"]
@@ -125,7 +122,6 @@ def test_k3s_kube_proxy_table():
     assert isinstance(masq[2].exprs[0], Nat) and masq[2].exprs[0].flags == ("fully-random",)
 
 
-@needs_shared
 def test_k3s_cluster_ip_and_node_port():
     ruleset = realworld(K3S)
     (dns,) = ruleset.evaluate_hook("PREROUTING", tcp("10.42.1.5", "10.43.0.10", 53, proto=17),
@@ -153,7 +149,6 @@ def test_k3s_cluster_ip_and_node_port():
     assert chains(reject) == ["filter-forward", "service-endpoints-check", "reject-chain"]
 
 
-@needs_shared
 def test_imroc_iptables_nft_ruleset():
     ruleset = realworld(IMROC)
     assert list(ruleset.tables) == ["ip nat", "ip6 nat", "ip mangle", "ip filter", "ip6 mangle",
@@ -183,7 +178,6 @@ def test_imroc_iptables_nft_ruleset():
     assert masq.exprs[-1].flags == ("random-fully",)
 
 
-@needs_shared
 def test_imroc_match_set_reads_the_ipsets():
     ruleset = realworld(IMROC)
     syn = tcp("192.168.1.5", "172.16.0.10")
@@ -203,7 +197,6 @@ def test_imroc_match_set_reads_the_ipsets():
     assert ":29 `ip saddr != 10.0.0.0/8" in unknown.steps[-1].effect
 
 
-@needs_shared
 def test_imroc_notrack_skips_nat_and_socket_match_is_unknown():
     ruleset = realworld(IMROC)
     (dns,) = ruleset.evaluate_hook("OUTPUT", tcp("10.0.0.5", "169.254.20.10", 53, proto=17),

@@ -9,9 +9,8 @@ from traceflow.ovs import actions as A
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import FlowDump, parse_flow, parse_flows
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 EXAMPLE = Path(__file__).resolve().parents[1] / "traceflow" / "examples" / "antrea-encap-kube-proxy"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="shared/ reference corpus not present")
 
 
 def src(text):
@@ -133,24 +132,22 @@ def test_example_show_and_flows():
     assert not [a for f in flows for a in f.actions if isinstance(a, A.Unknown)]
 
 
-@needs_shared
-@pytest.mark.parametrize("path", sorted((SHARED / "realworld/ovs-flows").glob("*.txt"))
-                         + sorted((SHARED / "antrea-samples").glob("realworld-*.txt"))
-                         + [SHARED / "antrea-samples/unit-test-default-table-miss-flows-encap-ipv4.txt"]
-                         if SHARED.is_dir() else [], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((DATA / "realworld/ovs-flows").glob("*.txt"))
+                         + sorted((DATA / "antrea-samples").glob("realworld-*.txt"))
+                         + [DATA / "antrea-samples/unit-test-default-table-miss-flows-encap-ipv4.txt"]
+                         , ids=lambda p: p.name)
 def test_every_real_dump_parses_with_no_unknown_action(path):
     flows = parse_flows(path.read_text(), path.name)
     assert flows
     assert not [a for f in flows for a in f.actions if isinstance(a, A.Unknown)]
 
 
-@needs_shared
 def test_real_groups_both_doc_layouts():
-    a = parse_groups((SHARED / "realworld/ovs-groups/antrea-docs-ovs-pipeline-2021_dump-groups-"
+    a = parse_groups((DATA / "realworld/ovs-groups/antrea-docs-ovs-pipeline-2021_dump-groups-"
                                "br-int-5_doc-reformatted.txt").read_text(), "g")
     assert [(b.bucket_id, b.weight) for b in a[5].buckets] == [(0, 100), (1, 100), (2, 100)]
     assert a[5].type == "select"
-    b = parse_groups((SHARED / "realworld/ovs-groups/antrea-docs-ovs-pipeline-v1.15_groups_doc-"
+    b = parse_groups((DATA / "realworld/ovs-groups/antrea-docs-ovs-pipeline-v1.15_groups_doc-"
                                "numbered-reformatted.txt").read_text(), "g")
     assert sorted(b) == [9, 10, 11] and len(b[10].buckets) == 2
     assert isinstance(b[10].buckets[1].actions[-1], A.Resubmit)

@@ -13,7 +13,7 @@ from traceflow.neigh import parse_ip_neigh
 from traceflow.routing import (DEFAULT_IP_RULES, Mark, Prefix, Router, Sysctls, parse_ip_addr,
                                parse_ip_routes, parse_ip_rules, route_lookup)
 
-REALWORLD = Path("/work/shared/realworld/iproute")
+REALWORLD = Path(__file__).resolve().parent / "data" / "realworld" / "iproute"
 
 
 def _read(name: str) -> str:

@@ -49,11 +49,11 @@ BundleOpt = typer.Option(None, "--bundle", "-b", envvar="TRACEFLOW_BUNDLE",
 NamespaceOpt = typer.Option("default", "--namespace", "-n", help="Namespace of the pods/service.")
 OutputOpt = typer.Option(Output.table, "--output", "-o", help="Output format.")
 ProtocolOpt = typer.Option(Protocol.tcp, "--protocol", help="Transport protocol.")
-SrcPortOpt = typer.Option(54321, "--src-port", help="Source port of the client.")
+SrcPortOpt = typer.Option(54321, "--src-port", min=1, max=65535, help="Source port of the client.")
 NoReplyOpt = typer.Option(False, "--no-reply", help="Trace only the request, not the reply.")
 EndpointOpt = typer.Option(None, "--endpoint", help="Keep only the paths ending at this backend "
                                                     "(pod name, namespace/pod or IP).")
-WidthOpt = typer.Option(None, "--width", help="Terminal width for the table output.")
+WidthOpt = typer.Option(None, "--width", min=40, help="Terminal width for the table output.")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Every fact of every hop: full rule, "
                           "file:line, decoded notes, the packet.")
 WideOpt = typer.Option(False, "--wide", help="The full table, one row per hop.")
@@ -99,26 +99,19 @@ def _open_snapshot(bundle: Optional[Path], end_to_end: bool = True):
     """The bundle as a Snapshot; an end-to-end trace also needs a CNI traceflow models (the
     component commands read one node's files and do not)."""
     from collectors.bundle import Bundle
+    from traceflow.resolve import bundle_hint
     if bundle is None:
         raise InputError("no --bundle given: pass --bundle PATH (collect one from a cluster with "
                          "`traceflow collect -o bundle.tar.gz`; try `traceflow demo`)", "--bundle")
-    return _snapshot(Bundle.open(bundle), end_to_end)
+    try:
+        opened = Bundle.open(bundle)
+    except InputError as err:
+        raise bundle_hint(Path(bundle), err) from None
+    return _snapshot(opened, end_to_end)
 
 
 # the bundle the command traced, for the summary's "bundle:" lines (one command, one bundle)
 _traced: dict = {}
-
-
-def _mark(text: str) -> int:
-    """A mark as `ip rule`/iptables print it: decimal or 0x hex, 32 bits."""
-    try:
-        value = int(text.strip(), 0)
-    except ValueError:
-        raise InputError(f"bad mark {text!r}: expected a number such as 16 or 0x10",
-                         "--mark") from None
-    if not 0 <= value < 2 ** 32:
-        raise InputError(f"mark {text!r} is not a 32-bit value", "--mark")
-    return value
 
 
 def _snapshot(bundle, end_to_end: bool = True):
@@ -145,6 +138,8 @@ class _Live:
                 port: Optional[str]):
         """Collect the nodes this query touches: (snapshot, source ref, destination ref)."""
         from collectors.live import CollectOptions, collect, write_bundle
+        from traceflow.clihelp import require_cluster_access
+        require_cluster_access(self.kubeconfig)
         bundle = collect(CollectOptions(
             kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
             namespace=namespace, kind=kind, source=source, destination=destination, port=port,
@@ -174,6 +169,27 @@ def _collection_summary(errors: list) -> str:
 
 def _emit(trace, output: Output, width: Optional[int], verbose: bool = False,
           wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    try:
+        _write(trace, output, width, verbose, wide, hop, context)
+        sys.stdout.flush()
+    except BrokenPipeError:     # `traceflow ... | head`: the reader has what it wanted
+        _closed_pipe()
+    except SystemExit as exc:
+        # Rich turns a broken pipe into SystemExit(1) itself (Console.on_broken_pipe); the
+        # renderers never exit otherwise
+        if exc.code == 1:
+            _closed_pipe()
+        raise
+
+
+def _closed_pipe() -> None:
+    from traceflow.clihelp import quiet_closed_pipe
+    quiet_closed_pipe()
+    raise typer.Exit(0)
+
+
+def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
+           wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
@@ -235,22 +251,6 @@ def _run(build):
               "the traceback and report it with the bundle", ExitCode.BAD_INPUT)
 
 
-def _service_port(svc, port: Optional[str]):
-    if not svc.ports:
-        raise InputError(f"service {svc.key} has no ports", "k8s/services.yaml")
-    if port is None:
-        if len(svc.ports) > 1:
-            names = ", ".join(f"{p.name or p.port}/{p.protocol}" for p in svc.ports)
-            raise InputError(f"service {svc.key} has several ports ({names}): choose one with "
-                             "--port", "--port")
-        return svc.ports[0]
-    for p in svc.ports:
-        if str(p.port) == port or (p.name and p.name == port):
-            return p
-    raise InputError(f"service {svc.key} has no port {port!r} (it has "
-                     f"{', '.join(str(p.port) for p in svc.ports)})", "--port")
-
-
 @app.command("pod-to-svc")
 def pod_to_svc(
     source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
@@ -282,26 +282,29 @@ def pod_to_svc(
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
                                                   force, app_exec)
 
     def build():
+        from traceflow import resolve
         from traceflow.solver import Query, Solver
         src_ref, svc_ref = source, service
         if live is not None:
             snap, src_ref, svc_ref = live.collect("pod-to-svc", source, service, namespace, port)
         else:
             snap = _open_snapshot(bundle)
-        pod = snap.cluster.pod(src_ref, namespace)
-        svc = snap.cluster.service(svc_ref, namespace)
+        pod = resolve.pod(snap.cluster, src_ref, namespace)
+        svc = resolve.service(snap.cluster, svc_ref, namespace)
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
-        sp = _service_port(svc, port)
-        proto = (protocol.value.upper() if protocol else sp.protocol.upper())
-        _check_pod(pod)
+        sp = resolve.service_port(svc, port, protocol.value if protocol else None)
+        proto = sp.protocol.upper()
+        _check_pod(pod, snap)
+        pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
         q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
-                  endpoint, not no_reply)
+                  pin, not no_reply)
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
@@ -314,7 +317,8 @@ def pod_to_pod(
                                            "deploy/NAME)."),
     destination: str = typer.Argument(..., help="Server pod (name or namespace/name)."),
     namespace: str = NamespaceOpt,
-    port: int = typer.Option(80, "--port", "-p", help="Destination port."),
+    port: str = typer.Option("80", "--port", "-p", help="Destination port (number, or the name "
+                                                          "of one of the pod's container ports)."),
     protocol: Protocol = ProtocolOpt,
     src_port: int = SrcPortOpt,
     no_reply: bool = NoReplyOpt,
@@ -337,11 +341,13 @@ def pod_to_pod(
     """Trace a connection from one pod to another pod's IP, request and reply.
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
                                                   force, app_exec)
 
     def build():
+        from traceflow import resolve
         from traceflow.solver import Query, Solver
         src_ref, dst_ref = source, destination
         if live is not None:
@@ -349,19 +355,34 @@ def pod_to_pod(
                                                   None)
         else:
             snap = _open_snapshot(bundle)
-        src = snap.cluster.pod(src_ref, namespace)
-        dst = snap.cluster.pod(dst_ref, namespace)
-        _check_pod(src)
-        _check_pod(dst)
-        q = Query("pod-to-pod", src, dst.ip, port, protocol.value.upper(), src_port, dst.key,
-                  reply=not no_reply)
+        src = resolve.pod(snap.cluster, src_ref, namespace)
+        dst = resolve.pod(snap.cluster, dst_ref, namespace, "destination")
+        _check_pod(src, snap)
+        _check_pod(dst, snap)
+        from traceflow.clihelp import given_on_command_line
+        chosen = protocol.value if given_on_command_line("protocol") else None
+        number, named_proto = resolve.pod_port(dst, port, chosen)
+        q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
+                  src_port, dst.key, reply=not no_reply)
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
 
 
-def _check_pod(pod) -> None:
+def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
+    """--bundle (or TRACEFLOW_BUNDLE) traces offline: live-collection options would be ignored."""
+    if bundle is None:
+        return
+    from traceflow.clihelp import check_offline
+    _run(lambda: check_offline(bundle, context=context, kubeconfig=kubeconfig,
+                               save_bundle=save_bundle))
+
+
+def _check_pod(pod, snap=None) -> None:
+    if pod.host_network and snap is not None:
+        from traceflow.hoststack import check_source
+        check_source(snap, pod)
     if not pod.ip:
         raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")
     if pod.phase != "Running":
@@ -430,6 +451,8 @@ def collect_cmd(
             raise InputError("a destination needs a source pod (or -l)", "SOURCE")
         if parallel < 1:
             raise InputError("--parallel must be at least 1", "--parallel")
+        from traceflow.clihelp import require_cluster_access
+        require_cluster_access(kubeconfig)
         b = collect(CollectOptions(
             kubeconfig=str(kubeconfig) if kubeconfig else None, context=context,
             namespace=namespace, source=source, selector=selector, destination=destination,
@@ -491,6 +514,20 @@ def rbac_cmd(
     typer.echo(_run(build), nl=False)
 
 
+class Shell(str, enum.Enum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command("completion")
+def completion_cmd(shell: Shell = typer.Argument(..., help="bash, zsh or fish.")):
+    """Print the shell completion script (pods, Services, namespaces, nodes from the bundle or
+    cluster), e.g. `source <(traceflow completion bash)`."""
+    from traceflow.completion import GENERATORS
+    typer.echo(GENERATORS[shell.value](), nl=False)
+
+
 @app.command("example-path")
 def example_path_cmd():
     """Print where the bundled example bundle is installed."""
@@ -529,8 +566,9 @@ def nf_trace(
     node: str = typer.Argument(..., help="Node whose iptables rules to use."),
     src: str = typer.Option(..., "--src", help="Source IP."),
     dst: str = typer.Option(..., "--dst", help="Destination IP."),
-    dport: Optional[int] = typer.Option(None, "--dport", help="Destination port."),
-    sport: int = typer.Option(54321, "--sport", help="Source port."),
+    dport: Optional[int] = typer.Option(None, "--dport", min=1, max=65535,
+                                        help="Destination port."),
+    sport: int = typer.Option(54321, "--sport", min=1, max=65535, help="Source port."),
     protocol: Protocol = ProtocolOpt,
     hook: str = typer.Option("PREROUTING", "--hook",
                              help="PREROUTING, INPUT, FORWARD, OUTPUT or POSTROUTING."),
@@ -547,9 +585,10 @@ def nf_trace(
     """A netfilter trace of one packet at one hook: every chain and rule it meets."""
     def build():
         from traceflow.components import nf_component_trace
+        from traceflow.resolve import mark as parse_mark
         snap = _open_snapshot(bundle, end_to_end=False)
         return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
-                                  dport, iif, oif, _mark(mark))
+                                  dport, iif, oif, parse_mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
@@ -572,8 +611,9 @@ def route_get(
     """Like `ip route get`: the rule, table and route the node's kernel would use."""
     def build():
         from traceflow.components import route_component_trace
+        from traceflow.resolve import mark as parse_mark
         snap = _open_snapshot(bundle, end_to_end=False)
-        return route_component_trace(snap, node, dst, src, iif, _mark(mark))
+        return route_component_trace(snap, node, dst, src, iif, parse_mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
@@ -593,10 +633,23 @@ def main(version: bool = typer.Option(False, "--version", callback=version_callb
 
 def run() -> None:
     """Console-script entry point."""
+    if sys.argv[1:2] == ["__complete"]:     # the shell completion scripts' entry (fast path)
+        from traceflow.completion import complete_main
+        sys.exit(complete_main(sys.argv[2:]))
+    from traceflow.clihelp import pipe_closed_since, prog_name, quiet_closed_pipe, stdout_identity
+    start = stdout_identity()
     try:
-        app()
+        app(prog_name=prog_name(sys.argv[0]))
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        quiet_closed_pipe()
+        sys.exit(0)
+    except SystemExit as exc:
+        # the reader of a pipe went away while help or a table was written (`| head`)
+        if exc.code not in (0, None) and pipe_closed_since(start):
+            sys.exit(0)
+        raise
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ class Pod:
     labels: dict
     phase: str
     host_network: bool = False
+    owners: tuple = ()           # (kind, name) of metadata.ownerReferences, e.g. ("ReplicaSet", "web-6f8d")
+    container_ports: tuple = ()  # (name, containerPort, protocol) of every container
 
     @property
     def key(self) -> str:
@@ -209,7 +211,20 @@ def _load_pods(c: Cluster, read) -> None:
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
         c.pods.append(Pod(meta.get("namespace", "default"), meta.get("name", ""),
                           status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
-                          status.get("phase", "Unknown"), bool(spec.get("hostNetwork"))))
+                          status.get("phase", "Unknown"), bool(spec.get("hostNetwork")),
+                          _owners(meta), _container_ports(spec)))
+
+
+def _owners(meta: dict) -> tuple:
+    return tuple((str(o.get("kind", "")), str(o.get("name", "")))
+                 for o in meta.get("ownerReferences") or [] if isinstance(o, dict))
+
+
+def _container_ports(spec: dict) -> tuple:
+    return tuple((str(p.get("name") or ""), int(p.get("containerPort", 0)),
+                  str(p.get("protocol") or "TCP"))
+                 for c in spec.get("containers") or [] if isinstance(c, dict)
+                 for p in c.get("ports") or [] if isinstance(p, dict))
 
 
 def _load_services(c: Cluster, read) -> None:

@@ -35,10 +35,11 @@ class Solver:
     # ---- public -------------------------------------------------------------------------
     def trace(self, q: Query) -> Trace:
         trace = Trace(q.as_dict())
+        self.query = q
         first = self._initial_packet(q)
         start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(first, q))])
-        if q.service is None:
-            start.choose_target(self.cluster, q.dst_ip)
+        if q.service is None:       # pod-to-pod: the destination pod, hostNetwork ones too
+            start.target = q.destination_label
         branches = self._walk_leg(start, q.source, first, q)
         paths = []
         for b in branches:
@@ -74,7 +75,14 @@ class Solver:
                       tcp_flags="syn" if q.protocol == "TCP" else None)
 
     def _walk_leg(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query) -> list[Branch]:
-        """From a pod's eth0 to wherever the packet ends."""
+        """From a pod's eth0 (or a hostNetwork pod's node stack) to wherever the packet ends."""
+        if pod.host_network:        # sent by the node's own stack, not through the CNI
+            from traceflow import hoststack
+            try:
+                starts = hoststack.send(self.host, branch, pod, packet, AtHost)
+            except Missing as miss:
+                return [self.missing(branch, pod.node or "?", "route", miss)]
+            return [d for b, loc in starts for d in ([b] if loc is None else self._run(b, loc, q))]
         try:
             start = self.datapath.leave_pod(branch, pod, packet, q)
         except Missing as miss:
