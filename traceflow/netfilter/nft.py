@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from traceflow.errors import InputError, Source
-from traceflow.netfilter.engine import (MAX_DEPTH, Branch, NatAction, NodeContext, Step, Walk,
+from traceflow.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NatAction, NodeContext,
+                                        Step, Walk, _Budget,
                                         _hostport, _range_note)
 from traceflow.netfilter.iptables import (
     Diagnosed,
@@ -39,6 +40,7 @@ from traceflow.netfilter.iptables import (
     SetMatch,
     nat_to,
 )
+from traceflow.netfilter.numgen import numgen_groups
 from traceflow.packet import PROTO_NUMBERS, Packet
 
 FAMILIES = ("ip", "ip6", "inet", "arp", "bridge", "netdev")
@@ -1668,7 +1670,8 @@ class _Simulator:
         if ctx.ct_orig is None and "NEW" in ctx.ct_state and hook in ("prerouting", "output"):
             ctx = dataclasses.replace(ctx, ct_orig=packet.copy())
         chains = self.ruleset.base_chains(hook, "ip6" if _is_v6(packet) else "ip")
-        outcomes = self._base(chains, 0, _Walk(1.0, packet.copy(), ctx, hook=hook))
+        outcomes = self._base(chains, 0, _Walk(1.0, packet.copy(), ctx, hook=hook,
+                                                budget=_Budget()))
         return [Branch(w.weight, w.packet, verdict, w.steps, w.nat, w.ctx.connmark,
                        frozenset(w.ctx.ct_state)) for w, verdict in outcomes]
 
@@ -1718,10 +1721,17 @@ class _Simulator:
             if len(outcomes) == 1 and outcomes[0][1] == NEXT:
                 walk, index = outcomes[0][0], index + 1
                 continue
+            # several branches go on: that is nesting, bounded like jumps (no recursion whose
+            # depth follows the input)
             results: list[Outcome] = []
             for w, outcome in outcomes:
-                results += (self._rules(table, chain, index + 1, w, depth) if outcome == NEXT
-                            else [(w, outcome)])
+                if outcome != NEXT:
+                    results.append((w, outcome))
+                elif depth + 1 > MAX_DEPTH:
+                    results.append(self._stop(w, table, chain, None, f"more than {MAX_DEPTH} "
+                                              f"nested branch points (at {chain.name})"))
+                else:
+                    results += self._rules(table, chain, index + 1, w, depth + 1)
             return results
         return [(walk, RETURN)]
 
@@ -1766,11 +1776,27 @@ class _Simulator:
         return [(walk, NEXT)]
 
     def _fork(self, table, chain, rule, i, walk, hit, depth, numgen: Selector) -> list[Outcome]:
+        """One branch per distinct outcome of the numgen value, weighted by how many values
+        lead to it: `numgen random mod 65535 vmap { 0 : goto A, 1 : goto B }` is three
+        branches (A, B, no verdict), never 65,535 walks."""
         n = numgen.modulus
+        groups, why = numgen_groups(self, table, rule.exprs[i], numgen, walk)
+        if groups is None:
+            return [self._stop(walk, table, chain, rule, why, hit)]
         results: list[Outcome] = []
-        for value in range(numgen.offset, numgen.offset + n):
-            w, h = walk.fork(1.0 / n), hit.copy()
-            h.effects.append(f"{numgen.text} = {value} (probability 1/{n})")
+        for value, count, shown in groups:
+            budget = walk.budget
+            if budget is not None:
+                budget.forks += 1
+                if budget.forks > MAX_BRANCHES:
+                    results.append(self._stop(walk.fork(count / n), table, chain, rule,
+                                              f"more than {MAX_BRANCHES} load-balancing "
+                                              "branches at this hook: the rest are not traced",
+                                              hit))
+                    break
+            w, h = walk.fork(count / n), hit.copy()
+            prob = f"1/{n}" if count == 1 else f"{count}/{n}"
+            h.effects.append(f"{numgen.text} {shown} (probability {prob})")
             results += self._rule(table, chain, rule, i, w, h, depth, value)
         return results
 
