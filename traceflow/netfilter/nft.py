@@ -1154,7 +1154,10 @@ class _FileReader:
         return Source(self.name, line, self.lines[line - 1].rstrip("\r"))
 
     def error(self, line: int, reason: str) -> None:
-        self.ruleset.diagnostics.append(RuleSyntaxError.at(self.source(line), reason))
+        found = self.ruleset.diagnostics
+        if found and found[-1].line == line and found[-1].reason == reason:
+            return       # the same problem again on the same line (100,000 stray `}`): once
+        found.append(RuleSyntaxError.at(self.source(line), reason))
 
     def peek(self) -> _Tok | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -2067,6 +2070,10 @@ class _Simulator:
 
 def _lookup(items, values) -> tuple[NftElement | None, str]:
     """The first element holding ``values``; else (None, why) if some element is undecidable."""
+    if len(items) > 16 and len(values) == 1 and isinstance(values[0], int):
+        exact = _exact_index(items)
+        if exact is not None:
+            return exact.get(values[0]), ""
     undecided = ""
     for element in items:
         if len(element.key) != len(values):
@@ -2084,6 +2091,28 @@ def _lookup(items, values) -> tuple[NftElement | None, str]:
         if result:
             return element, ""
     return None, undecided
+
+
+_EXACT: dict[int, tuple[object, dict | None]] = {}
+
+
+def _exact_index(items) -> dict | None:
+    """value -> first element, for a big map of single integers (kube-proxy's numgen vmap with
+    one element per endpoint): each branch's look-up is then O(1), not O(endpoints)."""
+    cached = _EXACT.get(id(items))
+    if cached is not None and cached[0] is items:
+        return cached[1]
+    index: dict | None = {}
+    for element in items:
+        pat = element.key[0] if len(element.key) == 1 else None
+        if not isinstance(pat, IntPattern) or pat.lo != pat.hi:
+            index = None
+            break
+        index.setdefault(pat.lo, element)
+    if len(_EXACT) > 256:
+        _EXACT.clear()
+    _EXACT[id(items)] = (items, index)
+    return index
 
 
 def _match_name(expr) -> str:
