@@ -140,6 +140,15 @@ def _collection_summary(errors: list) -> str:
 
 
 def _emit(trace, output: Output, width: Optional[int]) -> None:
+    try:
+        _render(trace, output, width)
+    except OSError:
+        raise                      # a closed pipe or a full disk is not a renderer bug
+    except Exception as err:  # noqa: BLE001 - a renderer failure is a bug too
+        _internal(err)
+
+
+def _render(trace, output: Output, width: Optional[int]) -> None:
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
@@ -162,19 +171,21 @@ def _exit_for(trace, live: "_Live | None" = None) -> None:
 
 def _run(build):
     """Run a trace builder, mapping bad input to exit code 2 with a located message."""
+    from traceflow.crash import show_traceback
     try:
         return build()
-    except InputError as err:
-        _fail(err)
-    except CollectionError as err:
-        _fail(err, ExitCode.COLLECTION)
-    except (OSError, ValueError) as err:  # unreadable files, bad values from the user
-        _fail(err)
-    except Exception as err:  # noqa: BLE001 - the last resort: a message, never a traceback
-        if os.environ.get("TRACEFLOW_DEBUG"):
-            raise
-        _fail(f"internal error ({type(err).__name__}: {err}); rerun with TRACEFLOW_DEBUG=1 for "
-              "the traceback and report it with the bundle", ExitCode.BAD_INPUT)
+    except (InputError, CollectionError, OSError, ValueError) as err:
+        show_traceback(err)
+        code = ExitCode.COLLECTION if isinstance(err, CollectionError) else ExitCode.BAD_INPUT
+        _fail(err, code)  # OSError: unreadable files; ValueError: bad values from the user
+    except Exception as err:  # noqa: BLE001 - the last resort: a bug, reported, never a traceback
+        _internal(err)
+
+
+def _internal(err: Exception) -> None:
+    from traceflow.crash import internal_error_message, show_traceback
+    show_traceback(err)
+    _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
 def _service_port(svc, port: Optional[str]):
