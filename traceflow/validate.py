@@ -92,7 +92,7 @@ def locate(text: str, path: tuple) -> int | None:
     for step in path:
         child = None
         if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value
+            child = next((v for k, v in reversed(node.value)      # the last one wins
                           if isinstance(k, yaml.ScalarNode) and k.value == str(step)), None)
         elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) \
                 and 0 <= step < len(node.value):

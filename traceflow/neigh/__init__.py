@@ -25,6 +25,8 @@ FLAGS = {"router", "proxy", "extern_learn", "offload", "managed", "use"}
 _VALUED = {"dev", "lladdr", "ref", "used", "probes", "proto", "protocol", "vni", "port",
            "via", "nhid", "src_vni"}
 _LLADDR = re.compile(r"^[0-9a-fA-F]{1,2}(:[0-9a-fA-F]{1,2})+$")
+# octets of the link-layer addresses `ip neigh` prints: Ethernet, EUI-64 (FireWire), InfiniBand
+_LLADDR_OCTETS = (6, 8, 20)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def _parse_line(source: Source) -> Neighbour:
 def _lladdr(value: str, source: Source) -> str:
     # Ethernet MACs, but also longer link-layer addresses (InfiniBand) or an IPv4
     # address for tunnel devices (ip6gre, sit).
-    if _LLADDR.match(value):
+    if _LLADDR.match(value) and value.count(":") + 1 in _LLADDR_OCTETS:
         return value.lower()
     try:
         return str(ipaddress.ip_address(value))
