@@ -43,7 +43,7 @@ def _limit(env: str, default_mb: float) -> int:
 
 
 def _too_big(name: str, size: int) -> InputError:
-    return InputError(f"file is {size / MB:.1f} MB, more than the {max_file_bytes() / MB:g} MB "
+    return InputError(f"file is {size / MB:.3g} MB, more than the {max_file_bytes() / MB:.3g} MB "
                       "a bundle file may hold (raise TRACEFLOW_MAX_FILE_MB to read it)", name)
 
 
@@ -232,7 +232,7 @@ class TarFiles(Mapping):
             if member is None:
                 break
             if member.offset_data + (member.size if member.isfile() else 0) > limit:
-                raise InputError(f"the archive is larger than {limit / MB:g} MB uncompressed "
+                raise InputError(f"the archive is larger than {limit / MB:.3g} MB uncompressed "
                                  "(raise TRACEFLOW_MAX_BUNDLE_MB to read it)", self.origin)
             parts = PurePosixPath(member.name).parts
             if member.isdir():
