@@ -29,33 +29,58 @@ def numgen_groups(sim, table, expr, numgen, walk) -> tuple[list[Group] | None, s
     if items is None:
         return [(lo_all, n, f"in {lo_all}..{hi_all}")], ""   # the rule reports the missing set
     ordered = isinstance(expr, Cmp) and expr.op in ("<", ">", "<=", ">=")
+    def outcome(element):
+        """What an element leads to: its verdict (a map) or a hit (a set); None: no element."""
+        if element is None:
+            return None
+        return str(element.data) if isinstance(expr, VMap) else True
+
     if (not ordered and len(expr.key) == 1 and not numgen.ops
             and all(len(e.key) == 1 and isinstance(e.key[0], IntPattern) for e in items)):
-        return _by_interval(items, lo_all, hi_all), ""
+        return _merge(_by_interval(items, lo_all, hi_all), outcome), ""
     if n * max(1, len(items)) > MAX_LOOKUPS:
         return None, (f"`{numgen.text}` with this key: {n} values x {len(items)} elements are "
                       "too many to walk one by one")
-    groups: dict[object, list[int]] = {}
+    parts: list[tuple[int, int, object]] = []
     for value in range(lo_all, hi_all + 1):
         values, _ = sim._key(expr.key, walk, value)
         if not isinstance(values, tuple):      # header absent or unknown: same for every value
             return [(lo_all, n, f"in {lo_all}..{hi_all}")], ""
         if ordered:
-            outcome = sim._match(table, expr, walk, value)[0]
+            parts.append((value, 1, sim._match(table, expr, walk, value)[0]))
         else:
-            element, _ = _lookup(items, values)
-            outcome = id(element) if element is not None else None
-        first_count = groups.setdefault(outcome, [value, 0])
-        first_count[1] += 1
-    return [(first, count, f"= {first}" if count == 1 else f"-> same outcome as {first} "
-             f"({count} values)") for first, count in groups.values()], ""
+            parts.append((value, 1, outcome(_lookup(items, values)[0])))
+    return _merge(parts, None), ""
 
 
-def _by_interval(items, lo_all: int, hi_all: int) -> list[Group]:
+def _merge(parts: list[tuple[int, int, object]], outcome) -> list[Group]:
+    """Parts (first value, count, element or outcome) with the same outcome become one group
+    whose weights add, in the order outcomes first appear."""
+    merged: dict[object, list] = {}
+    for first, count, what in parts:
+        key = outcome(what) if outcome else what
+        got = merged.setdefault(key, [first, 0, []])
+        got[1] += count
+        got[2].append(what)
+    groups = []
+    for key, (first, count, whats) in merged.items():
+        if count == 1:
+            shown = f"= {first}"
+        elif outcome and key is None:
+            shown = f"= {first} or one of {count - 1} other values no element holds"
+        elif outcome and len(whats) == 1:
+            shown = f"in `{whats[0].text}` ({count} values)"
+        else:
+            shown = f"-> same outcome as {first} ({count} values)"
+        groups.append((first, count, shown))
+    return groups
+
+
+def _by_interval(items, lo_all: int, hi_all: int) -> list[tuple[int, int, object]]:
     """First element wins, as in a lookup: each element gets the values of its range that no
-    earlier element took; the values no element holds form the last group."""
+    earlier element took; the values no element holds come last (element None)."""
     claimed: list[list[int]] = []        # sorted, disjoint, non-adjacent [lo, hi] ranges
-    groups: list[Group] = []
+    parts: list[tuple[int, int, object]] = []
     for element in items:
         lo, hi = max(element.key[0].lo, lo_all), min(element.key[0].hi, hi_all)
         if lo > hi:
@@ -63,16 +88,13 @@ def _by_interval(items, lo_all: int, hi_all: int) -> list[Group]:
         free = _free(claimed, lo, hi)
         count = sum(b - a + 1 for a, b in free)
         if count:
-            shown = f"= {free[0][0]}" if count == 1 else f"in `{element.text}` ({count} values)"
-            groups.append((free[0][0], count, shown))
+            parts.append((free[0][0], count, element))
         _claim(claimed, lo, hi)
     rest = _free(claimed, lo_all, hi_all)
     count = sum(b - a + 1 for a, b in rest)
     if count:
-        shown = f"= {rest[0][0]}" if count == 1 else (f"= {rest[0][0]} or one of {count - 1} "
-                                                       "other values no element holds")
-        groups.append((rest[0][0], count, shown))
-    return groups
+        parts.append((rest[0][0], count, None))
+    return parts
 
 
 def _free(claimed: list[list[int]], lo: int, hi: int) -> list[tuple[int, int]]:
