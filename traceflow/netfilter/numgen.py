@@ -21,7 +21,8 @@ Group = tuple[int, int, str]     # (a value of the group, how many values, how i
 def numgen_groups(sim, table, expr, numgen, walk) -> tuple[list[Group] | None, str]:
     """The groups of numgen values for ``expr`` (a Cmp or a VMap keyed on ``numgen``), or
     (None, why) when grouping them would take unbounded work."""
-    from traceflow.netfilter.nft import Cmp, IntPattern, VMap, _lookup
+    from traceflow.netfilter.nft_model import Cmp, IntPattern, VMap
+    from traceflow.netfilter.nft_sim import _lookup
     n, lo_all = numgen.modulus, numgen.offset
     hi_all = lo_all + n - 1
     rhs = expr.table if isinstance(expr, VMap) else expr.rhs
