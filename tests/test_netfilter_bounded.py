@@ -119,6 +119,13 @@ def test_iptables_diagnostic_of_a_huge_line_is_an_excerpt():
     assert all(len(str(d)) < 1500 for d in ruleset.diagnostics)
 
 
+def test_truncated_counter_statement_is_a_located_diagnostic():
+    text = ("table ip t {\n\tchain c {\n\t\ttype filter hook prerouting priority 0;\n"
+            "\t\tip saddr 127.0.0.0/8 counter packets")
+    ruleset = parse_nft_ruleset(text, "nodes/n1/nft.txt")
+    assert ruleset.diagnostics and all(d.line for d in ruleset.diagnostics)
+
+
 def test_packet_of_the_benchmark_is_a_tcp_syn_to_the_service():
     assert syn() == Packet(nw_src="10.244.1.5", nw_dst=VIP, nw_proto=6, tp_src=54444,
                            tp_dst=80)

@@ -183,7 +183,7 @@ class Solver:
 
     def _pod_gateway(self, pod, node: NodeModel, files: dict):
         """(gateway IP, gateway MAC, how we know, rule text, Source) for a pod's first hop."""
-        from traceflow.neigh import parse_ip_neigh
+        from traceflow.neigh import ethernet_mac, parse_ip_neigh
         from traceflow.routing.parse import parse_ip_routes
         if "ip-route.txt" in files and "ip-neigh.txt" in files:
             default = _default_route(parse_ip_routes(*files["ip-route.txt"]))
@@ -191,7 +191,7 @@ class Solver:
                 neigh = parse_ip_neigh(*files["ip-neigh.txt"])
                 entry = next((n for n in neigh if str(n.ip) == str(default.gateway)), None)
                 if entry is not None and entry.lladdr:
-                    return (str(default.gateway), entry.lladdr,
+                    return (str(default.gateway), ethernet_mac(entry),
                             f"from the pod's own routes and neighbours ({files['ip-route.txt'][1]})",
                             default.text, default.source)
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
@@ -585,7 +585,7 @@ class Solver:
         return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
-        from traceflow.neigh import resolve
+        from traceflow.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
         iface = node.interface(dec.dev)
         before = pkt.copy()
@@ -601,7 +601,7 @@ class Solver:
             res = resolve(neigh, nexthop, dec.dev)
             ok = res.usable
             reason = res.reason
-            result_mac = res.neighbour.lladdr if res.neighbour is not None else None
+            result_mac = ethernet_mac(res.neighbour) if res.neighbour is not None else None
             text = res.neighbour.text if res.neighbour is not None else None
             src = res.neighbour.source if res.neighbour is not None else None
         if result_mac is None and ok is not False:

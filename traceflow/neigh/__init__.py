@@ -27,6 +27,7 @@ _VALUED = {"dev", "lladdr", "ref", "used", "probes", "proto", "protocol", "vni",
 _LLADDR = re.compile(r"^[0-9a-fA-F]{1,2}(:[0-9a-fA-F]{1,2})+$")
 # octets of the link-layer addresses `ip neigh` prints: Ethernet, EUI-64 (FireWire), InfiniBand
 _LLADDR_OCTETS = (6, 8, 20)
+_ETHERNET = re.compile(r"^[0-9a-f]{1,2}(:[0-9a-f]{1,2}){5}$")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,19 @@ class NeighbourResult:
 
     @property
     def mac(self) -> str | None:
-        return self.neighbour.lladdr if self.neighbour and self.usable else None
+        if not (self.neighbour and self.usable):
+            return None
+        return ethernet_mac(self.neighbour)
+
+
+def ethernet_mac(neighbour: Neighbour) -> str | None:
+    """The entry's link-layer address as the MAC of an Ethernet header; a located error when
+    it is not one (a tunnel's IP-form lladdr, or a hand-edited file)."""
+    lladdr = neighbour.lladdr
+    if lladdr is not None and not _ETHERNET.match(lladdr):
+        raise InputError.at(neighbour.source, f"link-layer address {lladdr!r} is not an "
+                            "Ethernet MAC, but this neighbour is reached over Ethernet")
+    return lladdr
 
 
 def parse_ip_neigh(text: str, name: str) -> list[Neighbour]:

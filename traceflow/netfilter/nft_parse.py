@@ -106,7 +106,8 @@ class _RuleReader:
         return tok
 
     def span(self, start: int) -> str:
-        first, last = self.toks[start], self.toks[max(start, self.i - 1)]
+        end = min(max(start, self.i - 1), len(self.toks) - 1)   # a truncated rule ends early
+        first, last = self.toks[start], self.toks[end]
         return " ".join(self.text[first.pos:last.end].split())
 
     # -- the rule
