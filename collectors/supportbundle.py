@@ -143,7 +143,7 @@ def _sanitize(doc):
 def _cluster_info(text: str, name: str) -> dict[str, dict]:
     """``clusterinfo``: ``#<name>`` then a YAML document, separated by ``---`` lines. Each
     document is checked (a v1 List of objects); errors name the line in ``clusterinfo``."""
-    from traceflow.validate import check, listof, load_yaml, mapping, scalar
+    from traceflow.validate import NODE, POD, check, listof, load_yaml, mapping, scalar
     shape = mapping({"items": listof(scalar(dict, what="a mapping (one object)"))})
     docs: dict[str, dict] = {}
     lines = text.split("\n")
@@ -166,8 +166,12 @@ def _cluster_info(text: str, name: str) -> dict[str, dict]:
                 raise
             continue               # not YAML: a document traceflow does not read
         if isinstance(doc, dict):
+            key = chunk[head][1:].strip()
             check(doc, shape, body, name)
-            docs[chunk[head][1:].strip()] = doc
+            item_shape = {"pods": POD, "nodes": NODE}.get(key)
+            for i, item in enumerate(doc.get("items") or [] if item_shape else []):
+                check(item, item_shape, body, name, ("items", i))
+            docs[key] = doc
     return docs
 
 

@@ -276,3 +276,48 @@ def test_mutated_bundle_traces_or_fails_located(tmp_path, rel):
                 assert re.search(rf"{re.escape(rel)}, line \d+", message), message
 
     run()
+
+
+# ---- Antrea support-bundle files ------------------------------------------------------------------
+
+def _support_files(agentinfo: bytes, clusterinfo: bytes) -> dict[str, bytes]:
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    members = {"flows": (TRACE_BUNDLE / "nodes/worker1/ovs-flows.txt").read_bytes(),
+               "ovsports": (TRACE_BUNDLE / "nodes/worker1/ovs-show.txt").read_bytes(),
+               "agentinfo": agentinfo}
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return {"agent_worker1.tar.gz": buf.getvalue(), "clusterinfo": clusterinfo}
+
+
+AGENTINFO = ("version: v1.15.0\npodRef:\n  kind: Pod\n  namespace: kube-system\n"
+             "  name: antrea-agent-x\nnodeRef:\n  name: worker1\n")
+CLUSTERINFO = ("#pods\n" + (TRACE_BUNDLE / "k8s/pods.yaml").read_text() + "---\n#nodes\n"
+               + (TRACE_BUNDLE / "k8s/nodes.yaml").read_text() + "---\n")
+
+
+@pytest.mark.parametrize("which", ["agentinfo", "clusterinfo"])
+def test_mutated_support_bundle_file_maps_or_fails_located(which):
+    from collectors.bundle import Bundle
+    from collectors.supportbundle import to_bundle_files
+    from traceflow.kube import load_cluster
+
+    @FUZZ
+    @given(mutations())
+    def run(ops):
+        agent = mutate(AGENTINFO, ops) if which == "agentinfo" else AGENTINFO
+        info = mutate(CLUSTERINFO, ops) if which == "clusterinfo" else CLUSTERINFO
+        try:
+            files = to_bundle_files(_support_files(agent.encode(), info.encode()), "sb")
+            bundle = Bundle(files, "sb")
+            load_cluster(bundle.text)
+        except InputError as err:
+            assert which in err.file, str(err)
+            assert err.line is not None, f"no line: {err}"
+
+    run()
