@@ -42,8 +42,13 @@ def _limit(env: str, default_mb: float) -> int:
         raise InputError(f"{env}={raw!r}: expected a size in MB", env) from None
 
 
+def _mb(size: int) -> str:
+    mb = size / MB
+    return f"{mb:.0f}" if mb >= 10 else f"{mb:.3g}"
+
+
 def _too_big(name: str, size: int) -> InputError:
-    return InputError(f"file is {size / MB:.3g} MB, more than the {max_file_bytes() / MB:.3g} MB "
+    return InputError(f"file is {_mb(size)} MB, more than the {_mb(max_file_bytes())} MB "
                       "a bundle file may hold (raise TRACEFLOW_MAX_FILE_MB to read it)", name)
 
 
@@ -231,8 +236,8 @@ class TarFiles(Mapping):
             member = self._tar.next()
             if member is None:
                 break
-            if member.offset_data + (member.size if member.isfile() else 0) > limit:
-                raise InputError(f"the archive is larger than {limit / MB:.3g} MB uncompressed "
+            if self._tar.offset > limit:        # bytes of the (uncompressed) stream so far
+                raise InputError(f"the archive is larger than {_mb(limit)} MB uncompressed "
                                  "(raise TRACEFLOW_MAX_BUNDLE_MB to read it)", self.origin)
             parts = PurePosixPath(member.name).parts
             if member.isdir():

@@ -312,6 +312,45 @@ def test_gzip_bomb_member_is_never_read_and_memory_stays_bounded(tmp_path):
     assert rss < 250, f"peak RSS {rss} MB while tracing a bundle with a {size >> 20} MB member"
 
 
+def _sparse_member(name: str, realsize: int) -> bytes:
+    """An old-GNU sparse member: 512 bytes stored, ``realsize`` bytes when extracted."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = tarfile.GNUTYPE_SPARSE, 512
+    buf = bytearray(info.tobuf(tarfile.GNU_FORMAT)[:512])
+
+    def octal(n: int) -> bytes:
+        return b"%011o\0" % n
+    buf[386:398], buf[398:410], buf[482], buf[483:495] = octal(0), octal(512), 0, octal(realsize)
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf) + b"x" * 512
+
+
+def test_sparse_member_of_1gb_costs_no_memory_and_is_refused_when_read(tmp_path):
+    import gzip
+    plain = io.BytesIO()
+    tar = tarfile.open(fileobj=plain, mode="w", format=tarfile.GNU_FORMAT)
+    tar.add(EXAMPLE, arcname="bundle")
+    member = _sparse_member("bundle/nodes/worker1/sparse.txt", 1 << 30)
+    tar.fileobj.write(member)
+    tar.offset += len(member)
+    tar.close()
+    path = tmp_path / "sparse.tar.gz"
+    path.write_bytes(gzip.compress(plain.getvalue()))
+    assert path.stat().st_size < 200_000
+    rss, out = _peak_rss_of(
+        "from collectors.bundle import Bundle\n"
+        "from traceflow.errors import InputError\n"
+        f"b = Bundle.open({str(path)!r})\n"
+        "assert 'nodes/worker1/sparse.txt' in b.names()\n"
+        "from traceflow.snapshot import Snapshot\n"
+        "s = Snapshot(b); s.cluster; s.node('worker1')\n"
+        "try:\n    b.raw('nodes/worker1/sparse.txt')\n"
+        "except InputError as e:\n    print('REFUSED', e)\n")
+    assert "REFUSED nodes/worker1/sparse.txt: file is 1024 MB, more than the 256 MB" in out
+    assert rss < 200, f"peak RSS {rss} MB"
+
+
 def test_gzip_bomb_member_read_on_purpose_hits_the_limit(tmp_path):
     bomb = _bomb(tmp_path, 64 * 1024 * 1024)
     b = Bundle.open(bomb)
