@@ -7,7 +7,6 @@ trace commands import the engines only when they run.
 from __future__ import annotations
 
 import enum
-import os
 import sys
 from pathlib import Path
 from typing import Optional
