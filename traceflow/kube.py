@@ -11,7 +11,6 @@ import difflib
 import ipaddress
 from dataclasses import dataclass, field
 
-
 from traceflow.errors import InputError
 
 
