@@ -16,7 +16,7 @@ pod-side routes) so a trace that needs them says so. Logs and profiles are not r
 from __future__ import annotations
 
 import re
-import tarfile
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 import yaml
@@ -82,40 +82,52 @@ def detect(files: dict[str, bytes], origin: str = "") -> bool:
     return any(_AGENT_TARBALL.search(n) or _AGENT_FOLDER.search(n) for n in files)
 
 
-def _untar(data: bytes, name: str) -> dict[str, bytes]:
-    from collectors.bundle import _read_tar
-    try:
-        return _read_tar(data)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise InputError(f"not a readable tar.gz: {exc}", name) from None
+def _untar(data: bytes, name: str):
+    from collectors.bundle import TarFiles
+    return TarFiles(data, name)
 
 
-def _agents(files: dict[str, bytes], origin: str) -> dict[str, tuple[str, dict[str, bytes]]]:
-    """node -> (where it came from, {support file name: bytes})."""
-    out: dict[str, tuple[str, dict[str, bytes]]] = {}
+class _Sub(Mapping):
+    """The files under ``prefix`` of a (lazily read) mapping, by their name below it."""
+
+    def __init__(self, files: Mapping, prefix: str):
+        self._files, self._prefix = files, prefix
+        self._names = [n[len(prefix):] for n in files if n.startswith(prefix)]
+
+    def __getitem__(self, name: str) -> bytes:
+        return self._files[self._prefix + name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _agents(files: Mapping, origin: str) -> dict[str, tuple[str, Mapping]]:
+    """node -> (where it came from, {support file name: bytes}), read on demand."""
+    out: dict[str, tuple[str, Mapping]] = {}
     lone = single_agent_node(origin, files)
     if lone:
         return {lone: (PurePosixPath(origin).name, files)}
-    for name, data in sorted(files.items()):
+    for name in sorted(files):
         m = _AGENT_TARBALL.search(name)
         if m:
-            out[m.group(1)] = (name, _untar(data, name))
-            continue
+            out[m.group(1)] = (name, _untar(files[name], name))
+    for name in sorted(files):
         m = _AGENT_FOLDER.search(name)
-        if m:
-            node = m.group(1)
-            if node in out and out[node][0].endswith((".tar.gz", ".tgz")):
-                continue   # the tarball of that node wins over an extracted copy
-            _src, got = out.setdefault(node, (name[: m.start(2)], {}))
-            got[m.group(2)] = data
+        if m and m.group(1) not in out:     # the tarball of that node wins over a copy
+            prefix = name[: m.start(2)]
+            out[m.group(1)] = (prefix, _Sub(files, prefix))
     return out
 
 
-def _by_basename(files: dict[str, bytes]) -> dict[str, bytes]:
-    """Support files by name: top-level ones win over same-named files deeper (logs/...)."""
-    out: dict[str, bytes] = {}
+def _by_basename(files: Mapping) -> dict[str, str]:
+    """Support file name -> its key in ``files``: top-level ones win over same-named files
+    deeper (logs/...)."""
+    out: dict[str, str] = {}
     for name in sorted(files, key=lambda n: (n.count("/"), n)):
-        out.setdefault(PurePosixPath(name).name, files[name])
+        out.setdefault(PurePosixPath(name).name, name)
     return out
 
 
@@ -128,22 +140,38 @@ def _sanitize(doc):
     return doc
 
 
-def _cluster_info(text: str) -> dict[str, dict]:
-    """``clusterinfo``: ``#<name>`` then a YAML document, separated by ``---`` lines."""
+def _cluster_info(text: str, name: str) -> dict[str, dict]:
+    """``clusterinfo``: ``#<name>`` then a YAML document, separated by ``---`` lines. Each
+    document is checked (a v1 List of objects); errors name the line in ``clusterinfo``."""
+    from traceflow.validate import NODE, POD, check, listof, load_yaml, mapping, scalar
+    shape = mapping({"items": listof(scalar(dict, what="a mapping (one object)"))})
     docs: dict[str, dict] = {}
-    for chunk in re.split(r"^---\s*$", text, flags=re.M):
-        chunk = chunk.strip("\n")
-        if not chunk.strip():
+    lines = text.split("\n")
+    chunks: list[tuple[int, list[str]]] = [(0, [])]     # (index of its first line, lines)
+    for i, line in enumerate(lines):
+        if re.fullmatch(r"---[ \t]*", line):
+            chunks.append((i + 1, []))
+        else:
+            chunks[-1][1].append(line)
+    for start, chunk in chunks:
+        head = next((k for k, line in enumerate(chunk) if line.strip()), None)
+        if head is None or not chunk[head].startswith("#"):
             continue
-        first, _, rest = chunk.partition("\n")
-        if not first.startswith("#"):
-            continue
+        # blank lines first, so that YAML line numbers are clusterinfo's line numbers
+        body = "\n" * (start + head + 1) + "\n".join(chunk[head + 1:])
         try:
-            doc = yaml.safe_load(rest)
-        except yaml.YAMLError:
-            continue
+            doc = load_yaml(body, name)
+        except InputError as err:
+            if "nested too deeply" in err.reason or "is not allowed" in err.reason:
+                raise
+            continue               # not YAML: a document traceflow does not read
         if isinstance(doc, dict):
-            docs[first[1:].strip()] = doc
+            key = chunk[head][1:].strip()
+            check(doc, shape, body, name)
+            item_shape = {"pods": POD, "nodes": NODE}.get(key)
+            for i, item in enumerate(doc.get("items") or [] if item_shape else []):
+                check(item, item_shape, body, name, ("items", i))
+            docs[key] = doc
     return docs
 
 
@@ -164,21 +192,18 @@ def to_bundle_files(files: dict[str, bytes], origin: str) -> dict[str, bytes]:
         for support_name, bundle_name, command in AGENT_FILES:
             path = f"nodes/{node}/{bundle_name}"
             if support_name in by_name and path not in out:
-                out[path] = by_name[support_name]
+                out[path] = agent_files[by_name[support_name]]
                 sources[path] = f"{src}: {support_name} ({command})"
         facts: dict = {}
         info = by_name.get("agentinfo")
         if info:
-            try:
-                ai = yaml.safe_load(info) or {}
-            except yaml.YAMLError:
-                ai = {}
-            if isinstance(ai, dict):
-                version = version or ai.get("version")
-                ref = ai.get("podRef") or {}
-                if ref.get("name"):
-                    facts["agent_pod"] = f"{ref.get('namespace', 'kube-system')}/{ref['name']}"
-        dev = _tunnel_dev(by_name.get("address", b"") + by_name.get("link", b""))
+            ai = _agent_info(agent_files[info], f"{src}: {info}")
+            version = version or ai.get("version")
+            ref = ai.get("podRef") or {}
+            if ref.get("name"):
+                facts["agent_pod"] = f"{ref.get('namespace', 'kube-system')}/{ref['name']}"
+        dev = _tunnel_dev(b"".join(agent_files[by_name[n]] for n in ("address", "link")
+                                   if n in by_name))
         if dev:
             facts["tunnel_dev"] = dev
         if facts:
@@ -190,7 +215,7 @@ def to_bundle_files(files: dict[str, bytes], origin: str) -> dict[str, bytes]:
                       if PurePosixPath(n).name == "clusterinfo"), None)
     if info_name:
         try:
-            docs = _cluster_info(files[info_name].decode("utf-8"))
+            docs = _cluster_info(files[info_name].decode("utf-8"), info_name)
         except UnicodeDecodeError:
             raise InputError("clusterinfo is not UTF-8 text", info_name) from None
         for key, target in (("pods", "pods.yaml"), ("nodes", "nodes.yaml")):
@@ -232,6 +257,20 @@ def to_bundle_files(files: dict[str, bytes], origin: str) -> dict[str, bytes]:
     out["manifest.yaml"] = ("# mapped in memory from an Antrea support bundle by traceflow\n"
                             + yaml.safe_dump(manifest, sort_keys=False, width=100)).encode()
     return out
+
+
+def _agent_info(data: bytes, name: str) -> dict:
+    """The agent's AntreaAgentInfo: only version and podRef are read, and checked."""
+    from traceflow.validate import AGENT_INFO, check, load_yaml
+    try:
+        text = data.decode("utf-8")
+        ai = load_yaml(text, name)
+    except (UnicodeDecodeError, InputError):
+        return {}              # unreadable: the version and agent pod stay unknown
+    if not isinstance(ai, dict):
+        return {}
+    check(ai, AGENT_INFO, text, name)
+    return ai
 
 
 def _timestamp(origin: str) -> str | None:

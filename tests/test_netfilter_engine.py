@@ -211,10 +211,12 @@ def test_three_endpoints_share_the_weight(kube):
     assert sum(b.weight for b in branches) == pytest.approx(1.0, abs=1e-12)
     assert [b.weight for b in branches] == pytest.approx([1 / 3] * 3, abs=1e-9)
     assert all(b.packet.mark == 0 for b in branches)
-    # the last endpoint's branch shows the two choices it did not take
+    # the last endpoint's branch shows the two choices it did not take, in one step
     skipped = [s.effect for s in branches[2].steps if "not taken" in s.effect]
-    assert skipped == ["probability 0.3333 not taken: next rule",
-                       "probability 0.5 not taken: next rule"]
+    assert skipped == ["2 statistic rules not taken (lines 32-33 of nodes/n1/iptables-save.txt, "
+                       "probabilities 0.3333 ... 0.5): next rule"]
+    skipped = [s.effect for s in branches[1].steps if "not taken" in s.effect]
+    assert skipped == ["probability 0.3333 not taken: next rule"]
 
 
 def test_deterministic_and_does_not_touch_the_input(kube):

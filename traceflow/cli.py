@@ -7,7 +7,6 @@ trace commands import the engines only when they run.
 from __future__ import annotations
 
 import enum
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -180,6 +179,12 @@ def _emit(trace, output: Output, width: Optional[int], verbose: bool = False,
         if exc.code == 1:
             _closed_pipe()
         raise
+    except (OSError, typer.Exit):
+        raise                      # a full disk is not a renderer bug; a refused --hop exits 2
+    except InputError as err:
+        _fail(err)
+    except Exception as err:  # noqa: BLE001 - a renderer failure is a bug too
+        _internal(err)
 
 
 def _closed_pipe() -> None:
@@ -236,19 +241,21 @@ def _exit_for(trace, live: "_Live | None" = None) -> None:
 
 def _run(build):
     """Run a trace builder, mapping bad input to exit code 2 with a located message."""
+    from traceflow.crash import show_traceback
     try:
         return build()
-    except InputError as err:
-        _fail(err)
-    except CollectionError as err:
-        _fail(err, ExitCode.COLLECTION)
-    except (OSError, ValueError) as err:  # unreadable files, bad values from the user
-        _fail(err)
-    except Exception as err:  # noqa: BLE001 - the last resort: a message, never a traceback
-        if os.environ.get("TRACEFLOW_DEBUG"):
-            raise
-        _fail(f"internal error ({type(err).__name__}: {err}); rerun with TRACEFLOW_DEBUG=1 for "
-              "the traceback and report it with the bundle", ExitCode.BAD_INPUT)
+    except (InputError, CollectionError, OSError, ValueError) as err:
+        show_traceback(err)
+        code = ExitCode.COLLECTION if isinstance(err, CollectionError) else ExitCode.BAD_INPUT
+        _fail(err, code)  # OSError: unreadable files; ValueError: bad values from the user
+    except Exception as err:  # noqa: BLE001 - the last resort: a bug, reported, never a traceback
+        _internal(err)
+
+
+def _internal(err: Exception) -> None:
+    from traceflow.crash import internal_error_message, show_traceback
+    show_traceback(err)
+    _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
 @app.command("pod-to-svc")

@@ -11,6 +11,7 @@ class ExitCode(enum.IntEnum):
     NOT_DELIVERED = 1   # at least one path dropped, partial or unknown
     BAD_INPUT = 2       # bad usage or bad input; the message says what and where
     COLLECTION = 3      # collection from the cluster failed
+    INTERNAL = 4        # a bug in traceflow: a crash report with the traceback was written
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,27 @@ class Source:
         return f"{self.file}:{self.line}: {self.text.strip()}"
 
 
+# the most of a line an error or diagnostic keeps (a hostile 1 MB line must not be copied into
+# every diagnostic about it)
+EXCERPT = 240
+
+
+def excerpt(text: str | None, limit: int = EXCERPT) -> str | None:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class InputError(Exception):
     """Input that cannot be read. Always names the file, and the line and its text when known."""
 
     def __init__(self, reason: str, file: str | None = None, line: int | None = None,
                  text: str | None = None):
-        self.reason = reason
+        self.reason = excerpt(reason, 4 * EXCERPT)
         self.file = file
         self.line = line
-        self.text = text
+        self.text = excerpt(text)
         super().__init__(str(self))
 
     @classmethod

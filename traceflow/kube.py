@@ -11,8 +11,6 @@ import difflib
 import ipaddress
 from dataclasses import dataclass, field
 
-import yaml
-
 from traceflow.errors import InputError
 
 
@@ -117,7 +115,7 @@ class Cluster:
     def node_for_pod_ip(self, ip: str) -> Node | None:
         addr = ipaddress.ip_address(ip)
         for n in self.nodes:
-            if any(addr in ipaddress.ip_network(c) for c in n.pod_cidrs):
+            if any(addr in ipaddress.ip_network(c, strict=False) for c in n.pod_cidrs):
                 return n
         return None
 
@@ -163,21 +161,10 @@ def _not_found(kind: str, ns: str, name: str, candidates: list) -> str:
 # ---- loading --------------------------------------------------------------------------
 
 def _items(text: str | None, name: str) -> list:
-    if text is None:
-        return []
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        lines = text.splitlines()
-        raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", name, line,
-                         lines[line - 1] if line and line <= len(lines) else None) from None
-    if doc is None:
-        return []
-    if not isinstance(doc, dict) or not isinstance(doc.get("items", []), list):
-        raise InputError("expected a v1 List (kind: List, items: [...])", name)
-    return [i for i in doc.get("items") or [] if isinstance(i, dict)]
+    """The items of a v1 List, checked against the shapes read below (traceflow.validate): a
+    wrong shape or value is a located error here, not a crash when a drop is explained."""
+    from traceflow.validate import load_list
+    return load_list(text, name)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ def first_hop(files: dict, pod_key: str, pod_ip: str, dst_ip: str,
     absent = [f for f in POD_FILES if f not in files]
     if "ip-route.txt" not in files:
         return None
-    from traceflow.neigh import parse_ip_neigh
+    from traceflow.neigh import ethernet_mac, parse_ip_neigh
     from traceflow.routing import Router, parse_ip_addr, parse_ip_routes, parse_ip_rules
     routes_text, routes_name = files["ip-route.txt"]
     tables = parse_ip_routes(routes_text, routes_name)
@@ -71,7 +71,7 @@ def first_hop(files: dict, pod_key: str, pod_ip: str, dst_ip: str,
                       if str(n.ip) == hop.gateway and (n.dev in (None, hop.dev))), None)
         if entry is not None and entry.lladdr and not {"FAILED", "INCOMPLETE"} & set(entry.states):
             neigh = entry
-            hop.mac = entry.lladdr
+            hop.mac = ethernet_mac(entry)
             hop.how += f"; next hop MAC from {neigh_name} line {entry.source.line}"
     if neigh is None and dec.gateway and cni_gateway and hop.gateway != cni_gateway:
         where = ("has no usable entry for it in ip-neigh.txt" if "ip-neigh.txt" in files

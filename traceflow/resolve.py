@@ -332,8 +332,8 @@ def bundles_below(folder: Path, limit: int = 20) -> list[str]:
 def bundle_hint(path: Path, err: InputError) -> InputError:
     """A folder given as --bundle that is not a bundle: the same error, listing the bundles
     below it."""
-    if not path.is_dir() or (path / "manifest.yaml").is_file():
-        return err
+    if not path.is_dir() or (path / "manifest.yaml").is_file() or err.line is not None:
+        return err                 # a bundle with a bad file: the error as it is
     below = bundles_below(path)
     if not below:
         return err

@@ -25,6 +25,9 @@ FLAGS = {"router", "proxy", "extern_learn", "offload", "managed", "use"}
 _VALUED = {"dev", "lladdr", "ref", "used", "probes", "proto", "protocol", "vni", "port",
            "via", "nhid", "src_vni"}
 _LLADDR = re.compile(r"^[0-9a-fA-F]{1,2}(:[0-9a-fA-F]{1,2})+$")
+# octets of the link-layer addresses `ip neigh` prints: Ethernet, EUI-64 (FireWire), InfiniBand
+_LLADDR_OCTETS = (6, 8, 20)
+_ETHERNET = re.compile(r"^[0-9a-f]{1,2}(:[0-9a-f]{1,2}){5}$")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,19 @@ class NeighbourResult:
 
     @property
     def mac(self) -> str | None:
-        return self.neighbour.lladdr if self.neighbour and self.usable else None
+        if not (self.neighbour and self.usable):
+            return None
+        return ethernet_mac(self.neighbour)
+
+
+def ethernet_mac(neighbour: Neighbour) -> str | None:
+    """The entry's link-layer address as the MAC of an Ethernet header; a located error when
+    it is not one (a tunnel's IP-form lladdr, or a hand-edited file)."""
+    lladdr = neighbour.lladdr
+    if lladdr is not None and not _ETHERNET.match(lladdr):
+        raise InputError.at(neighbour.source, f"link-layer address {lladdr!r} is not an "
+                            "Ethernet MAC, but this neighbour is reached over Ethernet")
+    return lladdr
 
 
 def parse_ip_neigh(text: str, name: str) -> list[Neighbour]:
@@ -105,7 +120,7 @@ def _parse_line(source: Source) -> Neighbour:
 def _lladdr(value: str, source: Source) -> str:
     # Ethernet MACs, but also longer link-layer addresses (InfiniBand) or an IPv4
     # address for tunnel devices (ip6gre, sit).
-    if _LLADDR.match(value):
+    if _LLADDR.match(value) and value.count(":") + 1 in _LLADDR_OCTETS:
         return value.lower()
     try:
         return str(ipaddress.ip_address(value))

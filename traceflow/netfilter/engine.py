@@ -100,6 +100,7 @@ class Walk:
     ctx: NodeContext
     steps: list[Step] = field(default_factory=list)
     nat: NatAction | None = None
+    budget: "_Budget | None" = None       # shared by every fork of one hook evaluation
 
     def fork(self, share: float) -> "Walk":
         """A copy for one side of a branch (a subclass's own fields are copied too)."""
@@ -124,7 +125,7 @@ def evaluate_hook(ruleset: Ruleset, hook: str, packet: Packet, ctx: NodeContext)
         ctx = dataclasses.replace(ctx, ct_orig=packet.copy())   # first hook of a new connection
     tables = [ruleset.tables[t] for t in HOOK_TABLES[hook]
               if t in ruleset.tables and hook in ruleset.tables[t].chains]
-    outcomes = _run_tables(tables, hook, Walk(1.0, packet.copy(), ctx))
+    outcomes = _run_tables(tables, hook, Walk(1.0, packet.copy(), ctx, budget=_Budget()))
     return [Branch(w.weight, w.packet, verdict, w.steps, w.nat, w.ctx.connmark,
                    frozenset(w.ctx.ct_state)) for w, verdict in outcomes]
 
@@ -172,7 +173,12 @@ def _run_chain(table: Table, chain: Chain, walk: Walk, depth: int) -> list[Outco
 
 
 def _run_rules(table: Table, chain: Chain, start: int, walk: Walk, depth: int) -> list[Outcome]:
-    """Rules from ``start`` on. Forks recurse; a hit that simply continues loops on."""
+    """Rules from ``start`` on, in a loop (never one call per rule: kube-proxy chains hold one
+    statistic rule per endpoint). A statistic rule forks off the branch that takes it; the
+    branch that goes past keeps looping, and the rules it went past are summarised in one step
+    when it leaves the run, so steps grow linearly with the endpoints, not quadratically."""
+    results: list[Outcome] = []
+    passed: list[tuple[Rule, float]] = []   # statistic rules this walk went past, in a row
     index = start
     while index < len(chain.rules):
         rule = chain.rules[index]
@@ -180,35 +186,96 @@ def _run_rules(table: Table, chain: Chain, start: int, walk: Walk, depth: int) -
         if decision is None:
             assumption = _assumed_miss(rule, walk)
             if assumption:
+                _passed_step(walk, table, chain, passed)
+                passed = []
                 walk.steps.append(Step(table.name, chain.name, rule, assumption))
             index += 1
             continue
+        _passed_step_if(walk, table, chain, passed, decision)
         if isinstance(decision, str):
-            return [_stop(walk, table, chain, rule, decision)]
+            passed = []
+            results.append(_stop(walk, table, chain, rule, decision))
+            return results
         probability, matched = decision
         if probability >= 1.0:
+            passed = []
             outcomes = _apply(table, chain, rule, walk, matched, depth)
             if len(outcomes) == 1 and outcomes[0][1] == CONTINUE:
                 walk, index = outcomes[0][0], index + 1
                 continue
-            return _then(table, chain, index, outcomes, depth)
-        taken, skipped = walk.fork(probability), walk.fork(1.0 - probability)
-        skipped.steps.append(Step(table.name, chain.name, rule,
-                                  f"probability {probability:.4g} not taken: next rule",
-                                  matched=()))
-        return (_then(table, chain, index, _apply(table, chain, rule, taken, matched, depth,
-                                                  probability), depth)
-                + _run_rules(table, chain, index + 1, skipped, depth))
-    return [(walk, RETURN)]
+            return results + _then(table, chain, index, outcomes, depth)
+        if not _budget_ok(walk):
+            _passed_step(walk, table, chain, passed)
+            results.append(_stop(walk, table, chain, rule, f"more than {MAX_BRANCHES} "
+                                 "load-balancing branches at this hook: the rest are not traced"))
+            return results
+        taken = walk.fork(probability)
+        _passed_step(taken, table, chain, passed)
+        results += _then(table, chain, index, _apply(table, chain, rule, taken, matched, depth,
+                                                     probability), depth)
+        walk = walk.fork(1.0 - probability)
+        passed.append((rule, probability))
+        index += 1
+    _passed_step(walk, table, chain, passed)
+    results.append((walk, RETURN))
+    return results
+
+
+def _passed_step_if(walk: Walk, table: Table, chain: Chain, passed: list, decision) -> None:
+    """Before a rule that is not another statistic choice, summarise the run just passed."""
+    if isinstance(decision, str) or decision[0] >= 1.0:
+        _passed_step(walk, table, chain, passed)
+
+
+def _passed_step(walk: Walk, table: Table, chain: Chain, passed: list) -> None:
+    """One step for a run of statistic rules not taken (one per chain visit, not per rule)."""
+    if not passed:
+        return
+    if len(passed) == 1:
+        rule, probability = passed[0]
+        walk.steps.append(Step(table.name, chain.name, rule,
+                               f"probability {probability:.4g} not taken: next rule"))
+        return
+    first, last = passed[0][0], passed[-1][0]
+    walk.steps.append(Step(table.name, chain.name, last,
+                           f"{len(passed)} statistic rules not taken (lines "
+                           f"{first.source.line}-{last.source.line} of {last.source.file}, "
+                           f"probabilities {passed[0][1]:.4g} ... {passed[-1][1]:.4g}): "
+                           "next rule"))
+
+
+# Forks allowed per hook evaluation: a real Service has at most a few thousand endpoints; a
+# rule set that forks more (statistic rules that continue, each doubling the branches) would
+# exhaust memory, so the rest ends as unknown, said so.
+MAX_BRANCHES = 20_000
+
+
+@dataclass
+class _Budget:
+    forks: int = 0
+
+
+def _budget_ok(walk: Walk) -> bool:
+    budget = walk.budget
+    if budget is None:
+        budget = walk.budget = _Budget()
+    budget.forks += 1
+    return budget.forks <= MAX_BRANCHES
 
 
 def _then(table: Table, chain: Chain, index: int, outcomes: list[Outcome],
           depth: int) -> list[Outcome]:
-    """After a hit: CONTINUE resumes this chain after the rule; anything else propagates."""
+    """After a hit: CONTINUE resumes this chain after the rule; anything else propagates.
+    Resuming after a fork counts as nesting, so recursion stays bounded by MAX_DEPTH."""
     results = []
     for w, outcome in outcomes:
-        results += (_run_rules(table, chain, index + 1, w, depth) if outcome == CONTINUE
-                    else [(w, outcome)])
+        if outcome != CONTINUE:
+            results.append((w, outcome))
+        elif len(outcomes) > 1 and depth + 1 > MAX_DEPTH:
+            results.append(_stop(w, table, chain, None, f"more than {MAX_DEPTH} nested "
+                                 f"branch points (at {chain.name})"))
+        else:
+            results += _run_rules(table, chain, index + 1, w, depth + (len(outcomes) > 1))
     return results
 
 

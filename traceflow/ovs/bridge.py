@@ -60,10 +60,13 @@ def _bucket(text: str, index: int, src: Source) -> Bucket:
         raise InputError.at(src, f"bucket {index} has no actions=")
     for attr in head.strip(",").split(","):
         k, _, v = attr.partition(":")
-        if k == "bucket_id":
-            bucket_id = int(v, 0)
-        elif k == "weight":
-            weight = int(v, 0)
+        try:
+            if k == "bucket_id":
+                bucket_id = int(v, 0)
+            elif k == "weight":
+                weight = int(v, 0)
+        except ValueError:
+            raise InputError.at(src, f"bucket {index}: bad {k} {v!r}") from None
     return Bucket(bucket_id, weight, A.parse_actions(acts), text)
 
 

@@ -96,16 +96,22 @@ def parse_flow(line: str, source: Source) -> Flow:
                     matches.append(MatchField(fld, v, F.full_mask(fld), key))
                 continue
             raise InputError.at(source, f"unknown match keyword {key!r}")
-        if key == "table":
-            table = _table_id(value)
-        elif key == "priority":
-            priority = int(value)
-        elif key == "cookie":
-            cookie = int(value.split("/")[0], 0)
+        try:
+            if key == "table":
+                table = _table_id(value)
+            elif key == "priority":
+                priority = int(value)
+            elif key == "cookie":
+                cookie = int(value.split("/")[0], 0)
+            elif key == "conj_id":
+                conj_id = int(value, 0)
+        except ValueError:
+            raise InputError.at(source, f"bad {key} value {value!r}") from None
+        if key in ("table", "priority", "cookie", "conj_id"):
+            if key == "cookie" and cookie < 0 or key == "priority" and priority < 0:
+                raise InputError.at(source, f"bad {key} value {value!r}")
         elif key in _HEADER_KEYS:
             continue
-        elif key == "conj_id":
-            conj_id = int(value, 0)
         else:
             matches.append(_match(key, value.strip(), token, source))
     return Flow(table, priority, tuple(matches), action_text, source, text, cookie, conj_id,

@@ -225,7 +225,7 @@ class HostStack:
         return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
-        from traceflow.neigh import resolve
+        from traceflow.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
         iface = node.interface(dec.dev)
         before = pkt.copy()
@@ -241,7 +241,7 @@ class HostStack:
             res = resolve(neigh, nexthop, dec.dev)
             ok = res.usable
             reason = res.reason
-            result_mac = res.neighbour.lladdr if res.neighbour is not None else None
+            result_mac = ethernet_mac(res.neighbour) if res.neighbour is not None else None
             text = res.neighbour.text if res.neighbour is not None else None
             src = res.neighbour.source if res.neighbour is not None else None
         if result_mac is None and ok is not False:

@@ -17,7 +17,7 @@ def default_route(tables):
 def pod_gateway(files: dict):
     """(gateway IP, gateway MAC, how we know, rule text, Source, neighbour) from the pod's
     files, or None when they do not say."""
-    from traceflow.neigh import parse_ip_neigh
+    from traceflow.neigh import ethernet_mac, parse_ip_neigh
     from traceflow.routing.parse import parse_ip_routes
     if "ip-route.txt" in files and "ip-neigh.txt" in files:
         default = default_route(parse_ip_routes(*files["ip-route.txt"]))
@@ -25,7 +25,7 @@ def pod_gateway(files: dict):
             neigh = parse_ip_neigh(*files["ip-neigh.txt"])
             entry = next((n for n in neigh if str(n.ip) == str(default.gateway)), None)
             if entry is not None and entry.lladdr:
-                return (str(default.gateway), entry.lladdr,
+                return (str(default.gateway), ethernet_mac(entry),
                         f"from the pod's own routes and neighbours ({files['ip-route.txt'][1]})",
                         default.text, default.source, entry)
     return None
