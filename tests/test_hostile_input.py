@@ -260,7 +260,10 @@ def test_size_limit_per_file_is_configurable_and_clear(tmp_path):
 
 def _peak_rss_of(code: str) -> tuple[int, str]:
     """Run ``code`` in a fresh interpreter; (peak RSS in MB, its stdout)."""
-    wrapper = code + "\nimport resource\nprint('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    # VmHWM is this interpreter's own high-water mark (getrusage's ru_maxrss would carry the
+    # forking pytest process's peak across exec)
+    wrapper = code + ("\nimport re\nprint('RSS', re.search(r'VmHWM:\\s*(\\d+)', "
+                      "open('/proc/self/status').read()).group(1))\n")
     r = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert r.returncode == 0, r.stderr
