@@ -388,7 +388,7 @@ def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
 
 def _check_pod(pod, snap=None) -> None:
     if pod.host_network and snap is not None:
-        from traceflow.hoststack import check_source
+        from traceflow.walk.hostnet import check_source
         check_source(snap, pod)
     if not pod.ip:
         raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")

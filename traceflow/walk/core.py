@@ -77,9 +77,9 @@ class Solver:
     def _walk_leg(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query) -> list[Branch]:
         """From a pod's eth0 (or a hostNetwork pod's node stack) to wherever the packet ends."""
         if pod.host_network:        # sent by the node's own stack, not through the CNI
-            from traceflow import hoststack
+            from traceflow.walk import hostnet
             try:
-                starts = hoststack.send(self.host, branch, pod, packet, AtHost)
+                starts = hostnet.send(self.host, branch, pod, packet, AtHost)
             except Missing as miss:
                 return [self.missing(branch, pod.node or "?", "route", miss)]
             return [d for b, loc in starts for d in ([b] if loc is None else self._run(b, loc, q))]

@@ -126,11 +126,11 @@ class HostStack:
         serves is load-balanced at INPUT and leaves again as a locally sent packet."""
         dec = self._route(b, loc.node, node, pkt, iif=loc.iif)
         if dec.kind == "local":
-            from traceflow import hoststack     # for a hostNetwork pod of this trace: delivered
-            pod = hoststack.local_receiver(self.cluster, self.walk.query, loc.node, pkt,
+            from traceflow.walk import hostnet  # for a hostNetwork pod of this trace: delivered
+            pod = hostnet.local_receiver(self.cluster, self.walk.query, loc.node, pkt,
                                            b.leg.direction)
             if pod is not None:
-                return hoststack.receive(self, b, loc, node, pkt, ctx, late_src, pod)
+                return hostnet.receive(self, b, loc, node, pkt, ctx, late_src, pod)
             return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec)
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
