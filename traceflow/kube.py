@@ -164,7 +164,8 @@ def _items(text: str | None, name: str) -> list:
     if text is None:
         return []
     try:
-        doc = yaml.safe_load(text)
+        # libyaml's loader when built in: same documents and error marks, ~10x faster
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None

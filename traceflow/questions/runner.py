@@ -9,6 +9,8 @@ says so in its warnings and its ``scope``.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import sys
 import time
 
@@ -32,6 +34,9 @@ class Tracer:
         self.solver = Solver(snapshot)
         self._cache: dict[tuple, Trace] = {}
         self.traced = 0             # distinct questions actually traced
+        self._classes: dict = {}    # host-only: (node, destination) -> [(chains, class, trace)]
+        self._sources: dict = {}    # node -> SourceClasses
+        self._ovs: dict = {}        # node -> has OVS flows
         self.asked = 0
 
     def key(self, pod: Pod, dst: Destination, src_port: int = 54321) -> tuple:
@@ -41,9 +46,38 @@ class Tracer:
         self.asked += 1
         key = self.key(pod, dst, src_port)
         got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = self._trace(pod, dst, src_port)
+        if got is not None:
+            return got
+        if pod.node and not self._has_ovs(pod.node) and not _unusable(pod):
+            got = self._shared_service_trace(pod, dst, src_port)
+        else:
+            got = self._trace(pod, dst, src_port)
             self.traced += 1
+        self._cache[key] = got
+        return got
+
+    def _shared_service_trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
+        """Service translations of one node for one destination: clients the rules cannot
+        tell apart share one trace. Two sources are told apart only by the rules of the
+        chains the walk visited (hit or not); a source match there splits the class (see
+        SourceClasses), anything source-dependent it cannot read keeps every source apart."""
+        slot = self._classes.setdefault((pod.node, dst.ip, dst.port, dst.protocol, src_port), [])
+        for chains, cls_key, trace in slot:
+            if self._source_classes(pod.node).key(chains, pod.ip) == cls_key:
+                return Trace(dict(trace.query, source=pod.key, shares_trace_of=trace.query["source"]),
+                             trace.paths, trace.warnings)
+        trace = self._trace(pod, dst, src_port)
+        self.traced += 1
+        chains = frozenset(h.chain for p in trace.paths for leg in p.legs for h in leg.hops
+                           if h.chain)
+        slot.append((chains, self._source_classes(pod.node).key(chains, pod.ip), trace))
+        return trace
+
+    def _source_classes(self, node: str) -> "SourceClasses":
+        got = self._sources.get(node)
+        if got is None:
+            model = self.node_model(node)
+            got = self._sources[node] = SourceClasses(model.netfilter if model else None)
         return got
 
     def _trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
@@ -61,8 +95,11 @@ class Tracer:
         return trace
 
     def _has_ovs(self, node: str) -> bool:
-        return node in self.snap.bundle.node_names() and \
-            self.snap.bundle.node_file(node, "ovs-flows.txt") is not None
+        got = self._ovs.get(node)
+        if got is None:
+            got = self._ovs[node] = node in self.snap.bundle.node_names() and \
+                self.snap.bundle.node_file(node, "ovs-flows.txt") is not None
+        return got
 
     def node_model(self, name: str):
         try:
@@ -124,6 +161,19 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
     if not branches:
         from traceflow.netfilter.engine import Branch
         branches = [Branch(1.0, pkt.copy(), "ACCEPT", [])]
+    def forward(pkt):
+        """The filter FORWARD hook (kube-proxy rejects Services without endpoints there)."""
+        fctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                           node=pod.node, ct_state={"NEW"}, ct_dir="ORIGINAL")
+        if rs is None:
+            return [(1.0, pkt, "ACCEPT", [])]
+        got = (rs.evaluate_hook("FORWARD", pkt, fctx) if hasattr(rs, "evaluate_hook")
+               else evaluate_hook(rs, "FORWARD", pkt, fctx))
+        if not got:
+            return [(1.0, pkt, "ACCEPT", [])]
+        return [(b.weight, b.packet, b.verdict, [_step_hop(pod.node, component, s)
+                                                 for s in b.steps]) for b in got]
+
     for nf in branches:
         hops = [_step_hop(pod.node, component, s) for s in nf.steps]
         out, weight = nf.packet, nf.weight
@@ -133,6 +183,11 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
             if got is not None:
                 sub = [(b.weight, b.packet, b.verdict, [_step_hop(pod.node, "ipvs", s)
                                                         for s in b.steps]) for b in got]
+        if ipvs is None or sub[0][3] == []:
+            # forwarded on (IPVS-translated packets are delivered locally, not forwarded)
+            sub = [(w * fw, fpkt, fv, more + fmore) for w, opkt, v, more in sub
+                   for fw, fpkt, fv, fmore in (forward(opkt) if v == "ACCEPT"
+                                               else [(1.0, opkt, v, [])])]
         for w, opkt, verdict, more in sub:
             leg = Leg("request", Verdict.UNKNOWN, hops + more,
                       f"{pod.key} -> {dst.label} ({dst.ip}:{dst.port}) on {pod.node}")
@@ -166,6 +221,88 @@ def _step_hop(node: str, component: str | None, step) -> Hop:
     text = getattr(rule, "text", None) if rule is not None else None
     return Hop(node, component or "iptables", step.table, text, step.effect, chain=step.chain,
                source=src, matched=tuple(step.matched), unknown=step.unknown)
+
+
+_IPT_SRC = re.compile(r"(!\s+)?(?:-s|--source)\s+([0-9.]+(?:/[0-9]+)?)(?=\s|$)")
+_NFT_SRC = re.compile(r"ip saddr (!= )?([0-9.]+(?:/[0-9]+)?)(?=\s|$)")
+# source-dependent matches this module does not evaluate: sources stay apart
+# (`-m recent` is left out: with no recent lists in the bundle the engine takes every client
+# as a first connection alike, so it does not tell sources apart)
+_OPAQUE = re.compile(r"--src-range|--match-set \S+ \S*src|--ctorigsrc|"
+                     r"--src-type|saddr\s*[@{]|saddr \.|\. ip saddr|jhash|saddr (?:!= )?[a-z$]")
+
+
+_SETS_MARK = re.compile(r"-j MARK\b|--set-x?mark|meta mark set")
+_MATCHES_MARK = re.compile(r"-m mark\b|-m connmark\b|meta mark (?:&|==|!=|0x)|ct mark (?:&|==|!=|0x)")
+_TARGET = re.compile(r"(?:-j|-g|jump|goto)\s+(\S+)")
+
+
+class SourceClasses:
+    """Which source addresses a node's rules cannot tell apart, per set of visited chains.
+
+    A rule matching the source address splits the sources by that prefix; a source match
+    whose only consequence is a mark (kube-proxy's hairpin masquerade marking) does not split
+    them when no visited rule matches on marks, since the mark does not change the verdict or
+    the translation at this hook."""
+
+    def __init__(self, ruleset):
+        self._chains: dict[str, dict] = {}
+        tables = list(ruleset.tables.values()) if ruleset is not None else []
+        mark_only = set()
+        for table in tables:
+            for name, chain in table.chains.items():
+                if chain.rules and all(_SETS_MARK.search(r.text) and not _MATCHES_MARK.search(r.text)
+                                       for r in chain.rules):
+                    mark_only.add(name)
+        for table in tables:
+            for name, chain in table.chains.items():
+                info = self._chains.setdefault(name, {"prefixes": set(), "mark_prefixes": set(),
+                                                      "opaque": False, "mark_match": False})
+                for rule in chain.rules:
+                    text = rule.text
+                    if _MATCHES_MARK.search(text):
+                        info["mark_match"] = True
+                    if "-s " not in text and "--source" not in text and "saddr" not in text \
+                            and not _OPAQUE.search(text):
+                        continue
+                    found = [*_IPT_SRC.finditer(text), *_NFT_SRC.finditer(text)]
+                    if _OPAQUE.search(text) or not found:
+                        info["opaque"] = True
+                        continue
+                    target = _TARGET.search(text)
+                    only_mark = bool(target and target.group(1) in mark_only) or \
+                        bool(_SETS_MARK.search(text) and not target)
+                    for m in found:
+                        net = ipaddress.ip_network(m.group(2), strict=False)
+                        key = (int(net.network_address), int(net.netmask))
+                        info["mark_prefixes" if only_mark else "prefixes"].add(key)
+        self._compiled: dict = {}
+        self._ints: dict = {}
+
+    def _compile(self, chains: frozenset):
+        got = self._compiled.get(chains)
+        if got is None:
+            infos = [self._chains[c] for c in chains if c in self._chains]
+            opaque = any(i["opaque"] for i in infos)
+            marks_matter = any(i["mark_match"] for i in infos)
+            prefixes = set()
+            for i in infos:
+                prefixes |= i["prefixes"]
+                if marks_matter:
+                    prefixes |= i["mark_prefixes"]
+            got = self._compiled[chains] = (opaque, tuple(sorted(prefixes)))
+        return got
+
+    def key(self, chains: frozenset, ip: str) -> tuple:
+        opaque, prefixes = self._compile(chains)
+        if opaque:
+            return ("exact", ip)
+        value = self._ints.get(ip)
+        if value is None:
+            if ":" in ip:
+                return ("exact", ip)
+            value = self._ints[ip] = int(ipaddress.IPv4Address(ip))
+        return tuple((value & mask) == net for net, mask in prefixes)
 
 
 class Progress:
