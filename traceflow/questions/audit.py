@@ -67,7 +67,8 @@ class AuditReport:
 
     @property
     def problems(self) -> bool:
-        return bool(self.findings) or any(p.verdict != "delivered" for p in self.pairs)
+        """Drift found (pairs not delivered are reported, not failed: policies deny by design)."""
+        return bool(self.findings)
 
     def to_dict(self) -> dict:
         by_verdict: dict = {}

@@ -56,12 +56,14 @@ def resolve(suite: Suite, resolver: Resolver) -> list[tuple]:
         try:
             pods = resolver.sources(exp.source, exp.namespace, f"{where}.from")
         except InputError as err:
-            raise InputError(f"{where}.from: {err.reason}", suite.file, exp.line) from None
+            raise InputError(f"{where}.from: {err.reason}", suite.file,
+                             exp.line_of("from")) from None
         try:
             dst = resolver.destination(exp.destination, exp.namespace, exp.port, exp.protocol,
                                        f"{where}.to")
         except InputError as err:
-            raise InputError(f"{where}.to: {err.reason}", suite.file, exp.line) from None
+            raise InputError(f"{where}.to: {err.reason}", suite.file,
+                             exp.line_of("to")) from None
         for pod in pods:
             out.append((exp, pod, dst))
     return out

@@ -102,7 +102,8 @@ def register(app: typer.Typer, cli) -> None:
         the flows decide otherwise, balanced backends that differ from EndpointSlices, missing
         peer routes/tunnel flows, pods whose route/ARP disagrees with the gateway.
 
-        Exit 0 when every pair is delivered and nothing drifted, 1 otherwise."""
+        Exit 0 when nothing drifted, 1 when a drift finding is reported (pairs that are not
+        delivered are listed with the reason but do not fail the audit)."""
         def build():
             from traceflow.questions.audit import run_audit
             if bundle is None:

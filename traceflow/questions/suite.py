@@ -45,6 +45,10 @@ class Expectation:
     port: int | None = None
     namespace: str = "default"
     src_port: int = 54321
+    key_lines: dict = field(default_factory=dict)   # key -> its line, for located errors
+
+    def line_of(self, key: str) -> int:
+        return self.key_lines.get(key, self.line)
 
 
 @dataclass
@@ -148,7 +152,8 @@ def _expectation(file: str, node, path: str, namespace: str) -> Expectation:
         name=name, source=_endpoint(file, m, "from", path), line=node.start_mark.line + 1,
         destination=_endpoint(file, m, "to", path), expect=expect, branches=branches,
         policy=policy, allow_unknown=bool(_scalar(file, m, "allow-unknown", bool, False, path)),
-        protocol=protocol, port=port, namespace=ns, src_port=src_port)
+        protocol=protocol, port=port, namespace=ns, src_port=src_port,
+        key_lines={k: v.start_mark.line + 1 for k, (_, v) in m.items()})
 
 
 def _port(file, m, key, path) -> int | None:
