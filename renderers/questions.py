@@ -116,9 +116,13 @@ def render_diff_text(report, console: Console) -> None:
             for side in ("before", "after"):
                 h = dv[side]
                 console.print(f"  {side:6} {escape(h['at'] or '-')}: {escape(h['rule'] or h['effect'] or '-')}")
+            for side, chosen in (dv.get("choices") or {}).items():
+                console.print(f"  {side:6} branch: {escape('; '.join(chosen) or '-')}")
             for line in dv.get("diff", []):
                 colour = "red" if line.startswith("-") else "green" if line.startswith("+") else "dim"
                 console.print(f"    [{colour}]{escape(line)}[/]")
+        for note in c.get("paths", []):
+            console.print(f"  - {escape(note)}")
     if d["raw"]:
         console.print("\n[bold]Raw changes[/] (used by a traced path first)")
         for r in d["raw"]:

@@ -192,13 +192,15 @@ def compare(question: str, bt, at) -> Change | None:
             change.paths.append(f"path to {bp.endpoint or '?'}: {bp.verdict} -> {ap.verdict}")
         i, bh, ah = _first_divergence(bp, ap)
         if i >= 0 and (first is None or i < first[0]):
-            first = (i, bh, ah, bp)
+            first = (i, bh, ah, bp, ap)
     if first is not None:
-        i, bh, ah, bp = first
+        i, bh, ah, bp, _ = first
         ref = bh or ah
         change.divergence = {
             "where": f"hop {i + 1} on {ref.node} ({ref.component}), path to {bp.endpoint or '?'}",
             "before": _hop_dict(bh), "after": _hop_dict(ah),
+            **({"choices": {"before": list(bp.choices), "after": list(first[4].choices)}}
+               if list(bp.choices) != list(first[4].choices) else {}),
             "diff": list(difflib.unified_diff([(bh.rule or bh.effect) if bh else ""],
                                               [(ah.rule or ah.effect) if ah else ""],
                                               "before", "after", lineterm="", n=0))[2:],
@@ -243,14 +245,34 @@ def raw_changes(before_bundle, after_bundle) -> list[RawChange]:
     return out
 
 
+_GROUP_CHOICE = re.compile(r"^(\S+) OVS group (\d+):")
+_GROUP_LINE = re.compile(r"group_id=(\d+)")
+_GROUP_ACTION = re.compile(r"\bgroup:(\d+)")
+
+
 def _used_sources(traces) -> set:
+    """(file, line) of every hop's rule, and (node, "group", id) of every group a branch
+    chose a bucket of (group buckets are choices, not hops)."""
     used = set()
     for t in traces:
         for p in t.paths:
             for h in _hops(p):
                 if h.source is not None:
                     used.add((h.source.file, h.source.line))
+                for gid in _GROUP_ACTION.findall(h.rule or ""):
+                    used.add((h.node, "group", int(gid)))
+            for c in p.choices:
+                m = _GROUP_CHOICE.match(c)
+                if m:
+                    used.add((m.group(1), "group", int(m.group(2))))
     return used
+
+
+def _is_used(r: RawChange, used: set) -> bool:
+    if (r.file, r.line) in used:
+        return True
+    m = _GROUP_LINE.search(r.text) if r.component == "ovs groups" else None
+    return bool(m and (r.node, "group", int(m.group(1))) in used)
 
 
 # ---- the command ----------------------------------------------------------------------------------
@@ -281,7 +303,7 @@ def run_diff(before_snap, after_snap, before_name: str, after_name: str, suite=N
     raw = raw_changes(before_snap.bundle, after_snap.bundle)
     used_b, used_a = _used_sources(b_traces), _used_sources(a_traces)
     for r in raw:
-        r.used = (r.file, r.line) in (used_b if r.change == "-" else used_a)
+        r.used = _is_used(r, used_b if r.change == "-" else used_a)
     raw.sort(key=lambda r: (not r.used, r.node, r.component, r.file, r.line))
     report.raw, report.raw_total = raw, len(raw)
     report.seconds = time.monotonic() - t0
