@@ -184,3 +184,15 @@ def test_many_expectations_trace_each_question_once(tmp_path):
     assert res.exit_code == 0
     doc = json.loads(res.output)
     assert doc["summary"]["results"] == 200 and doc["summary"]["distinct_traces"] == 1
+
+
+def test_readme_suite_holds_on_the_seed_example(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("## Many questions at once")[1].split("```yaml")[1].split("```")[0]
+    suite = tmp_path / "readme.yaml"
+    suite.write_text(block)
+    res = run("check", suite, "-b", EXAMPLES / "antrea-encap-kube-proxy")
+    assert res.exit_code == 0, res.output
+    ci = readme.split("A CI job (GitHub Actions)")[1].split("```yaml")[1].split("```")[0]
+    steps = yaml.safe_load(ci)["jobs"]["datapath-smoke"]["steps"]
+    assert any("traceflow check" in (s.get("run") or "") and "--junit" in s["run"] for s in steps)
