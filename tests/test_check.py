@@ -196,3 +196,26 @@ def test_readme_suite_holds_on_the_seed_example(tmp_path):
     ci = readme.split("A CI job (GitHub Actions)")[1].split("```yaml")[1].split("```")[0]
     steps = yaml.safe_load(ci)["jobs"]["datapath-smoke"]["steps"]
     assert any("traceflow check" in (s.get("run") or "") and "--junit" in s["run"] for s in steps)
+
+
+def test_shared_traces_keep_sources_the_rules_tell_apart(tmp_path):
+    # host-only bundle: clients of one node share a trace unless a rule tells them apart.
+    # A FORWARD rule rejecting one pod's address must drop that pod only.
+    import shutil
+    b = tmp_path / "kp"
+    shutil.copytree(EXAMPLES / "kube-proxy-iptables", b)
+    rules = b / "nodes/node3/iptables-save.txt"
+    text = rules.read_text()
+    first_forward = "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load"
+    assert text.count(first_forward) == 1
+    rules.write_text(text.replace(first_forward, "-A FORWARD -s 10.244.3.64/32 -j REJECT\n"
+                                  + first_forward))
+    suite = tmp_path / "s.yaml"
+    suite.write_text("namespace: analytics\nexpectations:\n  - name: e\n    from: app=api-primary\n"
+                     "    to: svc/api-primary:80\n    expect: delivered\n")
+    res = run("check", suite, "-b", b, "-o", "json")
+    assert res.exit_code == 1
+    verdicts = {r["source"]: r["verdict"] for r in json.loads(res.output)["results"]}
+    assert verdicts == {"analytics/api-primary-cxgbqsz9m2-8pm2g": "dropped",    # 10.244.3.64
+                        "analytics/api-primary-qfpvdp4fqr-5xhgs": "delivered",  # same node
+                        "analytics/api-primary-v9rwl2n6rj-8gx54": "delivered"}

@@ -158,15 +158,3 @@ class OvsGroupReader:
                                 f"group {gid} bucket {b.bucket_id}: {b.text.strip()}"))
         return out
 
-
-def readers_for(snap, node) -> list:
-    """The readers that apply to one node, in the order its packets meet them."""
-    out = []
-    if OvsGroupReader(snap).applies(node):
-        out.append(OvsGroupReader)
-    mode = snap.kube_proxy
-    if mode == "ipvs" and node.ipvs is not None:
-        out.append(IpvsReader)
-    elif node.netfilter is not None:
-        out.append(NetfilterReader)
-    return out

@@ -77,7 +77,8 @@ class Tracer:
         got = self._sources.get(node)
         if got is None:
             model = self.node_model(node)
-            got = self._sources[node] = SourceClasses(model.netfilter if model else None)
+            got = self._sources[node] = SourceClasses(model.netfilter if model else None,
+                                                      model.local_addresses if model else ())
         return got
 
     def _trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
@@ -229,7 +230,28 @@ _NFT_SRC = re.compile(r"ip saddr (!= )?([0-9.]+(?:/[0-9]+)?)(?=\s|$)")
 # (`-m recent` is left out: with no recent lists in the bundle the engine takes every client
 # as a first connection alike, so it does not tell sources apart)
 _OPAQUE = re.compile(r"--src-range|--match-set \S+ \S*src|--ctorigsrc|"
-                     r"--src-type|saddr\s*[@{]|saddr \.|\. ip saddr|jhash|saddr (?:!= )?[a-z$]")
+                     r"saddr\s*[@{]|saddr \.|\. ip saddr|jhash|saddr (?:!= )?[a-z$]")
+
+
+_NFT_UPDATE = re.compile(r"\b(?:update|add) @\S+ \{ ip saddr")
+_NFT_SET_SRC = re.compile(r"^(?:.* )?ip saddr @(\S+)(?: (?:goto|jump|accept|drop|return|counter)\b.*)?$")
+
+
+def _set_members(table, name: str):
+    """A set's members as (network, mask) integers; None when they cannot be read."""
+    sets = getattr(table, "sets", None) or {}
+    found = sets.get(name)
+    if found is None:
+        return None
+    out = set()
+    for element in found.elements:
+        text = element.text.split(" expires")[0].split(" timeout")[0].strip()
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            return None
+        out.add((int(net.network_address), int(net.netmask)))
+    return out
 
 
 _SETS_MARK = re.compile(r"-j MARK\b|--set-x?mark|meta mark set")
@@ -245,7 +267,8 @@ class SourceClasses:
     them when no visited rule matches on marks, since the mark does not change the verdict or
     the translation at this hook."""
 
-    def __init__(self, ruleset):
+    def __init__(self, ruleset, local_addresses=()):
+        self._local = set(local_addresses)
         self._chains: dict[str, dict] = {}
         tables = list(ruleset.tables.values()) if ruleset is not None else []
         mark_only = set()
@@ -257,13 +280,27 @@ class SourceClasses:
         for table in tables:
             for name, chain in table.chains.items():
                 info = self._chains.setdefault(name, {"prefixes": set(), "mark_prefixes": set(),
-                                                      "opaque": False, "mark_match": False})
+                                                      "opaque": False, "mark_match": False,
+                                                      "src_type": False})
                 for rule in chain.rules:
                     text = rule.text
                     if _MATCHES_MARK.search(text):
                         info["mark_match"] = True
+                    if "--src-type" in text or "fib saddr type" in text:
+                        info["src_type"] = True     # splits sources by "a local address?"
+                    if _NFT_UPDATE.search(text):
+                        continue    # records the source for later packets; decides nothing now
+                    named = _NFT_SET_SRC.search(text)
+                    if named:       # ip saddr @set: sources split by the set's listed members
+                        members = _set_members(table, named.group(1))
+                        if members is None:
+                            info["opaque"] = True
+                        else:
+                            info["prefixes"].update(members)
+                        continue
                     if "-s " not in text and "--source" not in text and "saddr" not in text \
-                            and not _OPAQUE.search(text):
+                            and not _OPAQUE.search(text) or "--src-type" in text and \
+                            not _IPT_SRC.search(text):
                         continue
                     found = [*_IPT_SRC.finditer(text), *_NFT_SRC.finditer(text)]
                     if _OPAQUE.search(text) or not found:
@@ -284,17 +321,18 @@ class SourceClasses:
         if got is None:
             infos = [self._chains[c] for c in chains if c in self._chains]
             opaque = any(i["opaque"] for i in infos)
+            src_type = any(i["src_type"] for i in infos)
             marks_matter = any(i["mark_match"] for i in infos)
             prefixes = set()
             for i in infos:
                 prefixes |= i["prefixes"]
                 if marks_matter:
                     prefixes |= i["mark_prefixes"]
-            got = self._compiled[chains] = (opaque, tuple(sorted(prefixes)))
+            got = self._compiled[chains] = (opaque, tuple(sorted(prefixes)), src_type)
         return got
 
     def key(self, chains: frozenset, ip: str) -> tuple:
-        opaque, prefixes = self._compile(chains)
+        opaque, prefixes, src_type = self._compile(chains)
         if opaque:
             return ("exact", ip)
         value = self._ints.get(ip)
@@ -302,7 +340,8 @@ class SourceClasses:
             if ":" in ip:
                 return ("exact", ip)
             value = self._ints[ip] = int(ipaddress.IPv4Address(ip))
-        return tuple((value & mask) == net for net, mask in prefixes)
+        local = (ip in self._local,) if src_type else ()
+        return local + tuple((value & mask) == net for net, mask in prefixes)
 
 
 class Progress:
