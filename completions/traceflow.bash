@@ -5,10 +5,22 @@ _traceflow() {
     prev="${COMP_WORDS[COMP_CWORD-1]}"
     cmd="${COMP_WORDS[1]}"
     if [[ ${COMP_CWORD} -eq 1 ]]; then
-        COMPREPLY=($(compgen -W "collect demo example-path nf-trace ovs-trace pod-to-pod pod-to-svc route-get --help --version" -- "$cur"))
+        COMPREPLY=($(compgen -W "audit check collect demo diff example-path nf-trace ovs-trace pod-to-pod pod-to-svc route-get --help --version" -- "$cur"))
         return
     fi
     case "$cmd" in
+        audit)
+            case "$prev" in
+                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return;;
+            esac
+            COMPREPLY=($(compgen -W "--bundle -b --all-pods --output -o --width --help -h" -- "$cur"));;
+        check)
+            case "$prev" in
+                --bundle|-b) COMPREPLY=($(compgen -f -- "$cur")); return;;
+                --output|-o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return;;
+            esac
+            COMPREPLY=($(compgen -W "--bundle -b --output -o --junit --traces --width --context --kubeconfig --save-bundle --timeout --deadline --ssh-config --insecure-accept-host-keys --help -h" -- "$cur"));;
         collect)
             case "$prev" in
                 --via) COMPREPLY=($(compgen -W "auto exec ssh" -- "$cur")); return;;
@@ -19,6 +31,11 @@ _traceflow() {
                 --output|-o) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
             esac
             COMPREPLY=($(compgen -W "--output -o --width --help -h" -- "$cur"));;
+        diff)
+            case "$prev" in
+                --output|-o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return;;
+            esac
+            COMPREPLY=($(compgen -W "--suite --all-pods --output -o --width --help -h" -- "$cur"));;
         example-path)
             case "$prev" in
             esac
