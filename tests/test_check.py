@@ -219,3 +219,17 @@ def test_shared_traces_keep_sources_the_rules_tell_apart(tmp_path):
     assert verdicts == {"analytics/api-primary-cxgbqsz9m2-8pm2g": "dropped",    # 10.244.3.64
                         "analytics/api-primary-qfpvdp4fqr-5xhgs": "delivered",  # same node
                         "analytics/api-primary-v9rwl2n6rj-8gx54": "delivered"}
+
+
+def test_progress_line_on_a_terminal_only(capsys):
+    from traceflow.questions.runner import Progress
+    bar = Progress(3, "audit", enabled=True)
+    for _ in range(3):
+        bar.step()
+    bar.close()
+    err = capsys.readouterr().err
+    assert "audit: 3/3" in err
+    quiet = Progress(3, "audit", enabled=False)
+    quiet.step()
+    quiet.close()
+    assert capsys.readouterr().err == ""
