@@ -626,6 +626,15 @@ def route_get(
     _exit_for(trace)
 
 
+def _register_questions() -> None:
+    """check / audit / diff live in traceflow.questions (many traces over one bundle)."""
+    from traceflow.questions.commands import register
+    register(app, sys.modules[__name__])
+
+
+_register_questions()
+
+
 def version_callback(value: bool):
     if value:
         typer.echo(f"traceflow {__version__}")

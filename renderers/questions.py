@@ -1,0 +1,134 @@
+"""Text and JSON output of `check`, `audit` and `diff`: a summary first, then the details.
+
+Text goes through Rich (colour on a terminal, plain when piped); JSON documents carry a
+``schema`` name so machines can tell them apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.markup import escape
+
+from renderers.json_out import trace_to_dict
+
+
+# ---- check ---------------------------------------------------------------------------------
+def check_to_dict(report, with_traces: bool = False) -> dict:
+    return {
+        "schema": "traceflow.check/v1",
+        "suite": report.suite.title, "file": report.suite.file, "bundle": report.bundle,
+        "summary": {"expectations": len(report.suite.expectations),
+                    "results": len(report.results), "passed": len(report.results) - len(report.failed),
+                    "failed": len(report.failed), "distinct_traces": report.traced,
+                    "seconds": round(report.seconds, 3)},
+        "results": [{
+            "name": r.expectation.name, "line": r.expectation.line, "source": r.source,
+            "destination": r.destination, "expect": r.expectation.expect,
+            **({"branches": r.expectation.branches} if r.expectation.expect == "delivered" else {}),
+            **({"policy": r.expectation.policy} if r.expectation.policy else {}),
+            "verdict": r.verdict, "scope": r.scope, "passed": r.passed, "observed": r.observed,
+            "message": r.message, "details": r.details,
+            **({"trace": trace_to_dict(r.trace)} if with_traces and r.trace else {}),
+        } for r in report.results],
+    }
+
+
+def render_check_text(report, console: Console) -> None:
+    n, bad = len(report.results), len(report.failed)
+    style = "bold red" if bad else "bold green"
+    console.print(f"[{style}]{'FAIL' if bad else 'PASS'}[/]: {n - bad}/{n} hold — suite "
+                  f"{escape(report.suite.title)} on {escape(report.bundle)} "
+                  f"({report.traced} distinct traces, {report.seconds:.2f} s)")
+    scopes = {r.scope for r in report.results}
+    if "service-translation" in scopes:
+        console.print("[yellow]note[/]: host-only bundle: verdicts cover the Service "
+                      "translation on the client's node, not the pod-to-pod forwarding")
+    for r in report.results:
+        mark = "[green]ok  [/]" if r.passed else "[red]FAIL[/]"
+        console.print(f"{mark} {escape(r.expectation.name)} [dim]\\[{escape(r.source)} -> "
+                      f"{escape(r.destination)}][/] expect {r.expectation.expect}: "
+                      f"{escape(r.observed)}")
+        if not r.passed:
+            console.print(f"     [dim]{escape(report.suite.file)}:{r.expectation.line}[/]")
+            for d in r.details:
+                console.print(f"     - {escape(d)}")
+
+
+# ---- audit -----------------------------------------------------------------------------------
+def audit_to_dict(report) -> dict:
+    return report.to_dict()
+
+
+def render_audit_text(report, console: Console) -> None:
+    d = report.to_dict()
+    s = d["summary"]
+    bad = s["pairs_not_delivered"] + s["findings"]
+    style = "bold yellow" if bad else "bold green"
+    console.print(f"[{style}]audit[/] {escape(d['bundle'])}: {s['service_ports']} service ports x "
+                  f"{s['client_groups']} client groups = {s['pairs']} pairs "
+                  f"({s['distinct_traces']} traces, {s['seconds']:.2f} s)")
+    console.print(f"  delivered {s['pairs_delivered']}, not delivered {s['pairs_not_delivered']} "
+                  f"(dropped {s['by_verdict'].get('dropped', 0)}, partial "
+                  f"{s['by_verdict'].get('partial', 0)}, unknown {s['by_verdict'].get('unknown', 0)})")
+    console.print(f"  drift findings: {s['findings']}"
+                  + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())) + ")"
+                     if s["by_kind"] else ""))
+    for note in d["notes"]:
+        console.print(f"  [dim]note: {escape(note)}[/]")
+    if d["findings"]:
+        console.print("\n[bold]Drift[/]")
+        for f in d["findings"]:
+            console.print(f"[yellow]{escape(f['kind'])}[/] {escape(f['subject'])}: "
+                          f"{escape(f['message'])}")
+            for e in f.get("evidence", []):
+                console.print(f"    {escape(e)}")
+    groups: dict = {}
+    for p in d["pairs"]:
+        if p["verdict"] != "delivered":
+            groups.setdefault(p["reason"], []).append(p)
+    if groups:
+        console.print("\n[bold]Pairs not delivered[/] (grouped by reason)")
+        for reason, pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            console.print(f"[red]{len(pairs)}[/] x {escape(reason)}")
+            for p in pairs[:8]:
+                console.print(f"    {escape(p['client'])} -> {escape(p['service'])} "
+                              f"[{p['verdict']}]")
+            if len(pairs) > 8:
+                console.print(f"    ... and {len(pairs) - 8} more (-o json lists all)")
+
+
+# ---- diff ------------------------------------------------------------------------------------
+def render_diff_text(report, console: Console) -> None:
+    d = report.to_dict()
+    s = d["summary"]
+    console.print(f"[bold]diff[/] {escape(d['before'])} -> {escape(d['after'])}: "
+                  f"{s['questions']} questions, {s['changed']} changed "
+                  f"({s['verdict_changed']} verdict, {s['path_changed']} path only); "
+                  f"{s['raw_changes']} raw changes ({s['raw_used']} on a traced path)")
+    for c in d["changed"]:
+        console.print(f"\n[yellow]{escape(c['question'])}[/]: {c['before_verdict']} -> "
+                      f"{c['after_verdict']}")
+        dv = c.get("divergence")
+        if dv:
+            console.print(f"  first divergence: {escape(dv['where'])}")
+            for side in ("before", "after"):
+                h = dv[side]
+                console.print(f"  {side:6} {escape(h['at'] or '-')}: {escape(h['rule'] or h['effect'] or '-')}")
+            for side, chosen in (dv.get("choices") or {}).items():
+                console.print(f"  {side:6} branch: {escape('; '.join(chosen) or '-')}")
+            for line in dv.get("diff", []):
+                colour = "red" if line.startswith("-") else "green" if line.startswith("+") else "dim"
+                console.print(f"    [{colour}]{escape(line)}[/]")
+        for note in c.get("paths", []):
+            console.print(f"  - {escape(note)}")
+    if d["raw"]:
+        console.print("\n[bold]Raw changes[/] (used by a traced path first)")
+        for r in d["raw"]:
+            used = "[red]used[/]" if r["used"] else "[dim]unused[/]"
+            console.print(f"{used} {r['change']} {escape(r['where'])}: {escape(r['text'])}")
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, indent=2)

@@ -1,0 +1,310 @@
+"""`traceflow diff BEFORE AFTER`: two bundles of one cluster asked the same questions.
+
+For each question (a suite's expectations, or the audit matrix) both walks are compared path
+by path; a question changed when its verdict or a path's hops changed, and the report names
+the first hop where the walks diverge with the flow/rule/route on each side (file:line in
+each bundle). Raw changes (flows, rules, routes... added or removed, per node and component)
+come after, those a traced path used first.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from traceflow.questions.runner import Tracer
+
+# per-snapshot counters that change without any change of behaviour
+_VOLATILE = [
+    re.compile(r"\b(?:duration=[0-9.]+s|n_packets=\d+|n_bytes=\d+|idle_age=\d+|hard_age=\d+"
+               r"|idle_timeout=\d+|packet_count=\d+|byte_count=\d+),?\s*"),
+    re.compile(r"\[\d+:\d+\]"),                    # iptables-save counters
+]
+COMPONENTS = {"ovs-flows.txt": "ovs flows", "ovs-groups.txt": "ovs groups",
+              "ovs-show.txt": "ovs ports", "iptables-save.txt": "iptables",
+              "iptables-nat-list.txt": "iptables", "nft.txt": "nft", "ipvs.txt": "ipvs",
+              "ip-route.txt": "routes", "ip-rule.txt": "ip rules", "ip-neigh.txt": "neighbours",
+              "ip-addr.txt": "addresses", "ipset.txt": "ipsets", "sysctl.txt": "sysctls"}
+MAX_RAW = 2000          # raw changes listed (the count is always exact)
+
+
+@dataclass
+class Question:
+    label: str                      # "client -> service:port/PROTO"
+    pod_key: str
+    destination: object             # select.Destination in BEFORE
+
+
+@dataclass
+class Change:
+    question: str
+    before_verdict: str
+    after_verdict: str
+    kind: str                       # verdict | path
+    divergence: dict | None = None
+    paths: list = field(default_factory=list)      # per-endpoint changes, plain English
+
+
+@dataclass
+class RawChange:
+    change: str                     # "+" added in AFTER, "-" removed from BEFORE
+    file: str
+    line: int
+    node: str
+    component: str
+    text: str
+    used: bool = False
+
+
+@dataclass
+class DiffReport:
+    before: str
+    after: str
+    questions: int = 0
+    changed: list = field(default_factory=list)
+    raw: list = field(default_factory=list)
+    raw_total: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": "traceflow.diff/v1", "before": self.before, "after": self.after,
+            "summary": {"questions": self.questions, "changed": len(self.changed),
+                        "verdict_changed": sum(c.kind == "verdict" for c in self.changed),
+                        "path_changed": sum(c.kind == "path" for c in self.changed),
+                        "raw_changes": self.raw_total,
+                        "raw_used": sum(r.used for r in self.raw),
+                        "seconds": round(self.seconds, 3)},
+            "changed": [{"question": c.question, "kind": c.kind,
+                         "before_verdict": c.before_verdict, "after_verdict": c.after_verdict,
+                         "divergence": c.divergence, "paths": c.paths} for c in self.changed],
+            "raw": [{"change": r.change, "where": f"{r.file}:{r.line}", "node": r.node,
+                     "component": r.component, "text": r.text, "used": r.used}
+                    for r in self.raw[:MAX_RAW]],
+        }
+
+
+# ---- questions ----------------------------------------------------------------------------------
+def suite_questions(suite, snap) -> list[tuple[Question, object]]:
+    from traceflow.questions.check import resolve
+    from traceflow.questions.select import Resolver
+    out = []
+    for exp, pod, dst in resolve(suite, Resolver(snap.cluster, snap.bundle.text("k8s/pods.yaml"))):
+        out.append(Question(f"{exp.name} [{pod.key}]", pod.key, dst))
+    return out
+
+
+def matrix_questions(snap, all_pods: bool) -> list[Question]:
+    from traceflow.questions.audit import matrix, pair_label
+    out = []
+    for label, pods, dst in matrix(snap, all_pods):
+        for pod in pods:
+            who = label if len(pods) == 1 else f"{label} ({pod.key})"
+            out.append(Question(f"{who} -> {pair_label(dst)}", pod.key, dst))
+    return out
+
+
+def _in_after(q: Question, after_snap):
+    """The same question in AFTER's cluster: the pod by key, the destination by name."""
+    from traceflow.questions.select import Destination
+    pod = next((p for p in after_snap.cluster.pods if p.key == q.pod_key), None)
+    dst = q.destination
+    if dst.kind == "service":
+        svc = next((s for s in after_snap.cluster.services if s.key == dst.label), None)
+        if svc is None or not svc.cluster_ip:
+            return pod, None
+        dst = Destination("service", svc.key, svc.cluster_ip, dst.port, dst.protocol, service=svc)
+    elif dst.kind == "pod":
+        target = next((p for p in after_snap.cluster.pods if p.key == dst.label), None)
+        if target is None or not target.ip:
+            return pod, None
+        dst = Destination("pod", target.key, target.ip, dst.port, dst.protocol, pod=target)
+    return pod, dst
+
+
+# ---- comparing walks ------------------------------------------------------------------------------
+def _hop_key(h) -> tuple:
+    return (h.node, h.component, str(h.table), (h.rule or "").strip(), h.unknown)
+
+
+def _hops(path) -> list:
+    return [h for leg in path.legs for h in leg.hops]
+
+
+def _signature(trace) -> list:
+    return sorted((str(p.endpoint), str(p.verdict), tuple(_hop_key(h) for h in _hops(p)))
+                  for p in trace.paths)
+
+
+def _first_divergence(bp, ap) -> tuple[int, object, object]:
+    bh, ah = _hops(bp), _hops(ap)
+    for i in range(max(len(bh), len(ah))):
+        b = bh[i] if i < len(bh) else None
+        a = ah[i] if i < len(ah) else None
+        if b is None or a is None or _hop_key(b) != _hop_key(a):
+            return i, b, a
+    return -1, None, None
+
+
+def _hop_dict(h) -> dict:
+    if h is None:
+        return {"at": None, "rule": None, "effect": "(the walk ends before this hop)"}
+    where = f"{h.source.file}:{h.source.line}" if h.source else None
+    table = f" table {h.table}" if h.table not in (None, "None") else ""
+    return {"at": f"{h.node} {h.component}{table}" + (f" ({where})" if where else ""),
+            "file": h.source.file if h.source else None,
+            "line": h.source.line if h.source else None,
+            "rule": h.rule, "effect": h.effect}
+
+
+def compare(question: str, bt, at) -> Change | None:
+    if str(bt.verdict) == str(at.verdict) and _signature(bt) == _signature(at):
+        return None
+    kind = "verdict" if str(bt.verdict) != str(at.verdict) else "path"
+    change = Change(question, str(bt.verdict), str(at.verdict), kind)
+    # pair paths by endpoint, then by the longest shared prefix of hops
+    b_paths, a_paths = list(bt.paths), list(at.paths)
+    pairs = []
+    for bp in list(b_paths):
+        match = next((ap for ap in a_paths if ap.endpoint == bp.endpoint), None)
+        if match is not None:
+            pairs.append((bp, match))
+            b_paths.remove(bp)
+            a_paths.remove(match)
+    for bp in b_paths:
+        change.paths.append(f"path to {bp.endpoint or '?'} ({bp.verdict}) only before")
+    for ap in a_paths:
+        change.paths.append(f"path to {ap.endpoint or '?'} ({ap.verdict}) only after")
+    for bp in b_paths:
+        best = max(at.paths, key=lambda ap: _first_divergence(bp, ap)[0], default=None)
+        if best is not None:
+            pairs.append((bp, best))
+    for ap in a_paths:
+        best = max(bt.paths, key=lambda bp: _first_divergence(bp, ap)[0], default=None)
+        if best is not None:
+            pairs.append((best, ap))
+    first = None
+    for bp, ap in pairs:
+        if str(bp.verdict) != str(ap.verdict):
+            change.paths.append(f"path to {bp.endpoint or '?'}: {bp.verdict} -> {ap.verdict}")
+        i, bh, ah = _first_divergence(bp, ap)
+        if i >= 0 and (first is None or i < first[0]):
+            first = (i, bh, ah, bp, ap)
+    if first is not None:
+        i, bh, ah, bp, _ = first
+        ref = bh or ah
+        change.divergence = {
+            "where": f"hop {i + 1} on {ref.node} ({ref.component}), path to {bp.endpoint or '?'}",
+            "before": _hop_dict(bh), "after": _hop_dict(ah),
+            **({"choices": {"before": list(bp.choices), "after": list(first[4].choices)}}
+               if list(bp.choices) != list(first[4].choices) else {}),
+            "diff": list(difflib.unified_diff([(bh.rule or bh.effect) if bh else ""],
+                                              [(ah.rule or ah.effect) if ah else ""],
+                                              "before", "after", lineterm="", n=0))[2:],
+        }
+    return change
+
+
+# ---- raw changes ----------------------------------------------------------------------------------
+def _norm(line: str) -> str:
+    for rx in _VOLATILE:
+        line = rx.sub("", line)
+    return line.strip()
+
+
+def raw_changes(before_bundle, after_bundle) -> list[RawChange]:
+    out = []
+    names = sorted(set(before_bundle.names()) | set(after_bundle.names()))
+    for name in names:
+        parts = name.split("/")
+        if parts[0] == "nodes" and len(parts) == 3:
+            node, component = parts[1], COMPONENTS.get(parts[2], parts[2])
+        elif parts[0] == "k8s":
+            node, component = "-", "kubernetes " + parts[-1].removesuffix(".yaml")
+        elif parts[0] == "pods" and len(parts) >= 4:
+            node, component = "/".join(parts[1:3]), "pod " + COMPONENTS.get(parts[-1], parts[-1])
+        else:
+            continue
+        bt = before_bundle.text(name) or ""
+        at = after_bundle.text(name) or ""
+        if bt == at:
+            continue
+        bl = [(i, l) for i, l in enumerate(bt.splitlines(), 1) if l.strip() and not l.startswith("#")]
+        al = [(i, l) for i, l in enumerate(at.splitlines(), 1) if l.strip() and not l.startswith("#")]
+        bcount, acount = Counter(_norm(l) for _, l in bl), Counter(_norm(l) for _, l in al)
+        removed, added = bcount - acount, acount - bcount
+        for lines, delta, sign in ((bl, removed, "-"), (al, added, "+")):
+            for i, l in lines:
+                n = _norm(l)
+                if delta.get(n, 0) > 0:
+                    delta[n] -= 1
+                    out.append(RawChange(sign, name, i, node, component, l.strip()))
+    return out
+
+
+_GROUP_CHOICE = re.compile(r"^(\S+) OVS group (\d+):")
+_GROUP_LINE = re.compile(r"group_id=(\d+)")
+_GROUP_ACTION = re.compile(r"\bgroup:(\d+)")
+
+
+def _used_sources(traces) -> set:
+    """(file, line) of every hop's rule, and (node, "group", id) of every group a branch
+    chose a bucket of (group buckets are choices, not hops)."""
+    used = set()
+    for t in traces:
+        for p in t.paths:
+            for h in _hops(p):
+                if h.source is not None:
+                    used.add((h.source.file, h.source.line))
+                for gid in _GROUP_ACTION.findall(h.rule or ""):
+                    used.add((h.node, "group", int(gid)))
+            for c in p.choices:
+                m = _GROUP_CHOICE.match(c)
+                if m:
+                    used.add((m.group(1), "group", int(m.group(2))))
+    return used
+
+
+def _is_used(r: RawChange, used: set) -> bool:
+    if (r.file, r.line) in used:
+        return True
+    m = _GROUP_LINE.search(r.text) if r.component == "ovs groups" else None
+    return bool(m and (r.node, "group", int(m.group(1))) in used)
+
+
+# ---- the command ----------------------------------------------------------------------------------
+def run_diff(before_snap, after_snap, before_name: str, after_name: str, suite=None,
+             all_pods: bool = False) -> DiffReport:
+    t0 = time.monotonic()
+    report = DiffReport(before_name, after_name)
+    qs = suite_questions(suite, before_snap) if suite is not None else \
+        matrix_questions(before_snap, all_pods)
+    report.questions = len(qs)
+    bt_tracer, at_tracer = Tracer(before_snap), Tracer(after_snap)
+    b_traces, a_traces = [], []
+    for q in qs:
+        pod = next(p for p in before_snap.cluster.pods if p.key == q.pod_key) \
+            if not hasattr(q, "_pod") else q._pod
+        bt = bt_tracer.trace(pod, q.destination)
+        b_traces.append(bt)
+        apod, adst = _in_after(q, after_snap)
+        if apod is None or adst is None:
+            report.changed.append(Change(q.label, str(bt.verdict), "gone", "verdict", None,
+                                         ["the client or the destination is not in AFTER"]))
+            continue
+        at = at_tracer.trace(apod, adst)
+        a_traces.append(at)
+        change = compare(q.label, bt, at)
+        if change is not None:
+            report.changed.append(change)
+    raw = raw_changes(before_snap.bundle, after_snap.bundle)
+    used_b, used_a = _used_sources(b_traces), _used_sources(a_traces)
+    for r in raw:
+        r.used = _is_used(r, used_b if r.change == "-" else used_a)
+    raw.sort(key=lambda r: (not r.used, r.node, r.component, r.file, r.line))
+    report.raw, report.raw_total = raw, len(raw)
+    report.seconds = time.monotonic() - t0
+    return report
