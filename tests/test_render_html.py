@@ -41,6 +41,7 @@ def browser(tmp_path_factory):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.get("about:blank")        # away from the new-tab page before any report loads
     yield driver
     driver.quit()
 
@@ -62,11 +63,16 @@ def load(driver, page: Path) -> None:
 
 
 def requests(driver) -> list[str]:
+    """Requests the report made, and any request to the network: Chromium's own pages (the
+    new-tab page loading in the background) are not the report's."""
     urls = []
     for entry in driver.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
         if msg["method"] == "Network.requestWillBeSent":
-            urls.append(msg["params"]["request"]["url"])
+            url = msg["params"]["request"]["url"]
+            document = msg["params"].get("documentURL", "")
+            if document.startswith("file:") or not url.startswith(("chrome", "about:")):
+                urls.append(url)
     return urls
 
 
