@@ -103,7 +103,7 @@ class AntreaDatapath(Datapath):
         for run in runs:
             nb = b.fork() if len(runs) > 1 else b
             nb.weight *= run.weight
-            nb.conntrack[loc.node] = run.conntrack
+            nb.set_ct(loc.node, run.conntrack)
             for gid, bucket, share in run.choices:
                 if share < 1.0:
                     nb.choices.append(f"{loc.node} OVS group {gid}: bucket {bucket} "
@@ -125,7 +125,7 @@ class AntreaDatapath(Datapath):
         if not run.outputs:
             hit = run.dropped_by or last
             reason = self._ovs_drop_reason(hit, node, loc, q)
-            dropping = next((h for h in reversed(b.leg.hops) if h.component == "ovs"
+            dropping = next((h for h in b.leg.last_hops() if h.component == "ovs"
                              and h.node == loc.node and h.table == str(hit.table)), None)
             if dropping is not None:
                 dropping.notes.append(f"why: {reason}")   # the reason at the hop, not only at the end
