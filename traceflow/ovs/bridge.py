@@ -34,6 +34,14 @@ class Group:
     source: Source
     text: str
 
+    @functools.cached_property
+    def bucket_by_id(self) -> dict:
+        return {b.bucket_id: b for b in reversed(self.buckets)}   # the first of a duplicate id
+
+    @functools.cached_property
+    def total_weight(self) -> int:
+        return sum(b.weight for b in self.buckets) or 1
+
 
 def parse_groups(text: str, name: str) -> dict[int, Group]:
     groups: dict[int, Group] = {}

@@ -176,9 +176,8 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
             # deterministic function of that state), so the passes before the group and
             # the tables before the group are not walked again per bucket.
             group, checkpoint = fork
-            buckets = group.buckets
-            total = sum(b.weight for b in buckets) or 1
-            for b in buckets:
+            total = group.total_weight
+            for b in group.buckets:
                 share = b.weight / total
                 pending.append((checkpoint.clone({**runner.choices, group.group_id: b.bucket_id}),
                                 weight * share,
@@ -608,10 +607,10 @@ class _Runner:
                     raise _Fork(group)
                 chosen = group.buckets[0].bucket_id
                 self.choice_log.append((group.group_id, chosen, 1.0))
-            bucket = next((b for b in group.buckets if b.bucket_id == chosen), None)
+            bucket = group.bucket_by_id.get(chosen)
             if bucket is None:
                 raise _Stop(f"group {group.group_id} has no bucket {chosen}")
-            total = sum(b.weight for b in group.buckets) or 1
+            total = group.total_weight
             hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
                                f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
             # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
