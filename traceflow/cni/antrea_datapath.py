@@ -98,7 +98,8 @@ class AntreaDatapath(Datapath):
         node = self.snap.node(loc.node)
         bridge = node.bridge
         state = to_state(loc.packet, loc.in_port)
-        runs = simulate(bridge, state, b.ct(loc.node), 0, node.annotator)
+        # simulate copies the conntrack it is given: each run's copy becomes its branch's own
+        runs = simulate(bridge, state, b.ct_view(loc.node), 0, node.annotator)
         out = []
         for run in runs:
             nb = b.fork() if len(runs) > 1 else b

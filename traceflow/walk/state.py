@@ -138,6 +138,10 @@ class Branch:
             self._ct_owned.add(node)
         return self.conntrack[node]
 
+    def ct_view(self, node: str) -> Conntrack:
+        """``node``'s conntrack to read only (no copy): for a simulator that copies anyway."""
+        return self.conntrack.get(node) or Conntrack()
+
     def set_ct(self, node: str, conntrack: Conntrack) -> None:
         """Replace ``node``'s conntrack with one nobody else holds (an OVS run's)."""
         self.conntrack[node] = conntrack
