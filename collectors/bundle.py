@@ -97,6 +97,21 @@ class Bundle:
     def names(self) -> list[str]:
         return sorted(self._files)
 
+    def content_hash(self) -> str:
+        """A hash of the bundle's contents (every file's name, size and bytes, streamed; an
+        archive's own bytes), the key of its index (traceflow.bundleindex)."""
+        import hashlib
+        h = hashlib.sha256(FORMAT.encode())
+        digest = getattr(self._files, "digest", None)
+        if digest is not None:
+            digest(h)
+        else:                                   # a support bundle mapped in memory
+            for name in sorted(self._files):
+                data = self._files[name]
+                h.update(f"\0{name}\0{len(data)}\0".encode())
+                h.update(data)
+        return h.hexdigest()
+
     def has(self, name: str) -> bool:
         return name in self._files
 
@@ -173,6 +188,18 @@ class FolderFiles(Mapping):
                     continue
                 self._paths[rel] = target
 
+    def digest(self, h) -> None:
+        """Feed every file's name, size and bytes to hash ``h``, 1 MB at a time."""
+        for name in sorted(self._paths):
+            try:
+                with open(self._paths[name], "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    h.update(f"\0{name}\0{size}\0".encode())
+                    while chunk := f.read(MB):
+                        h.update(chunk)
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror or exc}", name) from None
+
     def __getitem__(self, name: str) -> bytes:
         path = self._paths[name]
         try:
@@ -215,6 +242,7 @@ class TarFiles(Mapping):
     def __init__(self, source: Path | bytes, origin: str):
         self.origin = origin
         self.notes: list[str] = []
+        self._source = source
         self._members: dict[str, tarfile.TarInfo] = {}
         self._cache: dict[str, bytes] = {}
         if isinstance(source, bytes):
@@ -258,6 +286,18 @@ class TarFiles(Mapping):
             strip = 1
         for member, parts in found:
             self._members.setdefault("/".join(parts[strip:]), member)
+
+    def digest(self, h) -> None:
+        """Feed the archive's own bytes to hash ``h`` (streamed from disk)."""
+        if isinstance(self._source, bytes):
+            h.update(self._source)
+            return
+        try:
+            with open(self._source, "rb") as f:
+                while chunk := f.read(MB):
+                    h.update(chunk)
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror or exc}", self.origin) from None
 
     def __getitem__(self, name: str) -> bytes:
         if name in self._cache:

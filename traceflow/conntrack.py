@@ -7,7 +7,6 @@ finds them, which is what makes it ``+est+rpl`` and what undoes the NAT.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 Tuple5 = tuple  # (proto, src ip, src port, dst ip, dst port)
@@ -52,4 +51,15 @@ class Conntrack:
         return entry
 
     def copy(self) -> "Conntrack":
-        return copy.deepcopy(self)
+        return self.copy_mapped()[0]
+
+    def copy_mapped(self) -> tuple["Conntrack", dict]:
+        """A copy, and a map id(entry) -> its copy (to carry references to entries over).
+
+        An entry's fields are immutable values (tuples, ints, strings), so copying each entry
+        shallowly is a full copy; a branch that marks a connection replied does not change
+        its siblings' tables. Cheap: no deepcopy machinery, a few entries per node.
+        """
+        new = [CtEntry(e.zone, e.orig, e.reply, e.mark, e.label, e.nat, e.seen_reply, e.where)
+               for e in self.entries]
+        return Conntrack(new), {id(old): e for old, e in zip(self.entries, new)}

@@ -167,6 +167,22 @@ def _items(text: str | None, name: str) -> list:
     return load_list(text, name)
 
 
+def k8s_items(read, name: str, lines: list | None = None) -> list:
+    """The checked objects of ``k8s/<kind>.yaml``, or of ``k8s/<kind>.jsonl`` (one JSON object
+    a line, the faster form traceflow may write) when the bundle has that instead. ``lines``
+    receives each object's 1-based line."""
+    text = read(name)
+    if text is not None:
+        from traceflow.validate import load_list
+        return load_list(text, name, lines)
+    jsonl = name.removesuffix(".yaml") + ".jsonl"
+    text = read(jsonl)
+    if text is None:
+        return []
+    from traceflow.validate import load_jsonl
+    return load_jsonl(text, jsonl, name, lines)
+
+
 @contextlib.contextmanager
 def _shape(name: str):
     """Valid YAML with an unexpected shape (a string where a mapping belongs, a truncated
@@ -177,24 +193,28 @@ def _shape(name: str):
         raise InputError(f"unexpected structure in a Kubernetes object ({exc})", name) from None
 
 
-def load_cluster(read) -> Cluster:
-    """Build the Cluster from a bundle; ``read(name) -> str | None``."""
+def load_cluster(read, items=None) -> Cluster:
+    """Build the Cluster from a bundle; ``read(name) -> str | None``. ``items(name)`` gives a
+    file's checked objects when they come from elsewhere (the bundle index); by default they
+    are read from ``read(name)`` (YAML), or from ``k8s/<kind>.jsonl`` when the bundle stores
+    the objects as JSON lines instead."""
+    get = items or (lambda name: k8s_items(read, name))
     c = Cluster()
     with _shape("k8s/pods.yaml"):
-        _load_pods(c, read)
+        _load_pods(c, get)
     with _shape("k8s/services.yaml"):
-        _load_services(c, read)
+        _load_services(c, get)
     with _shape("k8s/nodes.yaml"):
-        _load_nodes(c, read)
+        _load_nodes(c, get)
     with _shape("k8s/networkpolicies.yaml"):
-        _load_policies(c, read)
+        _load_policies(c, get)
     with _shape("k8s/endpointslices.yaml or k8s/endpoints.yaml"):
-        _load_endpoints(c, read)
+        _load_endpoints(c, get)
     return c
 
 
-def _load_pods(c: Cluster, read) -> None:
-    for item in _items(read("k8s/pods.yaml"), "k8s/pods.yaml"):
+def _load_pods(c: Cluster, get) -> None:
+    for item in get("k8s/pods.yaml"):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
         c.pods.append(Pod(meta.get("namespace", "default"), meta.get("name", ""),
                           status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
@@ -214,8 +234,8 @@ def _container_ports(spec: dict) -> tuple:
                  for p in c.get("ports") or [] if isinstance(p, dict))
 
 
-def _load_services(c: Cluster, read) -> None:
-    for item in _items(read("k8s/services.yaml"), "k8s/services.yaml"):
+def _load_services(c: Cluster, get) -> None:
+    for item in get("k8s/services.yaml"):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
         ports = tuple(ServicePort(p.get("name", ""), int(p.get("port", 0)),
                                   p.get("protocol", "TCP"), p.get("targetPort", p.get("port")),
@@ -225,8 +245,8 @@ def _load_services(c: Cluster, read) -> None:
                                   spec.get("selector") or {}))
 
 
-def _load_nodes(c: Cluster, read) -> None:
-    for item in _items(read("k8s/nodes.yaml"), "k8s/nodes.yaml"):
+def _load_nodes(c: Cluster, get) -> None:
+    for item in get("k8s/nodes.yaml"):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
         ip = next((a.get("address") for a in status.get("addresses") or []
                    if a.get("type") == "InternalIP"), None)
@@ -234,8 +254,8 @@ def _load_nodes(c: Cluster, read) -> None:
         c.nodes.append(Node(meta.get("name", ""), ip, cidrs))
 
 
-def _load_policies(c: Cluster, read) -> None:
-    for item in _items(read("k8s/networkpolicies.yaml"), "k8s/networkpolicies.yaml"):
+def _load_policies(c: Cluster, get) -> None:
+    for item in get("k8s/networkpolicies.yaml"):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
         types = tuple(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else [])))
         c.policies.append(NetworkPolicy(meta.get("namespace", "default"), meta.get("name", ""),
@@ -244,8 +264,8 @@ def _load_policies(c: Cluster, read) -> None:
                                         tuple(spec.get("egress") or [])))
 
 
-def _load_endpoints(c: Cluster, read) -> None:
-    slices = _items(read("k8s/endpointslices.yaml"), "k8s/endpointslices.yaml")
+def _load_endpoints(c: Cluster, get) -> None:
+    slices = get("k8s/endpointslices.yaml")
     for item in slices:
         meta = item.get("metadata", {})
         svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
@@ -259,7 +279,7 @@ def _load_endpoints(c: Cluster, read) -> None:
                 c.endpoints.setdefault(key, []).append((addr, pod, ep.get("nodeName")))
     if slices:
         return
-    for item in _items(read("k8s/endpoints.yaml"), "k8s/endpoints.yaml"):
+    for item in get("k8s/endpoints.yaml"):
         meta = item.get("metadata", {})
         key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
         for subset in item.get("subsets") or []:

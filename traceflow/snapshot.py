@@ -11,7 +11,7 @@ from functools import cached_property
 
 from traceflow.cni import antrea
 from traceflow.errors import InputError
-from traceflow.kube import Cluster, load_cluster
+from traceflow.kube import Cluster
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import FlowDump
 from traceflow.ovs.pipeline import Annotator, Bridge
@@ -95,7 +95,9 @@ class NodeModel:
         if ipt is None:
             return None
         if ipt[1].endswith("iptables-save.txt"):
-            rs = parse_iptables_save(*ipt)
+            # chains are parsed when the walk enters them (a big cluster has 200k rules a
+            # trace never reads); a bad rule is then a located error, as it is here
+            rs = parse_iptables_save(*ipt, lazy=True)
         else:
             rs = parse_iptables_list(*ipt, table="nat")
         rs.raise_for_errors()
@@ -193,7 +195,8 @@ class Snapshot:
 
     @cached_property
     def cluster(self) -> Cluster:
-        return load_cluster(self.bundle.text)
+        from traceflow.bundleindex import load_cluster as load_indexed
+        return load_indexed(self.bundle)
 
     def node(self, name: str) -> NodeModel:
         if name not in self._nodes:

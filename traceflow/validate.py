@@ -5,7 +5,7 @@ of ``/33``) is bad input: exit 2 with the file, the path inside it and the line
 (``k8s/networkpolicies.yaml, line 12: items[1].spec.podSelector.matchLabels: expected a
 mapping``), never a crash later when a drop must be explained.
 
-How: the YAML is loaded with libyaml when available (fast), checked against small declarative
+How: the YAML is loaded with libyaml's parser and traceflow.fastyaml's builder (fast), checked against small declarative
 shapes below (plain data, no per-object classes), and only when something is wrong is the file
 composed again to find the line of the offending path. Before any parsing, the nesting depth is
 bounded: libyaml's composer recurses in C, and a YAML nested 100,000 deep crashes the process.
@@ -27,9 +27,17 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # ---- loading -----------------------------------------------------------------------------------
 
-def load_yaml(text: str, name: str):
-    """``text`` parsed as one YAML document; a located InputError when it is not YAML."""
+def load_yaml(text: str, name: str, lines: list | None = None):
+    """``text`` parsed as one YAML document; a located InputError when it is not YAML.
+    ``lines``: see traceflow.fastyaml.load (left empty when PyYAML has to decide)."""
     _check_depth(text, name)
+    from traceflow import fastyaml
+    try:
+        return fastyaml.load(text, lines)
+    except (fastyaml.Unusual, yaml.YAMLError, ValueError, TypeError):
+        if lines:
+            del lines[:]
+        # PyYAML decides, and locates the error if there is one
     try:
         return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
     except yaml.MarkedYAMLError as exc:
@@ -344,12 +352,12 @@ def check(doc, shape, text: str, name: str, base: tuple = ()) -> None:
                      excerpt(_line(text, line)))
 
 
-def load_list(text: str | None, name: str) -> list:
+def load_list(text: str | None, name: str, lines: list | None = None) -> list:
     """A ``kubectl get -o yaml`` v1 List from the bundle, every item checked against the shape
-    traceflow reads from that file."""
+    traceflow reads from that file. ``lines`` receives each item's 1-based line."""
     if text is None:
         return []
-    doc = load_yaml(text, name)
+    doc = load_yaml(text, name, lines)
     if doc is None:
         return []
     check(doc, mapping({"items": listof(scalar(dict, what="a mapping (one object)"))},
@@ -359,4 +367,33 @@ def load_list(text: str | None, name: str) -> list:
     if shape is not None:
         for i, item in enumerate(items):
             check(item, shape, text, name, ("items", i))
+    return items
+
+
+def load_jsonl(text: str, name: str, shape_of: str, lines: list | None = None) -> list:
+    """``k8s/<kind>.jsonl``: one Kubernetes object per line (blank lines allowed), each checked
+    against the shape of the matching ``.yaml`` file (``shape_of``); errors name the line."""
+    import json
+    shape = K8S_SHAPES.get(shape_of)
+    items = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"invalid JSON: {exc}", name, number, excerpt(line)) from None
+        if not isinstance(obj, dict):
+            raise InputError("expected a JSON object (one Kubernetes object a line)", name,
+                             number, excerpt(line))
+        if shape is not None:
+            found = shape(obj, ())
+            if found:
+                path, reason = found
+                where = path_text(path)
+                raise InputError(f"{where}: {reason}" if where else reason, name, number,
+                                 excerpt(line))
+        items.append(obj)
+        if lines is not None:
+            lines.append(number)
     return items

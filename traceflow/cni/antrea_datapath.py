@@ -98,12 +98,13 @@ class AntreaDatapath(Datapath):
         node = self.snap.node(loc.node)
         bridge = node.bridge
         state = to_state(loc.packet, loc.in_port)
-        runs = simulate(bridge, state, b.ct(loc.node), 0, node.annotator)
+        # simulate copies the conntrack it is given: each run's copy becomes its branch's own
+        runs = simulate(bridge, state, b.ct_view(loc.node), 0, node.annotator)
         out = []
         for run in runs:
             nb = b.fork() if len(runs) > 1 else b
             nb.weight *= run.weight
-            nb.conntrack[loc.node] = run.conntrack
+            nb.set_ct(loc.node, run.conntrack)
             for gid, bucket, share in run.choices:
                 if share < 1.0:
                     nb.choices.append(f"{loc.node} OVS group {gid}: bucket {bucket} "
@@ -125,7 +126,7 @@ class AntreaDatapath(Datapath):
         if not run.outputs:
             hit = run.dropped_by or last
             reason = self._ovs_drop_reason(hit, node, loc, q)
-            dropping = next((h for h in reversed(b.leg.hops) if h.component == "ovs"
+            dropping = next((h for h in b.leg.last_hops() if h.component == "ovs"
                              and h.node == loc.node and h.table == str(hit.table)), None)
             if dropping is not None:
                 dropping.notes.append(f"why: {reason}")   # the reason at the hop, not only at the end

@@ -872,7 +872,13 @@ TARGETS: dict[str, TargetSpec] = {
 
 def _resolve_targets(ruleset: Ruleset) -> None:
     """After a table is read: a target is built-in, a chain of the table, or not modelled."""
-    for table, _chain, rule in ruleset.rules():
+    for table in ruleset.tables.values():
+        for chain in table.chains.values():
+            _resolve_rule_targets(table, chain.rules, ruleset.diagnostics)
+
+
+def _resolve_rule_targets(table: Table, rules: list, diagnostics: list) -> None:
+    for rule in rules:
         if rule.unknown_target or rule.target is None:
             continue
         spec = TARGETS.get(rule.target)
@@ -882,4 +888,4 @@ def _resolve_targets(ruleset: Ruleset) -> None:
         elif spec is not None and spec.requires and not rule.target_args.get(spec.requires):
             rule.unknown_target = f"target {rule.target} without its {spec.requires} argument"
         if rule.unknown_target:
-            ruleset.diagnostics.append(NotModelled.at(rule.source, rule.unknown_target))
+            diagnostics.append(NotModelled.at(rule.source, rule.unknown_target))

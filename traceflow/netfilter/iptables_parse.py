@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from traceflow.errors import InputError, Source
-from traceflow.netfilter.iptables_model import (AddrMatch, AddrTypeMatch, CommentMatch,
+from traceflow.netfilter.iptables_model import (AddrMatch, AddrTypeMatch, Chain, CommentMatch,
                                                 ConnmarkMatch, CtDirMatch, CtStateMatch,
                                                 CtTupleMatch, FragmentMatch, ICMP_TYPES,
                                                 IcmpMatch, IfaceMatch, LengthMatch, LimitMatch,
@@ -19,7 +19,8 @@ from traceflow.netfilter.iptables_model import (AddrMatch, AddrTypeMatch, Commen
                                                 RecentMatch, Rule, RuleSyntaxError, Ruleset,
                                                 SetMatch, StatisticMatch, TABLES, TARGETS, Table,
                                                 TcpFlagsMatch, UnknownMatch, _network,
-                                                _resolve_targets, mark, port_range)
+                                                _resolve_rule_targets, _resolve_targets, mark,
+                                                port_range)
 from traceflow.packet import PROTO_NUMBERS
 
 # ---------------------------------------------------------------------------------------------
@@ -491,8 +492,10 @@ _COUNTERS = re.compile(r"^\[\d+:\d+\]\s+")
 class _SaveReader:
     """Line-by-line state of ``parse_iptables_save``: the current table and its chains."""
 
-    def __init__(self, name: str, default_table: str | None):
+    def __init__(self, name: str, default_table: str | None, lazy: bool = False):
         self.ruleset = Ruleset(name)
+        self.lazy = lazy
+        self.pending: dict[tuple[str, str], list] = {}   # (table, chain) -> unread rule lines
         self.default_table = default_table
         self.table: Table | None = None
         self.headerless: list[Source] = []     # lines before any *table (grep-filtered output)
@@ -526,7 +529,13 @@ class _SaveReader:
                 f"{len(self.headerless)} lines had no *table header and were read into table "
                 f"{self.default_table!r} as asked; the output looks filtered, so chains may be "
                 f"incomplete and rules of other tables mixed in")
-        _resolve_targets(self.ruleset)
+        if self.lazy:
+            for (table, chain), lines in self.pending.items():
+                t = self.ruleset.tables[table]
+                old = t.chains[chain]
+                t.chains[chain] = LazyChain(old.name, old.policy, lines, t, self.ruleset)
+        else:
+            _resolve_targets(self.ruleset)
         return self.ruleset
 
     def _current(self, source: Source) -> Table | None:
@@ -560,22 +569,75 @@ class _SaveReader:
         table = self._current(source)
         if table is None:
             return
-        try:
-            words = tokenize(head[2]) if len(head) > 2 else []
-        except ValueError as exc:
-            reason = f"cannot split rule into words: {exc}"
-            self._error(source, reason)
-            rule = Rule([UnknownMatch("syntax", line, reason)], None, {}, source, line)
-        else:
-            rule = build_rule(words, source, self.ruleset.diagnostics)
-        table.chain(head[1]).rules.append(rule)
+        chain = table.chain(head[1])
+        if self.lazy:     # the words are read when a walk first enters the chain
+            self.pending.setdefault((table.name, chain.name), []).append(
+                (source, line, head[2] if len(head) > 2 else ""))
+            return
+        chain.rules.append(_rule_of(source, line, head[2] if len(head) > 2 else "",
+                                    self.ruleset.diagnostics, self._error))
 
     def _error(self, source: Source, reason: str) -> None:
         self.ruleset.diagnostics.append(RuleSyntaxError.at(source, reason))
 
 
-def parse_iptables_save(text: str, name: str, default_table: str | None = None) -> Ruleset:
+def _rule_of(source: Source, line: str, words_text: str, diagnostics: list, error) -> Rule:
+    """One ``-A CHAIN ...`` line (``words_text``: what follows the chain name) as a Rule."""
+    try:
+        words = tokenize(words_text) if words_text else []
+    except ValueError as exc:
+        reason = f"cannot split rule into words: {exc}"
+        error(source, reason)
+        return Rule([UnknownMatch("syntax", line, reason)], None, {}, source, line)
+    return build_rule(words, source, diagnostics)
+
+
+class LazyChain(Chain):
+    """A chain whose rules are parsed the first time they are read: a walk through a ruleset
+    of 200,000 rules enters a handful of chains. A rule that cannot be read is then a located
+    error (RuleSyntaxError, exit 2) like the eager parser's; targets are resolved (a chain of
+    the table, built in, or not modelled) as each chain is read."""
+
+    def __init__(self, name: str, policy: str | None, lines: list, table: Table,
+                 ruleset: Ruleset):
+        super().__init__(name, policy)
+        self._lines = lines
+        self._table = table
+        self._ruleset = ruleset
+
+    @property
+    def rules(self) -> list[Rule]:
+        if self._lines is not None:
+            lines, self._lines = self._lines, None
+            found: list[InputError] = []
+
+            def error(source, reason):
+                found.append(RuleSyntaxError.at(source, reason))
+            diagnostics: list[InputError] = []
+            rules = [_rule_of(src, line, rest, diagnostics, error) for src, line, rest in lines]
+            self._rules.extend(rules)
+            diagnostics += found
+            _resolve_rule_targets(self._table, rules, diagnostics)
+            self._ruleset.diagnostics.extend(diagnostics)
+            errors = [d for d in diagnostics if isinstance(d, RuleSyntaxError)]
+            if errors:
+                first = errors[0]
+                more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
+                raise RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
+        return self._rules
+
+    @rules.setter
+    def rules(self, value: list[Rule]) -> None:
+        self._rules = value
+
+
+def parse_iptables_save(text: str, name: str, default_table: str | None = None,
+                        lazy: bool = False) -> Ruleset:
     """Read ``iptables-save`` output (all tables; ``-c`` counters allowed).
+
+    ``lazy``: every line's shape is checked now (tables, chain declarations, ``-A CHAIN``), but
+    a rule's words are parsed when its chain is first read (``LazyChain``), so that errors
+    inside a rule surface (located, exit 2) when a trace reads that chain.
 
     Lines outside any ``*table`` section (e.g. ``iptables-save | grep cilium``) cannot be placed
     in a table: we do not guess one from chain names. They are one syntax error unless the
@@ -583,7 +645,7 @@ def parse_iptables_save(text: str, name: str, default_table: str | None = None) 
     """
     if default_table is not None and default_table not in TABLES:
         raise ValueError(f"default_table must be one of {TABLES}")
-    reader = _SaveReader(name, default_table)
+    reader = _SaveReader(name, default_table, lazy)
     for number, line in enumerate(text.splitlines(), 1):
         reader.feed(Source(name, number, line))
     return reader.finish()

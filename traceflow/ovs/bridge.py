@@ -3,6 +3,7 @@ table names (`dump-tables` / `dump-table-features`)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -15,8 +16,14 @@ from traceflow.ovs.flows import _DOC_NUMBER, logical_lines
 class Bucket:
     bucket_id: int
     weight: int
-    actions: tuple
+    action_text: str
     text: str
+
+    @functools.cached_property
+    def actions(self) -> tuple:
+        """Parsed on first use: AntreaProxy dumps hold tens of thousands of groups and a
+        trace meets a few."""
+        return A.parse_actions(self.action_text)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,14 @@ class Group:
     buckets: tuple
     source: Source
     text: str
+
+    @functools.cached_property
+    def bucket_by_id(self) -> dict:
+        return {b.bucket_id: b for b in reversed(self.buckets)}   # the first of a duplicate id
+
+    @functools.cached_property
+    def total_weight(self) -> int:
+        return sum(b.weight for b in self.buckets) or 1
 
 
 def parse_groups(text: str, name: str) -> dict[int, Group]:
@@ -67,7 +82,7 @@ def _bucket(text: str, index: int, src: Source) -> Bucket:
                 weight = int(v, 0)
         except ValueError:
             raise InputError.at(src, f"bucket {index}: bad {k} {v!r}") from None
-    return Bucket(bucket_id, weight, A.parse_actions(acts), text)
+    return Bucket(bucket_id, weight, acts, text)
 
 
 _PORT = re.compile(r"^\s*(\d+|LOCAL)\(([^)]+)\):\s*addr:([0-9a-fA-F:]+)")

@@ -26,10 +26,9 @@ _HEADER_KEYS = {"cookie", "duration", "table", "n_packets", "n_bytes", "idle_age
                 "no_packet_counts", "no_byte_counts", "check_overlap", "out_port", "out_group"}
 _HEADER_FLAGS = {"reset_counts", "send_flow_rem", "check_overlap", "no_packet_counts",
                  "no_byte_counts", "no_readonly_table"}
-_SKIP_LINE = re.compile(r"^\s*(NXST_FLOW|OFPST_FLOW|OFPST_TABLE|NXST_TABLE|OFPT_|$)")
+_SKIP_PREFIXES = ("NXST_FLOW", "OFPST_FLOW", "OFPST_TABLE", "NXST_TABLE", "OFPT_")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")
 _DOC_NUMBER = re.compile(r"^\d+\.\s+(?=\S+=)")   # "3. table=..." as design docs number flows
-_TABLE = re.compile(r"(?:^|[\s,])table=([^,\s]+)")
 
 
 @dataclass(frozen=True)
@@ -192,12 +191,18 @@ class FlowDump:
         self._parsed: dict[int | str, list[Flow]] = {}
         self._indexes: dict = {}
         self._one: dict = {}       # (table, line number) -> Flow parsed from a big table
-        for lineno, line in logical_lines(text):
-            if _SKIP_LINE.match(line) or line.lstrip().startswith("#"):
+        lines = (enumerate(text.splitlines(), 1) if "\\" not in text   # no continuations
+                 else logical_lines(text))
+        raw = self._raw
+        for lineno, line in lines:
+            # plain string tests, not a regex per line: a dump holds 100k lines
+            stripped = line.lstrip()
+            if not stripped or stripped[0] == "#" or stripped.startswith(_SKIP_PREFIXES):
                 continue
-            m = _TABLE.search(line.split("actions=", 1)[0])
-            table = _table_id(m.group(1)) if m else 0
-            self._raw.setdefault(table, []).append((lineno, line))
+            end = line.find("actions=")
+            value = _token_value(line if end < 0 else line[:end], "table")
+            table = _table_id(value) if value else 0
+            raw.setdefault(table, []).append((lineno, line))
 
     def table_ids(self) -> list:
         return sorted(self._raw, key=lambda t: (isinstance(t, str), str(t) if isinstance(t, str) else t))
@@ -236,7 +241,14 @@ class FlowDump:
         index = self._indexes.get(table)
         if index is None:
             index = self._indexes[table] = _RawIndex(raw)
-        return [self._flow(table, n, line) for n, line in index.candidates(state)]
+        key = state.get(index.field.name, 0) if index.field else None
+        found = index.cache.get(key)
+        if found is None:
+            # parsed once per looked-up value: the lines without the field are not merged
+            # and re-read on every lookup
+            found = index.cache[key] = [self._flow(table, n, line)
+                                        for _, n, line in index.candidates(key)]
+        return found
 
     def _flow(self, table, lineno: int, line: str) -> Flow:
         key = (table, lineno)
@@ -250,37 +262,63 @@ class FlowDump:
 
 
 _INDEX_MIN = 64
-_PRIORITY = re.compile(r"(?:^|[\s,])priority=(\d+)")
+_SAMPLE = 256                # lines read whole to choose a table's index field
 _KEY_VALUE = re.compile(r"(?:^|[\s,])([a-z_][a-z0-9_]*)=([^,\s]+)")
 _NOT_KEYS = _HEADER_KEYS | {"priority", "dl_type", "eth_type", "conj_id"}
 
 
-class _RawIndex:
-    """Raw lines of one big table keyed by one field's exact value, read with a regex.
+def _token_value(head: str, key: str) -> str | None:
+    """The value of ``key=`` in a flow's text as a whole token (``nw_dst`` is not found in
+    ``ct_nw_dst=``), up to the next comma or blank; None when absent."""
+    probe = key + "="
+    i = head.find(probe)
+    while i > 0 and head[i - 1] not in " ,\t":
+        i = head.find(probe, i + 1)
+    if i < 0:
+        return None
+    start = i + len(probe)
+    end = head.find(",", start)
+    value = head[start:] if end < 0 else head[start:end]
+    if " " in value or "\t" in value:
+        value = value.split()[0] if value.split() else ""
+    return value
 
-    Lines without that field exact (or that the regex cannot read) stay in ``rest`` and are
-    always candidates, so a malformed line is still parsed, and reported, when the table is
-    used.
+
+class _RawIndex:
+    """Raw lines of one big table keyed by one field's exact value.
+
+    The field is the one with the most distinct exact values in a sample of the table's
+    lines (nw_dst in L3Forwarding, dl_dst in L2ForwardingCalc ...); each line is then read
+    with one ``str.find`` for that field and its priority, and the value converted without
+    ``ipaddress``. Lines without that field exact (or whose value does not read) stay in
+    ``rest`` and are always candidates, so a malformed line is still parsed, and reported,
+    when the table is used. Any choice of field gives the same lookups, only faster or slower.
     """
 
     def __init__(self, raw: list[tuple[int, str]]):
-        lines = []
+        step = max(1, len(raw) // _SAMPLE)
         distinct: dict[str, set] = {}
-        for n, line in raw:
+        for _, line in raw[::step]:
             head = line.split("actions=", 1)[0]
-            exact = {k: v for k, v in _KEY_VALUE.findall(head)
-                     if k not in _NOT_KEYS and "/" not in v}
-            for key, value in exact.items():
-                distinct.setdefault(key, set()).add(value)
-            m = _PRIORITY.search(head)
-            lines.append(((-int(m.group(1)) if m else -32768, n), n, line, exact))
-        # the most selective field: the one with the most distinct values
-        name = max(distinct, key=lambda k: len(distinct[k])) if distinct else None
+            for k, v in _KEY_VALUE.findall(head):
+                if k not in _NOT_KEYS and "/" not in v:
+                    distinct.setdefault(k, set()).add(v)
+        # the most selective field; ties broken by name, so the choice is deterministic
+        name = max(sorted(distinct), key=lambda k: len(distinct[k])) if distinct else None
         self.field = F.lookup(name) if name else None
+        self.cache: dict = {}       # looked-up value -> candidate flows (FlowDump fills it)
         self.by_value: dict[int, list] = {}
         self.rest: list = []
-        for order, n, line, exact in lines:
-            value = self._value(exact.get(name)) if self.field else None
+        read = _VALUE_READERS.get(self.field.kind, _read_int) if self.field else None
+        for n, line in raw:
+            end = line.find("actions=")
+            head = (line if end < 0 else line[:end]).rstrip()
+            prio = _token_value(head, "priority")
+            order = (-int(prio) if prio and prio.isdigit() else -32768, n)
+            text = _token_value(head, name) if name else None
+            value = None
+            if text is not None and "/" not in text:
+                value = read(self.field, text.strip('"'))
             if value is None:
                 self.rest.append((order, n, line))
             else:
@@ -289,15 +327,44 @@ class _RawIndex:
         for entries in self.by_value.values():
             entries.sort()
 
-    def _value(self, text: str | None) -> int | None:
-        if text is None:
-            return None
-        try:
-            value, mask = F.parse_value(self.field, text.strip('"'))
-        except ValueError:
-            return None    # left in ``rest``: parsed, and reported, with the table
-        return value if mask == F.full_mask(self.field) else None
+    def candidates(self, value) -> list:
+        hits = self.by_value.get(value, []) if self.field else []
+        return list(heapq.merge(hits, self.rest))
 
-    def candidates(self, state: dict) -> list[tuple[int, str]]:
-        hits = self.by_value.get(state.get(self.field.name, 0), []) if self.field else []
-        return [(n, line) for _, n, line in heapq.merge(hits, self.rest)]
+
+def _read_generic(field: F.Field, text: str) -> int | None:
+    try:
+        value, mask = F.parse_value(field, text)
+    except ValueError:
+        return None    # left in ``rest``: parsed, and reported, with the table
+    return value if mask == F.full_mask(field) else None
+
+
+def _read_ipv4(field: F.Field, text: str) -> int | None:
+    try:
+        a, b, c, d = map(int, text.split("."))
+    except ValueError:
+        return _read_generic(field, text)
+    if max(a, b, c, d) < 256 and f"{a}.{b}.{c}.{d}" == text:   # canonical dotted quad
+        return (a << 24) | (b << 16) | (c << 8) | d
+    return _read_generic(field, text)
+
+
+def _read_mac(field: F.Field, text: str) -> int | None:
+    if len(text) == 17 and text.count(":") == 5:
+        try:
+            return int(text.replace(":", ""), 16)
+        except ValueError:
+            pass
+    return _read_generic(field, text)
+
+
+def _read_int(field: F.Field, text: str) -> int | None:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        return _read_generic(field, text)
+    return value if 0 <= value < (1 << field.bits) else _read_generic(field, text)
+
+
+_VALUE_READERS = {"ipv4": _read_ipv4, "mac": _read_mac, "int": _read_int}

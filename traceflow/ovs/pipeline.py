@@ -162,26 +162,30 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     ``conntrack``.
     """
     annotator = annotator or Annotator()
+    first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
+                    None if ct_next is None else list(ct_next))
+    first.recirc.append((start_table, dict(state)))
     runs: list[OvsRun] = []
-    pending: list[tuple[dict, float, list]] = [(dict(pinned or {}), 1.0, [])]
+    pending: list[tuple[_Runner, float, list]] = [(first, 1.0, [])]
     while pending:
-        choices, weight, chosen = pending.pop(0)
-        ct = conntrack.copy()
-        runner = _Runner(bridge, annotator, ct, choices,
-                         None if ct_next is None else list(ct_next))
-        try:
-            runner.run(dict(state), start_table)
-        except _Fork as fork:
-            buckets = fork.group.buckets
-            total = sum(b.weight for b in buckets) or 1
-            for b in buckets:
+        runner, weight, chosen = pending.pop(0)
+        fork = runner.run()
+        if fork is not None:
+            # A select group with several buckets: each bucket goes on from a copy of the
+            # runner as it was when the pass holding the group began (a pass is a
+            # deterministic function of that state), so the passes before the group and
+            # the tables before the group are not walked again per bucket.
+            group, checkpoint = fork
+            total = group.total_weight
+            for b in group.buckets:
                 share = b.weight / total
-                pending.append(({**choices, fork.group.group_id: b.bucket_id}, weight * share,
-                                chosen + [(fork.group.group_id, b.bucket_id, share)]))
+                pending.append((checkpoint.clone({**runner.choices, group.group_id: b.bucket_id}),
+                                weight * share,
+                                chosen + [(group.group_id, b.bucket_id, share)]))
             continue
         seen = {c[0] for c in chosen}
         explicit = [c for c in runner.choice_log if c[0] not in seen]
-        runs.append(OvsRun(runner.hits, runner.outputs, weight, chosen + explicit, ct,
+        runs.append(OvsRun(runner.hits, runner.outputs, weight, chosen + explicit, runner.ct,
                            runner.unknown, runner.dropped_by, runner.finals))
     return runs
 
@@ -210,19 +214,44 @@ class _Runner:
         self.finals: list[dict] = []
 
     # ---- driver ---------------------------------------------------------------------
-    def run(self, state: dict, table: int | str) -> None:
-        self.recirc.append((table, state))
+    def clone(self, choices: dict) -> "_Runner":
+        """An independent copy of this runner between two passes, with ``choices``.
+
+        Hits and outputs of finished passes are never changed again, so the copy shares
+        them; the queued packets, conntrack (and the connections the packet is associated
+        with) are copied.
+        """
+        other = _Runner(self.bridge, self.annotator, None, choices,
+                        None if self.ct_next is None else list(self.ct_next))
+        other.ct, mapping = self.ct.copy_mapped()
+        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
+                          for zone, (entry, is_reply) in self.ct_assoc.items()}
+        other.hits = list(self.hits)
+        other.outputs = list(self.outputs)
+        other.unknown, other.dropped_by = self.unknown, self.dropped_by
+        other.choice_log = list(self.choice_log)
+        other.visits, other.stage = self.visits, self.stage
+        other.recirc = [(table, dict(st)) for table, st in self.recirc]
+        other.finals = list(self.finals)
+        return other
+
+    def run(self) -> tuple[Group, "_Runner"] | None:
+        """Run the queued passes. A select group met with no choice made for it stops the
+        run: (the group, a copy of the runner as the pass that met it began)."""
         while self.recirc and self.unknown is None:
-            table, st = self.recirc.pop(0)
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
-                return
+                return None
+            checkpoint = self.clone(self.choices) if self.bridge.groups else None
+            table, st = self.recirc.pop(0)
             sent = len(self.outputs)
             try:
                 self.lookup_and_apply(st, table, depth=0)
+            except _Fork as fork:
+                return fork.group, checkpoint
             except _Stop as stop:
                 self.unknown = stop.reason
-                return
+                return None
             except _Exit:
                 pass
             except _Failed as fail:
@@ -234,6 +263,7 @@ class _Runner:
                 self.dropped_by = hit
             self.finals.append(dict(st))   # actions change `st` in place, resubmits included
             self.stage += 1
+        return None
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
@@ -577,10 +607,10 @@ class _Runner:
                     raise _Fork(group)
                 chosen = group.buckets[0].bucket_id
                 self.choice_log.append((group.group_id, chosen, 1.0))
-            bucket = next((b for b in group.buckets if b.bucket_id == chosen), None)
+            bucket = group.bucket_by_id.get(chosen)
             if bucket is None:
                 raise _Stop(f"group {group.group_id} has no bucket {chosen}")
-            total = sum(b.weight for b in group.buckets) or 1
+            total = group.total_weight
             hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
                                f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
             # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket

@@ -62,9 +62,8 @@ class Solver:
 
     def _path(self, b: Branch, endpoint) -> Path:
         verdict, drop, _ = b.end
-        for leg in b.legs:
-            if leg.verdict == Verdict.UNKNOWN and verdict == Verdict.DELIVERED:
-                leg.verdict = Verdict.DELIVERED
+        if verdict == Verdict.DELIVERED:
+            b.set_verdicts(Verdict.DELIVERED, only_unknown=True)
         name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
         return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices)
 
@@ -126,14 +125,12 @@ class Solver:
 
     # ---- reply --------------------------------------------------------------------------------
     def _reply(self, b: Branch, server: kube.Pod, q: Query) -> list[Branch]:
-        b.leg.verdict = Verdict.DELIVERED
-        for leg in b.legs:
-            leg.verdict = Verdict.DELIVERED
+        b.set_verdicts(Verdict.DELIVERED)
         request_pkt = b.final_packet
         rb = b.fork()
         rb.end = None
         reply = request_pkt.reversed()
-        rb.legs.append(Leg("reply", Verdict.UNKNOWN, [], describe(reply, None)))
+        rb.start_leg("reply", describe(reply, None))
         results = []
         for done in self._walk_leg(rb, server, reply, q):
             verdict, drop, endpoint = done.end
@@ -145,7 +142,7 @@ class Solver:
                                                       f"the reply reaches {endpoint.key if endpoint else '?'} "
                                                       f"instead of {q.source.key}"))
                 elif (got.nw_src, got.tp_src) != (q.dst_ip, q.dst_port):
-                    last = done.leg.hops[-1]
+                    last = next(done.leg.last_hops())
                     done.finish(Verdict.DROPPED, Drop(last.node, "pod", None, None,
                                                       f"the reply arrives from {got.nw_src}:{got.tp_src}, "
                                                       f"but {q.source.key} talked to {q.dst_ip}:{q.dst_port}: "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from traceflow import kube
 from traceflow.conntrack import Conntrack
@@ -36,22 +36,86 @@ class Query:
 
 # ---- branch state -----------------------------------------------------------------------
 
-@dataclass
+class _OpenLeg:
+    """A leg being walked. Its hops are a chain of immutable ``(hop, previous)`` cells, so
+    a fork shares every hop so far with its parent (parent pointers) and adding a hop costs
+    the same however long the path is; ``Branch.legs`` materialises them as ``Leg`` lists."""
+
+    __slots__ = ("direction", "verdict", "description", "chain", "count")
+
+    def __init__(self, direction: str, verdict: Verdict, description: str, chain=None,
+                 count: int = 0):
+        self.direction, self.verdict, self.description = direction, verdict, description
+        self.chain, self.count = chain, count
+
+    def copy(self) -> "_OpenLeg":
+        return _OpenLeg(self.direction, self.verdict, self.description, self.chain, self.count)
+
+    def add(self, hop: Hop) -> None:
+        self.chain = (hop, self.chain)
+        self.count += 1
+
+    @property
+    def hops(self) -> list:
+        """The hops in order (a new list: add hops with ``Branch.add``)."""
+        out = [None] * self.count
+        cell, i = self.chain, self.count
+        while cell is not None:
+            i -= 1
+            out[i], cell = cell
+        return out
+
+    def last_hops(self):
+        """The hops newest first, without materialising the leg."""
+        cell = self.chain
+        while cell is not None:
+            hop, cell = cell
+            yield hop
+
+
 class Branch:
-    legs: list
-    weight: float = 1.0
-    choices: list = field(default_factory=list)
-    conntrack: dict = field(default_factory=dict)   # node -> Conntrack
-    steps: int = 0
-    end: tuple | None = None        # (Verdict, Drop | None, endpoint pod or None)
-    final_packet: Packet | None = None   # the packet as the endpoint received it
-    target: str | None = None            # the backend this branch chose (pod key or IP)
+    """One way the packet can go so far. Forks are cheap: legs share their hop history
+    with the parent, and each node's conntrack is copied only when a fork first uses it."""
+
+    def __init__(self, legs: list, weight: float = 1.0, choices: list | None = None,
+                 conntrack: dict | None = None, steps: int = 0, end: tuple | None = None,
+                 final_packet: Packet | None = None, target: str | None = None):
+        self._legs = [_OpenLeg(l.direction, l.verdict, l.description) for l in legs]
+        for open_leg, leg in zip(self._legs, legs):
+            for hop in leg.hops:
+                open_leg.add(hop)
+        self.weight = weight
+        self.choices = list(choices or [])
+        self.conntrack = dict(conntrack or {})   # node -> Conntrack
+        self._ct_owned: set = set(self.conntrack)  # nodes whose Conntrack no other branch holds
+        self.steps = steps
+        self.end = end                  # (Verdict, Drop | None, endpoint pod or None)
+        self.final_packet = final_packet   # the packet as the endpoint received it
+        self.target = target               # the backend this branch chose (pod key or IP)
 
     def fork(self) -> "Branch":
-        return Branch([Leg(l.direction, l.verdict, list(l.hops), l.description) for l in self.legs],
-                      self.weight, list(self.choices),
-                      {n: ct.copy() for n, ct in self.conntrack.items()}, self.steps, None,
-                      self.final_packet, self.target)
+        nb = Branch.__new__(Branch)
+        nb._legs = [leg.copy() for leg in self._legs]
+        nb.weight, nb.choices = self.weight, list(self.choices)
+        # both now hold the same Conntrack objects: whichever uses one first copies it
+        nb.conntrack, nb._ct_owned = dict(self.conntrack), set()
+        self._ct_owned = set()
+        nb.steps, nb.end = self.steps, None
+        nb.final_packet, nb.target = self.final_packet, self.target
+        return nb
+
+    @property
+    def legs(self) -> list:
+        """The legs as the trace model has them (hop lists materialised)."""
+        return [Leg(l.direction, l.verdict, l.hops, l.description) for l in self._legs]
+
+    def start_leg(self, direction: str, description: str) -> None:
+        self._legs.append(_OpenLeg(direction, Verdict.UNKNOWN, description))
+
+    def set_verdicts(self, verdict: Verdict, only_unknown: bool = False) -> None:
+        for leg in self._legs:
+            if not only_unknown or leg.verdict == Verdict.UNKNOWN:
+                leg.verdict = verdict
 
     def choose_target(self, cluster, ip: str) -> None:
         """Remember the backend a load balancer picked (only the request's first choice)."""
@@ -60,14 +124,28 @@ class Branch:
             self.target = pod.key if pod else ip
 
     @property
-    def leg(self) -> Leg:
-        return self.legs[-1]
+    def leg(self) -> _OpenLeg:
+        return self._legs[-1]
 
     def add(self, hop: Hop) -> None:
-        self.leg.hops.append(hop)
+        self.leg.add(hop)
 
     def ct(self, node: str) -> Conntrack:
-        return self.conntrack.setdefault(node, Conntrack())
+        """This branch's conntrack of ``node``, its own to change."""
+        if node not in self._ct_owned:
+            shared = self.conntrack.get(node)
+            self.conntrack[node] = shared.copy() if shared is not None else Conntrack()
+            self._ct_owned.add(node)
+        return self.conntrack[node]
+
+    def ct_view(self, node: str) -> Conntrack:
+        """``node``'s conntrack to read only (no copy): for a simulator that copies anyway."""
+        return self.conntrack.get(node) or Conntrack()
+
+    def set_ct(self, node: str, conntrack: Conntrack) -> None:
+        """Replace ``node``'s conntrack with one nobody else holds (an OVS run's)."""
+        self.conntrack[node] = conntrack
+        self._ct_owned.add(node)
 
     def finish(self, verdict: Verdict, drop: Drop | None = None, endpoint=None) -> "Branch":
         self.end = (verdict, drop, endpoint)
@@ -143,4 +221,4 @@ def primary_ip(iface) -> str | None:
 
 def new_leg(b: Branch, pkt: Packet) -> None:
     """A new leg of the same direction (the packet re-enters a datapath after the host)."""
-    b.legs.append(Leg(b.leg.direction, Verdict.UNKNOWN, [], describe(pkt, None)))
+    b.start_leg(b.leg.direction, describe(pkt, None))
