@@ -177,6 +177,7 @@ class NodeModel:
 
 class Snapshot:
     def __init__(self, bundle):
+        _fewer_collections()
         self.bundle = bundle
         m = bundle.manifest
         self.cni = str(m.get("cni", "")).lower()
@@ -212,6 +213,16 @@ class Snapshot:
             if got:
                 out[f] = got
         return out
+
+
+def _fewer_collections() -> None:
+    """A big bundle becomes a million small objects (rules, flows, pods) that live until the
+    command ends. With CPython's default thresholds the cyclic GC rescans them every 700
+    allocations, a third of the CPU of a 20k-Service trace; collecting every 100,000 keeps
+    cycles bounded at a fraction of the cost."""
+    import gc
+    if gc.get_threshold()[0] < 100_000:
+        gc.set_threshold(100_000, 50, 1000)
 
 
 def check_supported(snapshot: Snapshot) -> None:
