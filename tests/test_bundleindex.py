@@ -68,6 +68,17 @@ def test_index_rows_keep_file_and_line(bundle):
     assert "name: backend2" in "\n".join(text[line - 1:line + 20])
 
 
+def test_a_tarball_is_indexed_like_its_folder(bundle, tmp_path):
+    import tarfile
+    tgz = tmp_path / "bundle.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(bundle, arcname="bundle")
+    assert Bundle.open(tgz).content_hash("k8s/") == Bundle.open(bundle).content_hash("k8s/")
+    want = _plain(bundleindex.load_cluster(Bundle.open(bundle)))
+    assert _plain(bundleindex.load_cluster(Bundle.open(tgz))) == want
+    assert len(_indexes()) == 1
+
+
 def test_a_change_of_content_is_a_new_index(bundle):
     bundleindex.load_cluster(Bundle.open(bundle))
     pods = bundle / "k8s/pods.yaml"
@@ -86,7 +97,7 @@ def test_a_change_of_content_is_a_new_index(bundle):
 def test_a_corrupt_or_foreign_index_is_ignored_and_rebuilt(bundle, tmp_path, damage):
     want = _plain(load_cluster(Bundle.open(bundle).text))
     b = Bundle.open(bundle)
-    path = bundleindex._path_for(b.content_hash())
+    path = bundleindex._path_for(b.content_hash("k8s/"))
     if damage == "foreign":
         other = tmp_path / "other"
         shutil.copytree(KUBE_PROXY, other)
@@ -97,7 +108,7 @@ def test_a_corrupt_or_foreign_index_is_ignored_and_rebuilt(bundle, tmp_path, dam
         data = path.read_bytes()
         path.write_bytes(b"not sqlite at all" * 100 if damage == "garbage" else data[:4096])
     assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
-    again = bundleindex.open_index(b.content_hash())
+    again = bundleindex.open_index(b.content_hash("k8s/"))
     assert again is not None                    # rebuilt, and now valid
     again.close()
 
@@ -120,7 +131,8 @@ def test_the_cache_keeps_to_its_budget(tmp_path, monkeypatch):
     for i in range(3):
         dest = tmp_path / f"b{i}"
         shutil.copytree(EXAMPLE, dest)
-        (dest / "README.md").write_text(f"copy {i}\n")
+        with open(dest / "k8s/nodes.yaml", "a") as f:
+            f.write(f"# copy {i}\n")
         bundleindex.load_cluster(Bundle.open(dest))
     assert len(_indexes()) == 1
 

@@ -7,8 +7,10 @@ even with libyaml, while JSON rows in SQLite come back in a fraction of that. SQ
 atomically, read in part (one kind, one namespace) with an index, and never executes code when a
 hostile file is read (pickle would).
 
-- Key: the bundle's content hash (``Bundle.content_hash``: every file's name, size and bytes,
-  streamed; an archive's own bytes). Same bytes, same index; any change, a new index.
+- Key: the content hash of what the index is built from (``Bundle.content_hash("k8s/")``:
+  SHA-256 of every ``k8s/`` file's name, size and bytes, streamed; 0.1 s for 60 MB). Same
+  bytes, same index; any change, a new index. Node files are not hashed: nothing of them is
+  in the index (a 100-node bundle costs no more to key than a 2-node one).
 - Where: ``$TRACEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/traceflow``, else
   ``~/.cache/traceflow``; ``TRACEFLOW_NO_INDEX=1`` turns it off. At most
   ``TRACEFLOW_CACHE_MB`` (default 1024) MB: the least recently used indexes are removed.
@@ -176,7 +178,7 @@ def load_cluster(bundle):
     from traceflow.kube import k8s_items, load_cluster as build
     if not enabled():
         return build(bundle.text)
-    digest = bundle.content_hash()
+    digest = bundle.content_hash("k8s/")
     index = open_index(digest)
     if index is not None:
         try:
