@@ -211,3 +211,19 @@ def test_a_bad_rule_in_a_chain_the_trace_enters_is_a_located_error(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2, r.stdout
     assert f"nodes/node1/iptables-save.txt, line {n + 1}" in r.stderr
+
+
+def test_an_index_with_a_malformed_cluster_is_not_trusted(bundle):
+    import sqlite3
+    want = _plain(load_cluster(Bundle.open(bundle).text))
+    bundleindex.load_cluster(Bundle.open(bundle))
+    path = _indexes()[0]
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'cluster'", ('{"pods": [[1, 2]]}',))
+    conn.commit()
+    conn.close()
+    assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
+    conn = sqlite3.connect(path)                     # and it was rebuilt
+    (value,), = conn.execute("SELECT value FROM meta WHERE key = 'cluster'").fetchall()
+    conn.close()
+    assert value != '{"pods": [[1, 2]]}'
