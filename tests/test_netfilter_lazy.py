@@ -4,11 +4,14 @@ a walk looks at."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from pathlib import Path
 
+import pytest
 import yaml
 
+from traceflow import bundleindex
 from traceflow.netfilter import NodeContext, evaluate_hook
 from traceflow.netfilter.iptables_parse import LazyChain, parse_iptables_save
 from traceflow.packet import Packet
@@ -35,10 +38,17 @@ def _summary(branches):
               for s in b.steps]) for b in branches]
 
 
-def test_lazy_and_eager_give_the_same_branches_for_every_service():
+@pytest.mark.parametrize("how", ["lazy", "from the index"])
+def test_lazy_and_eager_give_the_same_branches_for_every_service(how):
     text = (BUNDLE / SAVE).read_text()
     eager = parse_iptables_save(text, SAVE)
-    lazy = parse_iptables_save(text, SAVE, lazy=True)
+    if how == "lazy":
+        lazy = parse_iptables_save(text, SAVE, lazy=True)
+    else:
+        bundleindex.parse_iptables_save(text, SAVE)             # stores the layout
+        lazy = bundleindex.parse_iptables_save(text, SAVE)      # reads it
+        assert bundleindex.load_blob("iptables-save", hashlib.sha256(text.encode())
+                                     .hexdigest()) is not None
     services = list(_services())
     assert len(services) > 300
     for ip, port, proto in services:
@@ -63,3 +73,13 @@ def test_a_walk_parses_only_the_rules_it_looks_at():
     untouched = [c for c in lazy.tables["nat"].chains.values()
                  if isinstance(c, LazyChain) and not any(c._parsed)]
     assert len(untouched) > 100
+
+
+def test_a_layout_that_does_not_fit_the_file_is_not_used():
+    text = (BUNDLE / SAVE).read_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    bundleindex.store_blob("iptables-save", digest,
+                           {"tables": [["nat", [["KUBE-SERVICES", None, [10 ** 9]]]]],
+                            "caveats": []})
+    rs = bundleindex.parse_iptables_save(text, SAVE)
+    assert rs.tables["nat"].chains["KUBE-SERVICES"].rule_count() > 300

@@ -242,3 +242,86 @@ def _round_trips(cluster) -> bool:
         return False
     return (again.pods, again.services, again.nodes, again.policies, again.endpoints) == \
         (cluster.pods, cluster.services, cluster.nodes, cluster.policies, cluster.endpoints)
+
+
+# ---- one node file's layout ------------------------------------------------------------------
+
+def _blob_path(kind: str, digest: str) -> Path:
+    return cache_dir() / f"bundle-{kind}-{digest}.sqlite"
+
+
+def load_blob(kind: str, digest: str):
+    """The JSON value stored for ``kind`` and this content hash, or None (absent, foreign,
+    corrupt: then removed, to be rebuilt)."""
+    path = _blob_path(kind, digest)
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+        finally:
+            conn.close()
+        if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{kind}:{digest}":
+            raise sqlite3.DatabaseError("not this file's index")
+        value = json.loads(meta["value"])
+    except (sqlite3.Error, KeyError, ValueError):
+        _remove(path)
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return value
+
+
+def store_blob(kind: str, digest: str, value) -> None:
+    """Store a JSON value for ``kind`` and this content hash (atomically; silently not when
+    the cache cannot be written)."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
+        os.close(fd)
+    except OSError:
+        return
+    try:
+        conn = sqlite3.connect(tmp)
+        conn.execute("PRAGMA journal_mode = OFF")
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                         [("schema", SCHEMA), ("bundle", f"{kind}:{digest}"),
+                          ("value", json.dumps(value, separators=(",", ":")))])
+        conn.commit()
+        conn.close()
+        path = _blob_path(kind, digest)
+        os.replace(tmp, path)
+    except (sqlite3.Error, OSError, TypeError, ValueError):
+        _remove(Path(tmp))
+        return
+    _prune(folder, keep=path)
+
+
+def parse_iptables_save(text: str, name: str):
+    """A node's iptables-save, read lazily (netfilter.iptables_parse.LazyChain): the first time,
+    every line's shape is checked and where each chain's rules are is stored, keyed by the
+    SHA-256 of the text; later commands take the layout from the index instead of passing over
+    200,000 lines."""
+    import hashlib
+
+    from traceflow.netfilter.iptables_parse import from_save_layout, parse_iptables_save as parse
+    from traceflow.netfilter.iptables_parse import save_layout
+    if not enabled():
+        return parse(text, name, lazy=True)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    layout = load_blob("iptables-save", digest)
+    if layout is not None:
+        try:
+            return from_save_layout(text, name, layout)
+        except (ValueError, TypeError, KeyError, IndexError):
+            pass                       # a layout that does not fit: read the file
+    ruleset = parse(text, name, lazy=True)
+    layout = save_layout(ruleset)
+    if layout is not None:
+        store_blob("iptables-save", digest, layout)
+    return ruleset

@@ -81,7 +81,7 @@ class NodeModel:
     def netfilter(self):
         """The node's packet filter: `nft list ruleset` when kube-proxy runs in nftables mode
         (that listing holds every table, iptables-nft's too), else the iptables rules."""
-        from traceflow.netfilter.iptables import parse_iptables_list, parse_iptables_save
+        from traceflow.netfilter.iptables import parse_iptables_list
         nft = self._file("nft.txt")
         ipt = self._file("iptables-save.txt") or self._file("iptables-nat-list.txt")
         if nft is not None and self.snapshot.kube_proxy == "nftables":
@@ -97,7 +97,8 @@ class NodeModel:
         if ipt[1].endswith("iptables-save.txt"):
             # chains are parsed when the walk enters them (a big cluster has 200k rules a
             # trace never reads); a bad rule is then a located error, as it is here
-            rs = parse_iptables_save(*ipt, lazy=True)
+            from traceflow.bundleindex import parse_iptables_save as read_save
+            rs = read_save(*ipt)
         else:
             rs = parse_iptables_list(*ipt, table="nat")
         rs.raise_for_errors()

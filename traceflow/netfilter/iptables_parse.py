@@ -611,22 +611,41 @@ class LazyChain(Chain):
     parser's; targets are resolved (a chain of the table, built in, or not modelled) as each
     rule is read. ``rules`` parses them all (for code that wants the whole chain)."""
 
-    def __init__(self, name: str, policy: str | None, lines: list, table: Table,
-                 ruleset: Ruleset):
+    def __init__(self, name: str, policy: str | None, lines: list | None, table: Table,
+                 ruleset: Ruleset, numbers: list | None = None, text_lines: list | None = None):
         super().__init__(name, policy)
-        self._lines = lines                    # (line number, stripped text, words text)
-        self._parsed: list[Rule | None] = [None] * len(lines)
+        # (line number, stripped text, words text) per rule; or, from a stored layout
+        # (traceflow.bundleindex), the rules' line numbers in ``text_lines``
+        self._lines = lines
+        self._numbers = numbers
+        self._text_lines = text_lines
+        self._parsed: list[Rule | None] = [None] * len(lines if lines is not None else numbers)
         self._dst: list[str | None] | None = None
         self._table = table
         self._ruleset = ruleset
 
+    def _entries(self) -> list:
+        if self._lines is None:
+            out = []
+            for number in self._numbers:
+                stripped = self._text_lines[number - 1].strip()
+                if stripped.startswith("["):
+                    stripped = _COUNTERS.sub("", stripped, count=1)
+                head = stripped.split(None, 2)
+                if len(head) < 2 or head[0] != "-A" or head[1] != self.name:
+                    raise InputError(f"the stored layout of this file does not match line "
+                                     f"{number}: remove traceflow's index cache", self._ruleset.name)
+                out.append((number, stripped, head[2] if len(head) > 2 else ""))
+            self._lines = out
+        return self._lines
+
     def rule_count(self) -> int:
-        return len(self._lines)
+        return len(self._parsed)
 
     def cannot_match(self, index: int, packet) -> bool:
         if self._dst is None:
             self._dst = [m[1] if (m := _SERVICE_RULE.fullmatch(rest)) else None
-                         for _, _, rest in self._lines]
+                         for _, _, rest in self._entries()]
         dst = self._dst[index]
         return dst is not None and packet.nw_dst is not None and dst != packet.nw_dst
 
@@ -634,7 +653,7 @@ class LazyChain(Chain):
         rule = self._parsed[index]
         if rule is not None:
             return rule
-        number, line, rest = self._lines[index]
+        number, line, rest = self._entries()[index]
         source = Source(self._ruleset.name, number, line)
         found: list[InputError] = []
 
@@ -653,13 +672,54 @@ class LazyChain(Chain):
 
     @property
     def rules(self) -> list[Rule]:
-        if self._lines:
-            return [self.rule_at(i) for i in range(len(self._lines))]
+        if self._parsed:
+            return [self.rule_at(i) for i in range(len(self._parsed))]
         return self._rules
 
     @rules.setter
     def rules(self, value: list[Rule]) -> None:
         self._rules = value
+
+
+def save_layout(ruleset: Ruleset) -> dict | None:
+    """Where each table's chains and rules are in the file, for a lazily read ruleset without
+    diagnostics (JSON-able; traceflow.bundleindex stores it); None otherwise."""
+    if ruleset.diagnostics:
+        return None
+    tables = []
+    for table in ruleset.tables.values():
+        chains = []
+        for chain in table.chains.values():
+            if not isinstance(chain, LazyChain):
+                if chain.rules:
+                    return None
+                numbers = []
+            else:
+                numbers = chain._numbers if chain._lines is None else \
+                    [n for n, _, _ in chain._lines]
+            chains.append([chain.name, chain.policy, numbers])
+        tables.append([table.name, chains])
+    return {"tables": tables, "caveats": list(ruleset.caveats)}
+
+
+def from_save_layout(text: str, name: str, layout: dict) -> Ruleset:
+    """The lazily read ruleset of ``text`` from its stored layout (``save_layout``), without a
+    pass over the file's lines."""
+    ruleset = Ruleset(name)
+    lines = text.splitlines()
+    last = len(lines)
+    for table_name, chains in layout["tables"]:
+        if table_name not in TABLES:
+            raise ValueError(f"table {table_name!r}")
+        table = ruleset.table(table_name)
+        for chain, policy, numbers in chains:
+            if not all(type(n) is int and 0 < n <= last for n in numbers):
+                raise ValueError("line number out of range")
+            table.chains[str(chain)] = LazyChain(str(chain), policy if policy is None
+                                                 else str(policy), None, table, ruleset,
+                                                 numbers, lines)
+    ruleset.caveats.extend(str(c) for c in layout["caveats"])
+    return ruleset
 
 
 def parse_iptables_save(text: str, name: str, default_table: str | None = None,
