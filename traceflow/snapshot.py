@@ -12,6 +12,7 @@ from functools import cached_property
 from traceflow.cni import antrea
 from traceflow.errors import InputError
 from traceflow.kube import Cluster
+from traceflow.lowgc import paused
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import FlowDump
 from traceflow.ovs.pipeline import Annotator, Bridge
@@ -43,6 +44,10 @@ class NodeModel:
     # ---- OVS --------------------------------------------------------------------------
     @cached_property
     def bridge(self) -> Bridge:
+        with paused():
+            return self._bridge()
+
+    def _bridge(self) -> Bridge:
         text, name = self._need("ovs-flows.txt", "OVS flows")
         ports = parse_show(*self._need("ovs-show.txt", "OVS port numbers"))
         groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
@@ -98,7 +103,8 @@ class NodeModel:
             # chains are parsed when the walk enters them (a big cluster has 200k rules a
             # trace never reads); a bad rule is then a located error, as it is here
             from traceflow.bundleindex import parse_iptables_save as read_save
-            rs = read_save(*ipt)
+            with paused():
+                rs = read_save(*ipt)
         else:
             rs = parse_iptables_list(*ipt, table="nat")
         rs.raise_for_errors()
@@ -178,7 +184,6 @@ class NodeModel:
 
 class Snapshot:
     def __init__(self, bundle):
-        _fewer_collections()
         self.bundle = bundle
         m = bundle.manifest
         self.cni = str(m.get("cni", "")).lower()
@@ -198,7 +203,8 @@ class Snapshot:
     @cached_property
     def cluster(self) -> Cluster:
         from traceflow.bundleindex import load_cluster as load_indexed
-        return load_indexed(self.bundle)
+        with paused():
+            return load_indexed(self.bundle)
 
     def node(self, name: str) -> NodeModel:
         if name not in self._nodes:
@@ -214,16 +220,6 @@ class Snapshot:
             if got:
                 out[f] = got
         return out
-
-
-def _fewer_collections() -> None:
-    """A big bundle becomes a million small objects (rules, flows, pods) that live until the
-    command ends. With CPython's default thresholds the cyclic GC rescans them every 700
-    allocations, a third of the CPU of a 20k-Service trace; collecting every 100,000 keeps
-    cycles bounded at a fraction of the cost."""
-    import gc
-    if gc.get_threshold()[0] < 100_000:
-        gc.set_threshold(100_000, 50, 1000)
 
 
 def check_supported(snapshot: Snapshot) -> None:

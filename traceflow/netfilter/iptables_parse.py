@@ -644,8 +644,10 @@ class LazyChain(Chain):
 
     def cannot_match(self, index: int, packet) -> bool:
         if self._dst is None:
-            self._dst = [m[1] if (m := _SERVICE_RULE.fullmatch(rest)) else None
-                         for _, _, rest in self._entries()]
+            from traceflow.lowgc import paused
+            with paused():
+                self._dst = [m[1] if (m := _SERVICE_RULE.fullmatch(rest)) else None
+                             for _, _, rest in self._entries()]
         dst = self._dst[index]
         return dst is not None and packet.nw_dst is not None and dst != packet.nw_dst
 
