@@ -40,6 +40,7 @@ SIZES = {
     "b": (2, 100_000, 5_000, 2, "2 nodes x 100k flows, 5k Services"),
     "c": (2, 100_000, 20_000, 2, "2 nodes x 100k flows, 20k Services, 2 endpoints"),
     "d": (100, 10_000, 1_000, 2, "100 nodes x 10k flows, 1k Services (trace touches 2)"),
+    "d2": (2, 10_000, 1_000, 2, "2 nodes x 10k flows, 1k Services (what (d) is compared to)"),
     "cj": (2, 100_000, 20_000, 2, "(c) with k8s/*.jsonl instead of YAML"),
 }
 TRACE = ["pod-to-svc", "frontend", "backendsvc", "-n", "default", "-o", "json"]
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one run, sizes cut 10x")
     ap.add_argument("--keep", type=Path, help="generate bundles here and reuse them")
-    ap.add_argument("--only", default="a,b,c,d,cj,example,help")
+    ap.add_argument("--only", default="a,b,c,d,d2,cj,example,help")
     a = ap.parse_args(argv)
     runs = 1 if a.quick else a.runs
     only = a.only.split(",")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.quick:
                 flows, services = flows // 10, max(10, services // 10)
                 label += " /10"
-            jsonl = key.endswith("j")
+            jsonl = key == "cj"
             bundle = work / f"scale-{key}-{nodes}n-{flows}f-{services}s-{eps}e"
             if not (bundle / "manifest.yaml").exists():
                 # in a child: Linux starts a child's max RSS at its parent's, so the parent
