@@ -213,8 +213,9 @@ def iptables_save(node_pod_cidr: str, services: int, endpoints: int) -> str:
 # ---- the bundle --------------------------------------------------------------------------------
 
 def build(dest: Path, nodes: int = 2, flows: int = 100_000, services: int = 100,
-          endpoints: int = 2) -> Path:
-    """Write the scaled bundle at ``dest`` (replaced if present) and return it."""
+          endpoints: int = 2, jsonl: bool = False) -> Path:
+    """Write the scaled bundle at ``dest`` (replaced if present) and return it. ``jsonl``:
+    the Kubernetes objects as ``k8s/<kind>.jsonl`` (the bundle-v1 extension) instead of YAML."""
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(EXAMPLE, dest)
@@ -243,6 +244,15 @@ def build(dest: Path, nodes: int = 2, flows: int = 100_000, services: int = 100,
     _insert_items(k8s / "pods.yaml", (_pod_yaml(i, e, endpoints) for i in range(services)
                                       for e in range(endpoints)))
     _insert_items(k8s / "nodes.yaml", (_node_yaml(n) for n in range(3, nodes + 1)))
+    if jsonl:
+        import json
+
+        from traceflow.fastyaml import load
+        for path in sorted(k8s.glob("*.yaml")):
+            items = load(path.read_text())["items"] or []
+            with open(path.with_suffix(".jsonl"), "w") as f:
+                f.writelines(json.dumps(i, separators=(",", ":")) + "\n" for i in items)
+            path.unlink()
     return dest
 
 
@@ -253,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flows", type=int, default=100_000)
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=2)
+    ap.add_argument("--jsonl", action="store_true", help="k8s objects as k8s/<kind>.jsonl")
     a = ap.parse_args(argv)
-    build(a.outdir, a.nodes, a.flows, a.services, a.endpoints)
+    build(a.outdir, a.nodes, a.flows, a.services, a.endpoints, a.jsonl)
     print(a.outdir)
     return 0
 

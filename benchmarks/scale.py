@@ -10,6 +10,7 @@ rusage (``os.wait4``): CPU = user + system seconds, peak = the child's max RSS.
 - cold: an empty index cache (``TRACEFLOW_CACHE_DIR`` is a new empty folder each run), so the
   command reads the bundle and builds the index;
 - indexed: the same command again, with the index the first run left;
+- (cj): size (c) with the Kubernetes objects as ``k8s/<kind>.jsonl`` (bundle-v1 extension);
 - example rows: the 301-service ``examples/kube-proxy-iptables`` opened for one ``nf-trace``,
   and ``traceflow --help``.
 
@@ -31,9 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.gen_scale import build  # noqa: E402
 
 # name: (nodes, flows per node, services, endpoints per service, label)
 SIZES = {
@@ -41,6 +40,8 @@ SIZES = {
     "b": (2, 100_000, 5_000, 2, "2 nodes x 100k flows, 5k Services"),
     "c": (2, 100_000, 20_000, 2, "2 nodes x 100k flows, 20k Services, 2 endpoints"),
     "d": (100, 10_000, 1_000, 2, "100 nodes x 10k flows, 1k Services (trace touches 2)"),
+    "d2": (2, 10_000, 1_000, 2, "2 nodes x 10k flows, 1k Services (what (d) is compared to)"),
+    "cj": (2, 100_000, 20_000, 2, "(c) with k8s/*.jsonl instead of YAML"),
 }
 TRACE = ["pod-to-svc", "frontend", "backendsvc", "-n", "default", "-o", "json"]
 NF_TRACE = ["nf-trace", "node1", "--src", "10.244.1.5", "--dst", "10.109.44.20", "--dport", "80"]
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one run, sizes cut 10x")
     ap.add_argument("--keep", type=Path, help="generate bundles here and reuse them")
-    ap.add_argument("--only", default="a,b,c,d,example,help")
+    ap.add_argument("--only", default="a,b,c,d,d2,cj,example,help")
     a = ap.parse_args(argv)
     runs = 1 if a.quick else a.runs
     only = a.only.split(",")
@@ -96,10 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             if a.quick:
                 flows, services = flows // 10, max(10, services // 10)
                 label += " /10"
+            jsonl = key == "cj"
             bundle = work / f"scale-{key}-{nodes}n-{flows}f-{services}s-{eps}e"
             if not (bundle / "manifest.yaml").exists():
+                # in a child: Linux starts a child's max RSS at its parent's, so the parent
+                # must stay small for the peaks below to be the traces' own
                 t0 = time.perf_counter()
-                build(bundle, nodes, flows, services, eps)
+                subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gen_scale.py"),
+                                str(bundle), "--nodes", str(nodes), "--flows", str(flows),
+                                "--services", str(services), "--endpoints", str(eps)]
+                               + (["--jsonl"] if jsonl else []), check=True,
+                               stdout=subprocess.DEVNULL, cwd=ROOT)
                 print(f"# generated {bundle.name} in {time.perf_counter() - t0:.1f} s",
                       flush=True)
             args = [*TRACE, "--bundle", str(bundle)]

@@ -97,16 +97,17 @@ class Bundle:
     def names(self) -> list[str]:
         return sorted(self._files)
 
-    def content_hash(self) -> str:
-        """A hash of the bundle's contents (every file's name, size and bytes, streamed; an
-        archive's own bytes), the key of its index (traceflow.bundleindex)."""
+    def content_hash(self, under: str = "") -> str:
+        """A SHA-256 of the contents of the files whose names start with ``under`` (every
+        file's name, size and bytes, streamed): the key of an index built from those files
+        (traceflow.bundleindex)."""
         import hashlib
-        h = hashlib.sha256(FORMAT.encode())
+        h = hashlib.sha256(f"{FORMAT}\0{under}".encode())
         digest = getattr(self._files, "digest", None)
         if digest is not None:
-            digest(h)
+            digest(h, under)
         else:                                   # a support bundle mapped in memory
-            for name in sorted(self._files):
+            for name in sorted(n for n in self._files if n.startswith(under)):
                 data = self._files[name]
                 h.update(f"\0{name}\0{len(data)}\0".encode())
                 h.update(data)
@@ -188,9 +189,10 @@ class FolderFiles(Mapping):
                     continue
                 self._paths[rel] = target
 
-    def digest(self, h) -> None:
-        """Feed every file's name, size and bytes to hash ``h``, 1 MB at a time."""
-        for name in sorted(self._paths):
+    def digest(self, h, under: str = "") -> None:
+        """Feed the name, size and bytes of every file under ``under`` to hash ``h``, 1 MB at
+        a time."""
+        for name in sorted(n for n in self._paths if n.startswith(under)):
             try:
                 with open(self._paths[name], "rb") as f:
                     size = os.fstat(f.fileno()).st_size
@@ -287,8 +289,15 @@ class TarFiles(Mapping):
         for member, parts in found:
             self._members.setdefault("/".join(parts[strip:]), member)
 
-    def digest(self, h) -> None:
-        """Feed the archive's own bytes to hash ``h`` (streamed from disk)."""
+    def digest(self, h, under: str = "") -> None:
+        """Feed the name, size and bytes of every member under ``under`` to hash ``h``; the
+        whole archive's bytes (streamed from disk) when ``under`` is empty."""
+        if under:
+            for name in sorted(n for n in self._members if n.startswith(under)):
+                data = self[name]
+                h.update(f"\0{name}\0{len(data)}\0".encode())
+                h.update(data)
+            return
         if isinstance(self._source, bytes):
             h.update(self._source)
             return

@@ -68,6 +68,17 @@ def test_index_rows_keep_file_and_line(bundle):
     assert "name: backend2" in "\n".join(text[line - 1:line + 20])
 
 
+def test_a_tarball_is_indexed_like_its_folder(bundle, tmp_path):
+    import tarfile
+    tgz = tmp_path / "bundle.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(bundle, arcname="bundle")
+    assert Bundle.open(tgz).content_hash("k8s/") == Bundle.open(bundle).content_hash("k8s/")
+    want = _plain(bundleindex.load_cluster(Bundle.open(bundle)))
+    assert _plain(bundleindex.load_cluster(Bundle.open(tgz))) == want
+    assert len(_indexes()) == 1
+
+
 def test_a_change_of_content_is_a_new_index(bundle):
     bundleindex.load_cluster(Bundle.open(bundle))
     pods = bundle / "k8s/pods.yaml"
@@ -86,7 +97,7 @@ def test_a_change_of_content_is_a_new_index(bundle):
 def test_a_corrupt_or_foreign_index_is_ignored_and_rebuilt(bundle, tmp_path, damage):
     want = _plain(load_cluster(Bundle.open(bundle).text))
     b = Bundle.open(bundle)
-    path = bundleindex._path_for(b.content_hash())
+    path = bundleindex._path_for(b.content_hash("k8s/"))
     if damage == "foreign":
         other = tmp_path / "other"
         shutil.copytree(KUBE_PROXY, other)
@@ -97,7 +108,7 @@ def test_a_corrupt_or_foreign_index_is_ignored_and_rebuilt(bundle, tmp_path, dam
         data = path.read_bytes()
         path.write_bytes(b"not sqlite at all" * 100 if damage == "garbage" else data[:4096])
     assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
-    again = bundleindex.open_index(b.content_hash())
+    again = bundleindex.open_index(b.content_hash("k8s/"))
     assert again is not None                    # rebuilt, and now valid
     again.close()
 
@@ -120,7 +131,8 @@ def test_the_cache_keeps_to_its_budget(tmp_path, monkeypatch):
     for i in range(3):
         dest = tmp_path / f"b{i}"
         shutil.copytree(EXAMPLE, dest)
-        (dest / "README.md").write_text(f"copy {i}\n")
+        with open(dest / "k8s/nodes.yaml", "a") as f:
+            f.write(f"# copy {i}\n")
         bundleindex.load_cluster(Bundle.open(dest))
     assert len(_indexes()) == 1
 
@@ -199,3 +211,19 @@ def test_a_bad_rule_in_a_chain_the_trace_enters_is_a_located_error(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2, r.stdout
     assert f"nodes/node1/iptables-save.txt, line {n + 1}" in r.stderr
+
+
+def test_an_index_with_a_malformed_cluster_is_not_trusted(bundle):
+    import sqlite3
+    want = _plain(load_cluster(Bundle.open(bundle).text))
+    bundleindex.load_cluster(Bundle.open(bundle))
+    path = _indexes()[0]
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'cluster'", ('{"pods": [[1, 2]]}',))
+    conn.commit()
+    conn.close()
+    assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
+    conn = sqlite3.connect(path)                     # and it was rebuilt
+    (value,), = conn.execute("SELECT value FROM meta WHERE key = 'cluster'").fetchall()
+    conn.close()
+    assert value != '{"pods": [[1, 2]]}'

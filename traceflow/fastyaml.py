@@ -49,6 +49,7 @@ def load(text: str, lines: list | None = None):
     """``text`` as ``yaml.safe_load`` returns it. With ``lines``, the 1-based line of each item
     of a top-level ``items:`` list is appended to it (for located messages later)."""
     scalar = _Scalars()
+    known = scalar._cache
     stack: list = []          # open containers
     keys: list = []           # per open mapping: the key waiting for its value (or _NOKEY)
     root = _NOKEY
@@ -62,7 +63,12 @@ def load(text: str, lines: list | None = None):
                 raise Unusual("explicit tag")
             if e.implicit[0] and e.value == "<<":
                 raise Unusual("merge key")
-            v = scalar(e.value) if e.implicit[0] else e.value
+            if not e.implicit[0]:
+                v = e.value
+            else:
+                v = known.get(e.value, _NOKEY)
+                if v is _NOKEY:
+                    v = scalar(e.value)
         elif t is ev.MappingStartEvent or t is ev.SequenceStartEvent:
             if e.tag is not None and not e.implicit:
                 raise Unusual("explicit tag")

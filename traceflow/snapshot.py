@@ -12,6 +12,7 @@ from functools import cached_property
 from traceflow.cni import antrea
 from traceflow.errors import InputError
 from traceflow.kube import Cluster
+from traceflow.lowgc import paused
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import FlowDump
 from traceflow.ovs.pipeline import Annotator, Bridge
@@ -43,6 +44,10 @@ class NodeModel:
     # ---- OVS --------------------------------------------------------------------------
     @cached_property
     def bridge(self) -> Bridge:
+        with paused():
+            return self._bridge()
+
+    def _bridge(self) -> Bridge:
         text, name = self._need("ovs-flows.txt", "OVS flows")
         ports = parse_show(*self._need("ovs-show.txt", "OVS port numbers"))
         groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
@@ -81,7 +86,7 @@ class NodeModel:
     def netfilter(self):
         """The node's packet filter: `nft list ruleset` when kube-proxy runs in nftables mode
         (that listing holds every table, iptables-nft's too), else the iptables rules."""
-        from traceflow.netfilter.iptables import parse_iptables_list, parse_iptables_save
+        from traceflow.netfilter.iptables import parse_iptables_list
         nft = self._file("nft.txt")
         ipt = self._file("iptables-save.txt") or self._file("iptables-nat-list.txt")
         if nft is not None and self.snapshot.kube_proxy == "nftables":
@@ -97,7 +102,9 @@ class NodeModel:
         if ipt[1].endswith("iptables-save.txt"):
             # chains are parsed when the walk enters them (a big cluster has 200k rules a
             # trace never reads); a bad rule is then a located error, as it is here
-            rs = parse_iptables_save(*ipt, lazy=True)
+            from traceflow.bundleindex import parse_iptables_save as read_save
+            with paused():
+                rs = read_save(*ipt)
         else:
             rs = parse_iptables_list(*ipt, table="nat")
         rs.raise_for_errors()
@@ -196,7 +203,8 @@ class Snapshot:
     @cached_property
     def cluster(self) -> Cluster:
         from traceflow.bundleindex import load_cluster as load_indexed
-        return load_indexed(self.bundle)
+        with paused():
+            return load_indexed(self.bundle)
 
     def node(self, name: str) -> NodeModel:
         if name not in self._nodes:

@@ -70,7 +70,7 @@ _BRACKETS = re.compile(r"[\[\]{}]")
 def _check_depth(text: str, name: str) -> None:
     """An upper bound on the nesting depth: block nesting needs one more column of indentation
     (or ``- ``) per level; flow nesting one more bracket."""
-    widest = max((len(m.group()) for m in _PREFIX.finditer(text)), default=0)
+    widest = max(map(len, _PREFIX.findall(text)), default=0)     # findall: C speed
     if widest > MAX_DEPTH:
         offset = next(m.start() for m in _PREFIX.finditer(text) if len(m.group()) > MAX_DEPTH)
         _too_deep(text, name, offset)

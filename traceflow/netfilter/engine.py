@@ -180,8 +180,12 @@ def _run_rules(table: Table, chain: Chain, start: int, walk: Walk, depth: int) -
     results: list[Outcome] = []
     passed: list[tuple[Rule, float]] = []   # statistic rules this walk went past, in a row
     index = start
-    while index < len(chain.rules):
-        rule = chain.rules[index]
+    count = chain.rule_count()
+    while index < count:
+        if chain.cannot_match(index, walk.packet):
+            index += 1
+            continue
+        rule = chain.rule_at(index)
         decision = _decide(rule, walk)
         if decision is None:
             assumption = _assumed_miss(rule, walk)

@@ -758,6 +758,18 @@ class Chain:
     policy: str | None               # built-in chains: ACCEPT/DROP; user chains: None
     rules: list[Rule] = field(default_factory=list)
 
+    # The engine reads rules one at a time through these, so that a chain parsed lazily
+    # (iptables_parse.LazyChain) parses only the rules a walk looks at.
+    def rule_count(self) -> int:
+        return len(self.rules)
+
+    def rule_at(self, index: int) -> Rule:
+        return self.rules[index]
+
+    def cannot_match(self, index: int, packet) -> bool:
+        """True when rule ``index`` is known, without parsing it, not to match ``packet``."""
+        return False
+
 
 @dataclass
 class Table:
