@@ -35,7 +35,8 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 @pytest.mark.parametrize("bundle", ["antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2",
-                                    "kube-proxy-iptables"])
+                                    "kube-proxy-iptables", "cilium-kpr-native", "cilium-eni",
+                                    "cilium-vxlan-policy"])
 def test_unmodified_examples_have_no_drift(bundle):
     code, doc = audit(EXAMPLES / bundle)
     assert code == 0
@@ -80,6 +81,33 @@ def test_stale_kube_sep_chain(tmp_path):
     }
     stale = next(f for f in doc["findings"] if "10.244.3.99" in f["message"])
     assert stale["evidence"][0].startswith("nodes/node1/iptables-save.txt:1789:")
+
+
+def test_stale_cilium_lb_map_slot(tmp_path):
+    b = copy("cilium-vxlan-policy", tmp_path)
+    # worker1's service map still has a slot for a backend the EndpointSlice no longer lists
+    edit(b / "nodes/worker1/cilium-bpf-lb-list.txt", "10.0.2.45:8080 (7) (1)",
+         "10.0.2.99:8080 (7) (1)")
+    code, doc = audit(b)
+    assert code == 1
+    got = {(f["subject"], f["message"].split(",")[0]) for f in doc["findings"]}
+    assert got == {
+        ("shop/web:80/TCP on worker1", "cilium lb map balances to 10.0.2.99:8080"),
+        ("shop/web:80/TCP on worker1",
+         "the EndpointSlices list 10.0.2.45:8080 but cilium lb map never balances to it "
+         "(missing backend)"),
+    }
+    stale = next(f for f in doc["findings"] if "10.0.2.99" in f["message"])
+    assert stale["evidence"][0].startswith("nodes/worker1/cilium-bpf-lb-list.txt:6:")
+
+
+def test_cilium_pairs_are_traced_end_to_end():
+    """A Cilium bundle has no OVS flows, yet its pods' packets are walked through the BPF
+    programs: the policy denial of shop/batch is found, not a host-only approximation."""
+    code, doc = audit(EXAMPLES / "cilium-vxlan-policy")
+    assert code == 0 and not any("host-only" in n for n in doc.get("notes", []))
+    batch = next(p for p in doc["pairs"] if "role=batch" in p["client"])
+    assert batch["verdict"] == "dropped" and "DROP_POLICY" in batch["reason"]
 
 
 def test_missing_group_bucket(tmp_path):

@@ -333,6 +333,8 @@ class AntreaConventions:
     names directly, so another CNI plugs in by providing the same methods."""
 
     name = "Antrea"
+    # a node reaches other nodes' pod CIDRs through its gateway (routes via antrea-gw0)
+    kernel_routes_pod_cidrs = True
     _POLICY_TABLES = {"EgressRule": "egress", "EgressDefaultRule": "egress",
                       "IngressRule": "ingress", "IngressDefaultRule": "ingress"}
 

@@ -41,6 +41,9 @@ class CiliumConventions:
     """What the neutral parts may ask of any CNI (see traceflow.cni.antrea.AntreaConventions)."""
 
     name = "Cilium"
+    # other nodes' pod CIDRs: the underlay routes them (native routing: BGP, VPC, a default
+    # route) or BPF does (tunnel endpoint from the ipcache); no kernel route is required
+    kernel_routes_pod_cidrs = False
 
     @staticmethod
     def gateway_port(ports) -> str | None:
@@ -103,6 +106,14 @@ class CiliumNode:
     @cached_property
     def maglev(self) -> dict:
         return {t.service_id: t for t in self.maps.maglev or ()}
+
+    def maglev_shares(self, svc, candidates):
+        """(lookup table, backend ids, id -> share or None) of a service's candidate slots
+        under Maglev: the share is the backend's entries in the table over its size."""
+        from traceflow.cilium.lookup import maglev_shares
+        table = self.maglev.get(svc.rev_nat if svc.rev_nat is not None else svc.service_id)
+        ids = [self.backend_id(svc, be, n) for n, be in enumerate(candidates, 1)]
+        return table, ids, maglev_shares(table, ids)
 
     def backend_id(self, svc, backend, position: int) -> int | None:
         """The backend id of one of a service's slots: printed beside it, else from

@@ -93,9 +93,7 @@ class ServiceLB:
         algo = (cn.settings.lb_algorithm or "random").lower()
         shares, ids = None, [None] * count
         if algo == "maglev":
-            table = cn.maglev.get(svc.rev_nat if svc.rev_nat is not None else svc.service_id)
-            ids = [cn.backend_id(svc, be, n) for n, be in enumerate(hit.candidates, 1)]
-            shares = L.maglev_shares(table, ids)
+            table, ids, shares = cn.maglev_shares(svc, hit.candidates)
             if table is None:
                 notes.append("Maglev: the bundle has no lookup table for this service "
                              "(cilium-bpf-lb-maglev-list.txt), so each backend's share is not "

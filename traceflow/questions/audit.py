@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from traceflow import kube
-from traceflow.questions.backends import (Balanced, IpvsReader, NetfilterReader,
-                                          OvsGroupReader)
+from traceflow.questions.backends import (Balanced, CiliumLbReader, IpvsReader,
+                                          NetfilterReader, OvsGroupReader)
 from traceflow.questions.check import describe_path, policy_of
 from traceflow.questions.runner import SCOPE_SERVICE, Progress, Tracer
 from traceflow.questions.select import Destination
@@ -317,7 +317,8 @@ def _endpoints_of(item: dict, where: str, is_slice: bool, out: dict) -> None:
 def backend_drift(snap) -> list[Finding]:
     cluster = snap.cluster
     expected = expected_endpoints(snap.bundle)
-    readers = {cls: cls(snap) for cls in (OvsGroupReader, IpvsReader, NetfilterReader)}
+    readers = {cls: cls(snap) for cls in (CiliumLbReader, OvsGroupReader, IpvsReader,
+                                          NetfilterReader)}
     out = []
     pods_by_node: dict = {}
     for p in cluster.pods:
@@ -352,6 +353,8 @@ def backend_drift(snap) -> list[Finding]:
 
 def _readers(snap, node, readers: dict) -> list:
     out = []
+    if readers[CiliumLbReader].applies(node):
+        out.append(readers[CiliumLbReader])
     if readers[OvsGroupReader].applies(node):
         out.append(readers[OvsGroupReader])
     if snap.kube_proxy == "ipvs" and node.ipvs is not None:
@@ -420,7 +423,7 @@ def peer_route_drift(snap) -> list[Finding]:
                                        f"{peer.name}'s pod CIDR: {dec.reason}",
                                        [f"{route.source.file}:{route.source.line}: {route.text}"]
                                        if route is not None and route.source else []))
-                elif route.dst.length == 0:
+                elif route.dst.length == 0 and snap.conventions.kernel_routes_pod_cidrs:
                     out.append(Finding("peer-route", subject, f"{name} has no route for "
                                        f"{peer.name}'s pod CIDR: it falls to the default route "
                                        f"({route.text}), out of the underlay instead of the "

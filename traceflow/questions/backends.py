@@ -11,7 +11,9 @@ handle the VIP on that node. The audit compares the answers with the EndpointSli
 - ``OvsGroupReader``: an OVS select group the Service flow sends to; the CNI says how a bucket
   names its endpoint (Antrea: the endpoint IP in reg3, port in reg4[0..15]).
 
-A Cilium lb-map reader would be one more class with the same method (not written yet).
+- ``CiliumLbReader``: the service map Cilium's from-container reads (`bpf lb list`, else
+  `service list`, else the statedb frontends): the slots a new connection can take, as the
+  trace's service lookup finds them, each an equal share (Maglev: its lookup-table share).
 """
 
 from __future__ import annotations
@@ -158,3 +160,34 @@ class OvsGroupReader:
                                 f"group {gid} bucket {b.bucket_id}: {b.text.strip()}"))
         return out
 
+
+
+class CiliumLbReader:
+    datapath = "cilium lb map"
+
+    def __init__(self, snap):
+        self.snap = snap
+        self._nodes: dict = {}
+
+    def applies(self, node) -> bool:
+        return self.snap.cni == "cilium"
+
+    def balanced(self, node, client_ip: str, vip: str, port: int, proto: str):
+        from traceflow.cilium.lookup import service_lookup
+        from traceflow.cni.cilium import CiliumNode
+        cn = self._nodes.get(node.name)
+        if cn is None:
+            cn = self._nodes[node.name] = CiliumNode(self.snap, node)
+        hit = service_lookup(cn.services, vip, port, proto)
+        if hit is None:
+            return None
+        slots = list(hit.candidates)
+        shares = None
+        if (cn.settings.lb_algorithm or "random").lower() == "maglev":
+            _, ids, by_id = cn.maglev_shares(hit.service, slots)
+            shares = [by_id[i] for i in ids] if by_id else None
+        if shares is None:             # random: each active slot 1/count (Maglev unknown: said
+            shares = [1 / len(slots)] * len(slots) if slots else []
+        return [Balanced(b.ip, b.port, share, b.source or hit.service.source,
+                         f"cilium service {vip}:{port} slot {b.slot}: {b.ip}:{b.port}")
+                for b, share in zip(slots, shares)]

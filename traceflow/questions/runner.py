@@ -14,7 +14,6 @@ import re
 import sys
 import time
 
-from traceflow.errors import InputError
 from traceflow.kube import Pod
 from traceflow.packet import PROTO_NUMBERS, Packet
 from traceflow.questions.select import Destination
@@ -96,10 +95,15 @@ class Tracer:
         return trace
 
     def _has_ovs(self, node: str) -> bool:
+        """Whether a pod's packet can be followed out of the pod on this node: the node's
+        files are there with the CNI's datapath (Antrea's OVS flows; Cilium's BPF maps are
+        read per file as the walk needs them, a missing one said in the trace)."""
         got = self._ovs.get(node)
         if got is None:
-            got = self._ovs[node] = node in self.snap.bundle.node_names() and \
-                self.snap.bundle.node_file(node, "ovs-flows.txt") is not None
+            present = node in self.snap.bundle.node_names()
+            got = self._ovs[node] = present and (
+                self.snap.cni == "cilium"
+                or self.snap.bundle.node_file(node, "ovs-flows.txt") is not None)
         return got
 
     def node_model(self, name: str):
