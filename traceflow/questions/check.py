@@ -71,7 +71,7 @@ def resolve(suite: Suite, resolver: Resolver) -> list[tuple]:
 
 def run_check(suite: Suite, tracer: Tracer, bundle_name: str, progress: bool | None = None) -> Report:
     t0 = time.monotonic()
-    resolver = Resolver(tracer.snap.cluster, tracer.snap.bundle.text("k8s/pods.yaml"))
+    resolver = Resolver(tracer.snap.cluster)
     work = resolve(suite, resolver)
     report = Report(suite, bundle_name)
     bar = Progress(len(work), "check", progress if progress is not None else None)

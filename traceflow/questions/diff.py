@@ -92,7 +92,7 @@ def suite_questions(suite, snap) -> list[tuple[Question, object]]:
     from traceflow.questions.check import resolve
     from traceflow.questions.select import Resolver
     out = []
-    for exp, pod, dst in resolve(suite, Resolver(snap.cluster, snap.bundle.text("k8s/pods.yaml"))):
+    for exp, pod, dst in resolve(suite, Resolver(snap.cluster)):
         out.append(Question(f"{exp.name} [{pod.key}]", pod.key, dst))
     return out
 

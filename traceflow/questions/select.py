@@ -12,15 +12,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
-import yaml
 
 from traceflow.errors import InputError
 from traceflow.kube import Cluster, Pod, Service
 
 _SELECTOR_TERM = re.compile(r"^\s*(!)?\s*([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*))?\s*$")
-_RS_POD = re.compile(r"^(?P<deploy>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}$")
 
 
 @dataclass(frozen=True)
@@ -67,9 +64,8 @@ def parse_selector(text: str, where: str = "selector") -> dict:
 class Resolver:
     """Resolves suite references against one bundle's cluster."""
 
-    def __init__(self, cluster: Cluster, pods_yaml: str | None = None):
+    def __init__(self, cluster: Cluster):
         self.cluster = cluster
-        self._owners = _owners(pods_yaml) if pods_yaml else {}
 
     # ---- sources -------------------------------------------------------------------------
     def sources(self, ref, namespace: str, where: str) -> list[Pod]:
@@ -102,14 +98,15 @@ class Resolver:
                        and selects(selector, p.labels)), key=lambda p: p.key)
 
     def _deploy(self, name: str, namespace: str, where: str) -> list[Pod]:
-        def owned(p: Pod) -> bool:
-            rs = self._owners.get(p.key)
-            if rs is not None:
-                return rs.rsplit("-", 1)[0] == name
-            m = _RS_POD.match(p.name)
-            return bool(m and m.group("deploy") == name)
-        pods = sorted((p for p in self.cluster.pods if p.namespace == namespace and owned(p)
-                       and p.phase == "Running"), key=lambda p: p.key)
+        """The Deployment's pods by their ReplicaSet owner; a pod whose object carries no
+        ownerReferences (a hand-written or generated bundle) by the Deployment controller's
+        naming, <deployment>-<template hash>-<5 characters>."""
+        from traceflow.resolve import _deployment_pods
+        owned = {p.key for p in _deployment_pods(self.cluster, name, namespace)}
+        pods = sorted((p for p in self.cluster.pods if p.namespace == namespace
+                       and p.phase == "Running"
+                       and (p.key in owned or (not p.owners and _by_name(p.name, name)))),
+                      key=lambda p: p.key)
         return self._nonempty(pods, f"deployment {namespace}/{name}", where)
 
     def _pod_ip(self, ip: str, where: str) -> Pod:
@@ -152,23 +149,14 @@ class Resolver:
     def _service(self, svc: Service, port, protocol, where) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", where)
-        if not svc.ports:
-            raise InputError(f"service {svc.key} has no ports", where)
-        if port in (None, ""):
-            if len(svc.ports) > 1:
-                raise InputError(f"service {svc.key} has several ports "
-                                 f"({', '.join(str(p.port) for p in svc.ports)}): name one "
-                                 "(svc/NAME:PORT or port:)", where)
-            sp = svc.ports[0]
-        else:
-            named = [p for p in svc.ports if str(p.port) == str(port) or p.name == str(port)]
-            if not named:
-                raise InputError(f"service {svc.key} has no port {port!r} (it has "
-                                 f"{', '.join(str(p.port) for p in svc.ports)})", where)
-            # the same number on TCP and UDP (DNS): take the asked protocol's
-            sp = next((p for p in named if protocol and p.protocol.upper() == protocol), named[0])
-        return Destination("service", svc.key, svc.cluster_ip, sp.port,
-                           (protocol or sp.protocol).upper(), service=svc)
+        from traceflow.resolve import service_port
+        try:   # the CLI's rules: a number served over TCP and UDP (DNS) is never guessed
+            sp = service_port(svc, None if port in (None, "") else str(port), protocol)
+        except InputError as err:
+            raise InputError(err.reason.replace("--protocol", "protocol:").replace("--port", "port:"),
+                             where) from None
+        return Destination("service", svc.key, svc.cluster_ip, sp.port, sp.protocol.upper(),
+                           service=svc)
 
     def _pod(self, pod: Pod, port, protocol) -> Destination:
         if not pod.ip:
@@ -186,17 +174,9 @@ class Resolver:
         return Destination("ip", ip, ip, int(port or 80), (protocol or "TCP").upper())
 
 
-@lru_cache(maxsize=8)
-def _owners(pods_yaml: str) -> dict:
-    """pod key -> its ReplicaSet owner's name (from the raw pods.yaml ownerReferences)."""
-    out = {}
-    try:
-        doc = yaml.load(pods_yaml, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError:
-        return out      # load_cluster already reported the file; resolution falls back on names
-    for item in (doc or {}).get("items") or [] if isinstance(doc, dict) else []:
-        meta = (item or {}).get("metadata") or {}
-        for ref in meta.get("ownerReferences") or []:
-            if isinstance(ref, dict) and ref.get("kind") == "ReplicaSet" and ref.get("name"):
-                out[f"{meta.get('namespace', 'default')}/{meta.get('name')}"] = ref["name"]
-    return out
+_RS_POD = re.compile(r"^(?P<deploy>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}$")
+
+
+def _by_name(pod_name: str, deployment: str) -> bool:
+    m = _RS_POD.match(pod_name)
+    return bool(m and m.group("deploy") == deployment)
