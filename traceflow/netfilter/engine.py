@@ -388,46 +388,48 @@ def _return(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     return RETURN
 
 
-def _dnat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
-    to: NatTo = rule.target_args["to"]
+def nat_rewrite(walk: Walk, kind: str, to: NatTo | None) -> str:
+    """Rewrite the walk's packet as DNAT / SNAT / MASQUERADE to ``to`` do (MASQUERADE: the out
+    interface's address, unresolved when the caller lacks it) and record the translation for
+    conntrack; returns "KIND before -> after". Both the iptables and nft simulators use it."""
     p = walk.packet
-    before = (p.nw_dst, p.tp_dst)
-    p.nw_dst = to.addr or p.nw_dst
-    p.tp_dst = to.ports.lo if to.ports else p.tp_dst
-    walk.nat = NatAction("DNAT", before, (p.nw_dst, p.tp_dst))
-    walk.add_ct_state("DNAT")
-    step(f"DNAT {_hostport(*before)} -> {_hostport(p.nw_dst, p.tp_dst)}{_range_note(to)}")
+    ports = to.ports if to is not None else None
+    if kind == "DNAT":
+        before = (p.nw_dst, p.tp_dst)
+        p.nw_dst = to.addr or p.nw_dst
+        p.tp_dst = ports.lo if ports else p.tp_dst
+        after, new = (p.nw_dst, p.tp_dst), _hostport(p.nw_dst, p.tp_dst)
+    else:
+        before = (p.nw_src, p.tp_src)
+        p.tp_src = ports.lo if ports else p.tp_src
+        ip = walk.ctx.masquerade_ip if kind == "MASQUERADE" else (to.addr or p.nw_src)
+        if ip is None:
+            new = ("the address of the out interface" + (f" {walk.ctx.out_iface}"
+                   if walk.ctx.out_iface else "") + " (not known here; source left unchanged)")
+        else:
+            p.nw_src = ip
+            new = _hostport(ip, p.tp_src)
+        after = (ip, p.tp_src)
+    walk.nat = NatAction(kind, before, after)
+    walk.add_ct_state("DNAT" if kind == "DNAT" else "SNAT")
+    note = _range_note(to) if kind != "MASQUERADE" and to is not None else ""
+    return f"{kind} {_hostport(*before)} -> {new}{note}"
+
+
+def _dnat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
+    step(nat_rewrite(walk, "DNAT", rule.target_args["to"]))
     return "ACCEPT"
 
 
 def _snat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
-    to: NatTo = rule.target_args["to"]
-    p = walk.packet
-    before = (p.nw_src, p.tp_src)
-    p.nw_src = to.addr or p.nw_src
-    p.tp_src = to.ports.lo if to.ports else p.tp_src
-    walk.nat = NatAction("SNAT", before, (p.nw_src, p.tp_src))
-    walk.add_ct_state("SNAT")
-    step(f"SNAT {_hostport(*before)} -> {_hostport(p.nw_src, p.tp_src)}{_range_note(to)}"
-         f"{_port_note(rule)}")
+    step(nat_rewrite(walk, "SNAT", rule.target_args["to"]) + _port_note(rule))
     return "ACCEPT"
 
 
 def _masquerade(chain: Chain, rule: Rule, walk: Walk, step) -> str:
-    """SNAT to the out interface's address; unresolved (ip None) when the caller lacks it."""
-    p, ip = walk.packet, walk.ctx.masquerade_ip
-    before = (p.nw_src, p.tp_src)
     ports = rule.target_args.get("to_ports")
-    p.tp_src = ports.lo if ports else p.tp_src
-    if ip is None:
-        new = ("the address of the out interface" + (f" {walk.ctx.out_iface}"
-               if walk.ctx.out_iface else "") + " (not known here; source left unchanged)")
-    else:
-        p.nw_src = ip
-        new = _hostport(ip, p.tp_src)
-    walk.nat = NatAction("MASQUERADE", before, (ip, p.tp_src))
-    walk.add_ct_state("SNAT")
-    step(f"MASQUERADE {_hostport(*before)} -> {new}{_port_note(rule)}")
+    step(nat_rewrite(walk, "MASQUERADE", NatTo(None, ports=ports) if ports else None)
+         + _port_note(rule))
     return "ACCEPT"
 
 

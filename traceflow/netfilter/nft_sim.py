@@ -9,8 +9,8 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from traceflow.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NatAction, NodeContext,
-                                        Step, Walk, _Budget, _hostport, _range_note)
+from traceflow.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NodeContext,
+                                        Step, Walk, _Budget, nat_rewrite)
 from traceflow.netfilter.nft_model import (ABSENT, CHAIN_MEANINGS, Cmp, Elements, IntPattern,
                                            Limit, Nat, NftChain, NftElement, NftRule, NftRuleset,
                                            NftTable, Notrack, Passive, Selector, SetRef, SetStmt,
@@ -489,39 +489,10 @@ class _Simulator:
             hit.effects.append(f"CONNMARK `{expr.text}`: connmark {old:#x} -> {new:#x}")
 
     def _nat(self, table, chain, expr: Nat, walk: _Walk, hit: _Hit) -> Verdict | str:
-        p = walk.packet
         flags = f" ({', '.join(expr.flags)}: source port may be randomised; shown unchanged)" \
             if {"random", "fully-random", "random-fully"} & set(expr.flags) else ""
-        if expr.kind == "dnat":
-            before = (p.nw_dst, p.tp_dst)
-            p.nw_dst = expr.to.addr or p.nw_dst
-            p.tp_dst = expr.to.ports.lo if expr.to.ports else p.tp_dst
-            walk.nat = NatAction("DNAT", before, (p.nw_dst, p.tp_dst))
-            walk.add_ct_state("DNAT")
-            hit.effects.append(f"DNAT {_hostport(*before)} -> {_hostport(p.nw_dst, p.tp_dst)}"
-                               f"{_range_note(expr.to)}")
-        elif expr.kind == "snat":
-            before = (p.nw_src, p.tp_src)
-            p.nw_src = expr.to.addr or p.nw_src
-            p.tp_src = expr.to.ports.lo if expr.to.ports else p.tp_src
-            walk.nat = NatAction("SNAT", before, (p.nw_src, p.tp_src))
-            walk.add_ct_state("SNAT")
-            hit.effects.append(f"SNAT {_hostport(*before)} -> {_hostport(p.nw_src, p.tp_src)}"
-                               f"{_range_note(expr.to)}{flags}")
-        else:
-            ip = walk.ctx.masquerade_ip
-            before = (p.nw_src, p.tp_src)
-            if expr.to is not None and expr.to.ports:
-                p.tp_src = expr.to.ports.lo
-            if ip is None:
-                new = ("the address of the out interface" + (f" {walk.ctx.out_iface}"
-                       if walk.ctx.out_iface else "") + " (not known here; source left unchanged)")
-            else:
-                p.nw_src = ip
-                new = _hostport(ip, p.tp_src)
-            walk.nat = NatAction("MASQUERADE", before, (ip, p.tp_src))
-            walk.add_ct_state("SNAT")
-            hit.effects.append(f"MASQUERADE {_hostport(*before)} -> {new}{flags}")
+        kind = {"dnat": "DNAT", "snat": "SNAT"}.get(expr.kind, "MASQUERADE")
+        hit.effects.append(nat_rewrite(walk, kind, expr.to) + ("" if kind == "DNAT" else flags))
         walk.nat_bound = True
         return Verdict("accept")
 
