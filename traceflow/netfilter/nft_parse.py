@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import field
 from typing import NamedTuple
 
 from traceflow.errors import Source
