@@ -4,23 +4,13 @@ from-container handing the packet to the kernel, the `ip rule` picking the ENI's
 VPC gateway, node2's `to <pod> lookup main` rule, the lxc egress program with the ingress
 policy, delivery. Expectations come from the walk and Cilium's source, not from traceflow."""
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from traceflow.cli import app
+from cilium_walks import copy_example, trace
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traceflow" / "examples" / "cilium-eni"
-runner = CliRunner()
-
-
-def trace(bundle, *args):
-    result = runner.invoke(app, [*args, "--bundle", str(bundle), "-o", "json"])
-    assert result.exit_code in (0, 1), result.output
-    return result.exit_code, json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +22,7 @@ def doc():
 
 @pytest.fixture
 def bundle(tmp_path):
-    dst = tmp_path / "b"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
+    return copy_example("cilium-eni", tmp_path)
 
 
 def hops_of(doc, direction="request"):

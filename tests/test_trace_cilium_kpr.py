@@ -5,28 +5,13 @@ steps in order, and edits of the bundle must change the verdict truthfully.
 No Cilium agent or BPF program can run here: the expectations come from the walk and from
 Cilium's source (bpf_lxc.c, bpf_host.c, lib/lb.h, lib/policy.h), not from traceflow."""
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from traceflow.cli import app
+from cilium_walks import copy_example, path_to, run, trace
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traceflow" / "examples" / "cilium-kpr-native"
-runner = CliRunner()
-
-
-def run(bundle, *args):
-    result = runner.invoke(app, [*args, "--bundle", str(bundle), "-o", "json"])
-    return result
-
-
-def trace(bundle, *args):
-    result = run(bundle, *args)
-    assert result.exit_code in (0, 1), result.output
-    return result.exit_code, json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +23,7 @@ def doc():
 
 @pytest.fixture
 def bundle(tmp_path):
-    dst = tmp_path / "b"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-def path_to(doc, endpoint):
-    (path,) = [p for p in doc["paths"] if p["endpoint"] == endpoint]
-    return path
+    return copy_example("cilium-kpr-native", tmp_path)
 
 
 def leg(path, direction):

@@ -3,35 +3,18 @@ tcx attachments, LPM policy maps, and a NetworkPolicy that admits one client and
 another. Expectations follow Cilium's source (bpf_sock.c, bpf_lxc.c, bpf_overlay.c,
 lib/policy.h); no Cilium agent runs here."""
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from traceflow.cli import app
+from cilium_walks import copy_example, path_to, trace
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "traceflow" / "examples" / "cilium-vxlan-policy"
-runner = CliRunner()
-
-
-def trace(bundle, *args):
-    result = runner.invoke(app, [*args, "--bundle", str(bundle), "-o", "json"])
-    assert result.exit_code in (0, 1), result.output
-    return result.exit_code, json.loads(result.stdout)
 
 
 @pytest.fixture
 def bundle(tmp_path):
-    dst = tmp_path / "b"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-def path_to(doc, endpoint):
-    (p,) = [p for p in doc["paths"] if p["endpoint"] == endpoint]
-    return p
+    return copy_example("cilium-vxlan-policy", tmp_path)
 
 
 def hops(path, direction="request"):
