@@ -42,28 +42,42 @@ def bundle(tmp_path):
     return dest
 
 
-def test_second_open_reads_the_index_and_gets_the_same_cluster(bundle):
+def _blobs(kind: str) -> list[Path]:
+    return sorted(_cache().glob(f"bundle-{kind}-*.sqlite")) if _cache().exists() else []
+
+
+def test_second_open_reads_the_layout_and_gets_the_same_cluster(bundle, monkeypatch):
     want = _plain(load_cluster(Bundle.open(bundle).text))
     first = bundleindex.load_cluster(Bundle.open(bundle))
-    assert len(_indexes()) == 1
-    # the index is what the second open reads: with the YAML gone from the reader, the
-    # cluster still comes back whole
-    b = Bundle.open(bundle)
-    b.text = lambda name, real=b.text: None if name.startswith("k8s/") else real(name)
-    second = bundleindex.load_cluster(b)
+    assert len(_blobs("k8s-layout")) == 1
     assert _plain(first) == want
+    # the second open locates nothing: the layout says where each object is
+    from traceflow import kubecatalog
+    monkeypatch.setattr(kubecatalog, "scan_yaml", lambda *a: pytest.fail("located again"))
+    second = bundleindex.load_cluster(Bundle.open(bundle))
+    assert second.find_pod("default", "backend2").ip == "10.222.2.34"
     assert _plain(second) == want
     assert len(second.pods) == 10 and second.endpoints["default/backendsvc"]
 
 
-def test_index_rows_keep_file_and_line(bundle):
-    bundleindex.load_cluster(Bundle.open(bundle))
-    import sqlite3
-    conn = sqlite3.connect(_indexes()[0])
-    line, = conn.execute("SELECT line FROM objects WHERE file = 'k8s/pods.yaml' AND "
-                         "name = 'backend2'").fetchone()
-    conn.close()
+def test_a_file_read_whole_is_kept_as_json_for_the_next_command(bundle, monkeypatch):
+    want = _plain(load_cluster(Bundle.open(bundle).text))
+    assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want   # reads all
+    assert len(_blobs("k8s-items")) >= 3        # pods, services, endpointslices
+    # the next command's whole read comes from the stored objects, not from the YAML
+    from traceflow import kubecatalog
+    monkeypatch.setattr(kubecatalog, "_read_whole", lambda cat: pytest.fail("parsed again"))
+    c = bundleindex.load_cluster(Bundle.open(bundle))
+    assert _plain(c) == want
+
+
+def test_layout_lines_point_at_the_items(bundle):
+    from traceflow.kubecatalog import Objects
+    objects = Objects(Bundle.open(bundle).text)
+    cat = objects.catalog("k8s/pods.yaml")
     text = (bundle / "k8s/pods.yaml").read_text().splitlines()
+    i, = cat.find("name", "backend2")
+    line = cat.line(i)
     assert text[line - 1] == "- apiVersion: v1"
     assert "name: backend2" in "\n".join(text[line - 1:line + 20])
 
@@ -76,7 +90,7 @@ def test_a_tarball_is_indexed_like_its_folder(bundle, tmp_path):
     assert Bundle.open(tgz).content_hash("k8s/") == Bundle.open(bundle).content_hash("k8s/")
     want = _plain(bundleindex.load_cluster(Bundle.open(bundle)))
     assert _plain(bundleindex.load_cluster(Bundle.open(tgz))) == want
-    assert len(_indexes()) == 1
+    assert len(_blobs("k8s-layout")) == 1
 
 
 def test_a_change_of_content_is_a_new_index(bundle):
@@ -90,27 +104,35 @@ def test_a_change_of_content_is_a_new_index(bundle):
     os.utime(pods, ns=(stat.st_atime_ns, stat.st_mtime_ns))    # same mtime too
     cluster = bundleindex.load_cluster(Bundle.open(bundle))
     assert cluster.pod("frontend", "default").ip == "10.222.1.49"
-    assert len(_indexes()) == 2
+    assert cluster.pod_by_ip("10.222.1.49").name == "frontend"
+    assert len(_blobs("k8s-layout")) == 2
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign", "offsets"])
 def test_a_corrupt_or_foreign_index_is_ignored_and_rebuilt(bundle, tmp_path, damage):
     want = _plain(load_cluster(Bundle.open(bundle).text))
     b = Bundle.open(bundle)
-    path = bundleindex._path_for(b.content_hash("k8s/"))
+    digest = b.content_hash("k8s/")
+    path = bundleindex._blob_path("k8s-layout", digest)
     if damage == "foreign":
         other = tmp_path / "other"
         shutil.copytree(KUBE_PROXY, other)
         bundleindex.load_cluster(Bundle.open(other))
-        os.replace(_indexes()[0], path)        # another bundle's index under this one's name
+        os.replace(_blobs("k8s-layout")[0], path)   # another bundle's layout under this name
+    elif damage == "offsets":
+        bundleindex.load_cluster(b)
+        layout = bundleindex.load_blob("k8s-layout", digest)
+        flat = layout["k8s/pods.yaml"]["items"]
+        flat[0] += 3                                # no longer where an item starts
+        bundleindex.store_blob("k8s-layout", digest, layout)
     else:
         bundleindex.load_cluster(b)
         data = path.read_bytes()
         path.write_bytes(b"not sqlite at all" * 100 if damage == "garbage" else data[:4096])
-    assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
-    again = bundleindex.open_index(b.content_hash("k8s/"))
-    assert again is not None                    # rebuilt, and now valid
-    again.close()
+    c = bundleindex.load_cluster(Bundle.open(bundle))
+    assert c.find_pod("default", "frontend") == next(p for p in want[0] if p.name == "frontend")
+    assert _plain(c) == want
+    assert bundleindex.load_blob("k8s-layout", digest) is not None     # rebuilt, and valid
 
 
 def test_no_index_when_turned_off(bundle, monkeypatch):
@@ -127,7 +149,7 @@ def test_an_unwritable_cache_only_costs_the_index(bundle, monkeypatch, tmp_path)
 
 
 def test_the_cache_keeps_to_its_budget(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRACEFLOW_CACHE_MB", "0.05")     # 50 KB: room for one small index
+    monkeypatch.setenv("TRACEFLOW_CACHE_MB", "0.015")    # 15 KB: room for one small index
     for i in range(3):
         dest = tmp_path / f"b{i}"
         shutil.copytree(EXAMPLE, dest)
@@ -147,22 +169,42 @@ def test_two_processes_at_once(bundle):
     assert [p.returncode for p in procs] == [0, 0, 0], outs[0][1]
     verdicts = {json.loads(o)["verdict"] for o, _ in outs}
     assert verdicts == {"delivered"}
-    assert len(_indexes()) == 1
+    assert len(_blobs("k8s-layout")) == 1
     assert not list(_cache().glob(".tmp-*"))             # no half-written index left
 
 
-def test_bad_yaml_is_a_located_error_and_leaves_no_index(bundle):
+def test_a_bad_object_is_a_located_error_when_a_command_reads_it(bundle):
+    """Objects are checked when read: a bad port in the Service the trace asks for is exit 2
+    with its file and line; the same bad port in a Service no command reads is not in the
+    way of a trace (it is reported by whatever reads it, e.g. `audit`)."""
     svc = bundle / "k8s/services.yaml"
     svc.write_text(svc.read_text().replace("    - port: 80\n", "    - port: eighty\n", 1))
+    cluster = bundleindex.load_cluster(Bundle.open(bundle))
     with pytest.raises(InputError) as err:
-        bundleindex.load_cluster(Bundle.open(bundle))
+        cluster.service("backendsvc", "default")
     assert err.value.file == "k8s/services.yaml" and err.value.line
-    assert _indexes() == []
+    assert (bundle / "k8s/services.yaml").read_text().splitlines()[err.value.line - 1] \
+        == "    - port: eighty"
+    with pytest.raises(InputError):
+        cluster.services                            # reading all of them meets it too
     r = subprocess.run([sys.executable, "-m", "traceflow", "pod-to-svc", "frontend",
                         "backendsvc", "--bundle", str(bundle)], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2
     assert f"k8s/services.yaml, line {err.value.line}" in r.stderr
+
+
+def test_invalid_yaml_in_an_object_read_is_located_in_the_whole_file(bundle):
+    pods = bundle / "k8s/pods.yaml"
+    lines = pods.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if line == "    name: frontend")
+    lines[n] = "    name: [frontend"                 # an unclosed flow sequence
+    pods.write_text("\n".join(lines) + "\n")
+    cluster = bundleindex.load_cluster(Bundle.open(bundle))
+    with pytest.raises(InputError) as err:
+        cluster.pod("frontend", "default")
+    assert err.value.file == "k8s/pods.yaml"
+    assert abs(err.value.line - (n + 1)) <= 2, (err.value.line, n + 1)
 
 
 def _to_jsonl(bundle: Path, kind: str) -> None:
@@ -213,17 +255,13 @@ def test_a_bad_rule_in_a_chain_the_trace_enters_is_a_located_error(tmp_path):
     assert f"nodes/node1/iptables-save.txt, line {n + 1}" in r.stderr
 
 
-def test_an_index_with_a_malformed_cluster_is_not_trusted(bundle):
-    import sqlite3
+def test_stored_objects_that_are_not_objects_are_not_trusted(bundle):
     want = _plain(load_cluster(Bundle.open(bundle).text))
-    bundleindex.load_cluster(Bundle.open(bundle))
-    path = _indexes()[0]
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = ? WHERE key = 'cluster'", ('{"pods": [[1, 2]]}',))
-    conn.commit()
-    conn.close()
+    b = Bundle.open(bundle)
+    digest = b.content_hash("k8s/")
+    _plain(bundleindex.load_cluster(b))              # reads all: stores the objects
+    key = bundleindex._items_key(digest, "k8s/pods.yaml")
+    bundleindex.store_blob("k8s-items", key, [[1, 2]])
     assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want
-    conn = sqlite3.connect(path)                     # and it was rebuilt
-    (value,), = conn.execute("SELECT value FROM meta WHERE key = 'cluster'").fetchall()
-    conn.close()
-    assert value != '{"pods": [[1, 2]]}'
+    bundleindex.store_blob("k8s-items", key, [{"metadata": {"name": 5}}])   # one, not ten
+    assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want

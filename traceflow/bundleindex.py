@@ -1,42 +1,41 @@
-"""A persistent index of a bundle's Kubernetes objects, so that the second command on a bundle
-does not read its YAML again.
+"""A persistent index of a bundle, so that the second command on a bundle starts from what the
+first one learnt instead of reading 100 MB again.
 
-Why: a 20,000-Service bundle holds ~100 MB of ``kubectl get -o yaml``; reading it takes seconds
-even with libyaml, while JSON rows in SQLite come back in a fraction of that. SQLite (stdlib
-``sqlite3``) was picked over a JSON-lines or pickle cache because it is one file, written
-atomically, read in part (one kind, one namespace) with an index, and never executes code when a
-hostile file is read (pickle would).
+Why: a 20,000-Service bundle holds ~60 MB of ``kubectl get -o yaml`` and 100,000-line flow and
+iptables dumps; a trace needs a few objects, tables and chains of them. SQLite (stdlib
+``sqlite3``) holds each stored value: one file, written atomically, and never executing code
+when a hostile file is read (pickle would).
 
-- Key: the content hash of what the index is built from (``Bundle.content_hash("k8s/")``:
-  SHA-256 of every ``k8s/`` file's name, size and bytes, streamed; 0.1 s for 60 MB). Same
-  bytes, same index; any change, a new index. Node files are not hashed: nothing of them is
-  in the index (a 100-node bundle costs no more to key than a 2-node one).
+- Kubernetes objects: where each object of ``k8s/*`` is in its file and the keys lookups use
+  (traceflow.kubecatalog's layout), so that a command parses only the objects it asks for; and,
+  once a command has read a whole file (``audit``, completion), its checked objects as JSON.
+  Keyed by the content hash of ``k8s/`` (``Bundle.content_hash("k8s/")``: SHA-256 of every
+  file's name, size and bytes, streamed; 0.1 s for 60 MB): same bytes, same index; node
+  files are not part of it (a 100-node bundle costs no more to key than a 2-node one).
+- Node files (iptables-save, flow dumps): each file's layout keyed by the SHA-256 of its text.
 - Where: ``$TRACEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/traceflow``, else
   ``~/.cache/traceflow``; ``TRACEFLOW_NO_INDEX=1`` turns it off. At most
-  ``TRACEFLOW_CACHE_MB`` (default 1024) MB: the least recently used indexes are removed.
-- What: each object of ``k8s/*`` as JSON with the file and line it came from, stored only once
-  the whole file has passed ``traceflow.validate``: an indexed bundle is a validated bundle;
-  and the facts traceflow.kube keeps of them (the Cluster, as plain JSON), so that a command
-  starts without decoding 80,000 objects. SCHEMA names both layouts: change it when either
-  changes.
-- Trust: an index whose schema version or bundle hash differ, or that SQLite cannot read, is
-  ignored and rebuilt; it names only bundle-relative files and is never used to open a path.
-  Objects read back go through the same model building (and its shape guard) as YAML does.
-- Concurrency: an index is written to a temporary file and renamed into place, so two
-  traceflow processes on one bundle each read either no index or a complete one.
+  ``TRACEFLOW_CACHE_MB`` (default 1024) MB: the least recently used files are removed.
+- Trust: a stored value whose schema or key differ, or that SQLite cannot read, is ignored,
+  removed and rebuilt; a layout that does not fit its file (sizes, offsets) is not used; it
+  names only bundle-relative files and is never used to open a path. Objects read back go
+  through the same checks and model building as YAML does.
+- Concurrency: each value is written to a temporary file and renamed into place, so two
+  traceflow processes on one bundle each read either nothing or a complete value.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
 import tempfile
 from pathlib import Path
 
-SCHEMA = "traceflow-index/2"
-K8S_FILES = ("k8s/pods.yaml", "k8s/services.yaml", "k8s/nodes.yaml", "k8s/networkpolicies.yaml",
-             "k8s/endpointslices.yaml", "k8s/endpoints.yaml")
+SCHEMA = "traceflow-index/3"
+K8S_FILES = ("k8s/pods.yaml", "k8s/services.yaml", "k8s/endpointslices.yaml",
+             "k8s/endpoints.yaml")
 
 
 def enabled() -> bool:
@@ -56,98 +55,6 @@ def _budget() -> int:
         return int(float(os.environ.get("TRACEFLOW_CACHE_MB") or 1024) * 1024 * 1024)
     except ValueError:
         return 1024 * 1024 * 1024
-
-
-class Index:
-    """The Kubernetes objects of one bundle, by file, as the validated items of each file."""
-
-    def __init__(self, path: Path, conn: sqlite3.Connection):
-        self.path = path
-        self._conn = conn
-
-    def cluster(self):
-        """The stored Cluster, or None when the index has none."""
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'cluster'").fetchone()
-        return None if row is None else _cluster_from(json.loads(row[0]))
-
-    def items(self, name: str) -> list[dict]:
-        rows = self._conn.execute("SELECT json FROM objects WHERE file = ? ORDER BY seq",
-                                  (name,))
-        return [json.loads(j) for (j,) in rows]
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-def _path_for(digest: str) -> Path:
-    return cache_dir() / f"bundle-{digest}.sqlite"
-
-
-def open_index(digest: str) -> Index | None:
-    """The complete index of the bundle with this content hash, or None (absent, foreign,
-    corrupt, other schema: a corrupt or foreign file is removed so that it is rebuilt)."""
-    path = _path_for(digest)
-    if not path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        meta = dict(conn.execute("SELECT key, value FROM meta"))
-        if meta.get("schema") != SCHEMA or meta.get("bundle") != digest \
-                or meta.get("complete") != "1":
-            conn.close()
-            raise sqlite3.DatabaseError("not this bundle's index")
-    except sqlite3.Error:
-        _remove(path)
-        return None
-    try:
-        os.utime(path)            # least recently used goes first when the cache is full
-    except OSError:
-        pass
-    return Index(path, conn)
-
-
-def write_index(digest: str, files: dict[str, list[tuple[int, dict]]],
-                cluster=None) -> Path | None:
-    """Store ``files``: bundle-relative name -> [(line, object)], and the Cluster built from
-    them. None when it cannot be written (read-only cache, full disk): the trace goes on
-    without an index."""
-    folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
-        os.close(fd)
-    except OSError:
-        return None
-    try:
-        conn = sqlite3.connect(tmp)
-        conn.execute("PRAGMA journal_mode = OFF")
-        conn.execute("PRAGMA synchronous = OFF")
-        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-        conn.execute("CREATE TABLE objects (file TEXT, seq INTEGER, line INTEGER, kind TEXT, "
-                     "namespace TEXT, name TEXT, json TEXT)")
-        for name, items in files.items():
-            conn.executemany(
-                "INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?, ?)",
-                ((name, seq, line, str(obj.get("kind", "")),
-                  str((obj.get("metadata") or {}).get("namespace", "")),
-                  str((obj.get("metadata") or {}).get("name", "")),
-                  json.dumps(obj, separators=(",", ":"), default=str))
-                 for seq, (line, obj) in enumerate(items)))
-        conn.execute("CREATE INDEX objects_by_file ON objects (file, seq)")
-        conn.execute("CREATE INDEX objects_by_name ON objects (kind, namespace, name)")
-        meta = [("schema", SCHEMA), ("bundle", digest), ("complete", "1")]
-        if cluster is not None:
-            meta.append(("cluster", json.dumps(_cluster_to(cluster), separators=(",", ":"))))
-        conn.executemany("INSERT INTO meta VALUES (?, ?)", meta)
-        conn.commit()
-        conn.close()
-        path = _path_for(digest)
-        os.replace(tmp, path)
-    except (sqlite3.Error, OSError, TypeError, ValueError):
-        _remove(Path(tmp))
-        return None
-    _prune(folder, keep=path)
-    return path
 
 
 def _remove(path: Path) -> None:
@@ -172,76 +79,59 @@ def _prune(folder: Path, keep: Path) -> None:
             total -= size
 
 
+# ---- Kubernetes objects ----------------------------------------------------------------------
+
 def load_cluster(bundle):
-    """The bundle's Cluster: from its index when there is one, else from its files (then
-    indexed for the next command)."""
-    from traceflow.kube import k8s_items, load_cluster as build
+    """The bundle's Cluster over its located objects (traceflow.kube.located_cluster): the
+    layouts from the index when there is one, else located now and stored for the next
+    command."""
+    from traceflow.kube import located_cluster
+    from traceflow.kubecatalog import Objects, layout_to_json
     if not enabled():
-        return build(bundle.text)
+        return located_cluster(Objects(bundle.text))
     digest = bundle.content_hash("k8s/")
-    index = open_index(digest)
-    if index is not None:
-        try:
-            cluster = index.cluster()
-            return cluster if cluster is not None else build(bundle.text, items=index.items)
-        except (sqlite3.Error, ValueError, TypeError, KeyError, IndexError):
-            pass                          # unreadable after all: read the files
-        finally:
-            index.close()
-    seen: dict[str, list[tuple[int, dict]]] = {}
-
-    def items(name: str) -> list:
-        lines: list = []
-        got = k8s_items(bundle.text, name, lines)
-        if len(lines) != len(got):        # PyYAML had to decide: no lines to record
-            lines = [0] * len(got)
-        seen[name] = list(zip(lines, got))
-        return got
-    cluster = build(bundle.text, items=items)
-    write_index(digest, seen, cluster if _round_trips(cluster) else None)
-    return cluster
+    layouts = load_blob("k8s-layout", digest)
+    objects = Objects(bundle.text, layouts if isinstance(layouts, dict) else None,
+                      whole=lambda name: _stored_items(digest, name),
+                      keep_whole=lambda name, items: _store_items(digest, name, items))
+    if not isinstance(layouts, dict):
+        # the big files located now (that is the first command's cost), so that the next
+        # command starts from their layouts
+        for name in K8S_FILES:
+            objects.catalog(name)
+        found = {name: layout_to_json(cat) for name, cat in objects.located.items()}
+        store_blob("k8s-layout", digest, {k: v for k, v in found.items() if v is not None})
+    return located_cluster(objects)
 
 
-# ---- the Cluster as plain JSON -------------------------------------------------------------
-
-def _cluster_to(c) -> dict:
-    return {
-        "pods": [[p.namespace, p.name, p.ip, p.node, p.labels, p.phase, p.host_network,
-                  p.owners, p.container_ports] for p in c.pods],
-        "services": [[s.namespace, s.name, s.type, s.cluster_ip,
-                      [[sp.name, sp.port, sp.protocol, sp.target_port, sp.node_port]
-                       for sp in s.ports], s.selector] for s in c.services],
-        "nodes": [[n.name, n.internal_ip, n.pod_cidrs] for n in c.nodes],
-        "policies": [[p.namespace, p.name, p.pod_selector, p.policy_types, p.ingress, p.egress]
-                     for p in c.policies],
-        "endpoints": c.endpoints,
-    }
+def _items_key(digest: str, name: str) -> str:
+    return f"{digest}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
-def _cluster_from(d: dict):
-    from traceflow.kube import Cluster, NetworkPolicy, Node, Pod, Service, ServicePort
-    c = Cluster()
-    c.pods = [Pod(ns, name, ip, node, labels, phase, host, tuple(map(tuple, owners)),
-                  tuple(map(tuple, ports)))
-              for ns, name, ip, node, labels, phase, host, owners, ports in d["pods"]]
-    c.services = [Service(ns, name, kind, ip, tuple(ServicePort(*p) for p in ports), selector)
-                  for ns, name, kind, ip, ports, selector in d["services"]]
-    c.nodes = [Node(name, ip, tuple(cidrs)) for name, ip, cidrs in d["nodes"]]
-    c.policies = [NetworkPolicy(ns, name, sel, tuple(types), tuple(ing), tuple(eg))
-                  for ns, name, sel, types, ing, eg in d["policies"]]
-    c.endpoints = {k: [tuple(e) for e in v] for k, v in d["endpoints"].items()}
-    return c
+def _stored_items(digest: str, name: str):
+    value = load_blob("k8s-items", _items_key(digest, name))
+    return value if isinstance(value, list) and all(isinstance(i, dict) for i in value) else None
 
 
-def _round_trips(cluster) -> bool:
-    """Whether the Cluster comes back equal from JSON (it does not when, say, a label key is
-    a YAML integer): otherwise only the objects are indexed."""
+def _store_items(digest: str, name: str, items: list) -> None:
+    """A file's checked objects as JSON, when JSON gives them back unchanged (a YAML
+    timestamp or a non-string key would not be)."""
     try:
-        again = _cluster_from(json.loads(json.dumps(_cluster_to(cluster))))
+        json.dumps(items, separators=(",", ":"))
     except (TypeError, ValueError):
+        return
+    if _plain_keys(items):
+        store_blob("k8s-items", _items_key(digest, name), items)
+
+
+def _plain_keys(value, depth: int = 0) -> bool:
+    if depth > 100:
         return False
-    return (again.pods, again.services, again.nodes, again.policies, again.endpoints) == \
-        (cluster.pods, cluster.services, cluster.nodes, cluster.policies, cluster.endpoints)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_keys(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain_keys(v, depth + 1) for v in value)
+    return True
 
 
 # ---- one node file's layout ------------------------------------------------------------------
@@ -307,8 +197,6 @@ def parse_iptables_save(text: str, name: str):
     every line's shape is checked and where each chain's rules are is stored, keyed by the
     SHA-256 of the text; later commands take the layout from the index instead of passing over
     200,000 lines."""
-    import hashlib
-
     from traceflow.netfilter.iptables_parse import from_save_layout, parse_iptables_save as parse
     from traceflow.netfilter.iptables_parse import save_layout
     if not enabled():

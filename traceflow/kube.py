@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from traceflow.errors import InputError
 
@@ -71,37 +71,129 @@ class NetworkPolicy:
     egress: tuple
 
 
-@dataclass
 class Cluster:
-    pods: list = field(default_factory=list)
-    services: list = field(default_factory=list)
-    nodes: list = field(default_factory=list)
-    policies: list = field(default_factory=list)
-    endpoints: dict = field(default_factory=dict)   # service key -> [(ip, pod key or None, node)]
+    """The bundle's Kubernetes facts. Built whole (``Cluster(pods=[...])``), or over a
+    catalog of located objects (traceflow.kubecatalog), where a lookup by name or IP parses
+    only the objects it returns and ``pods``/``services``/``endpoints`` read the rest the
+    first time a command asks for all of them."""
 
-    # ---- lookups ----------------------------------------------------------------------
+    def __init__(self, pods=None, services=None, nodes=None, policies=None, endpoints=None,
+                 objects=None):
+        self.nodes = list(nodes or [])
+        self.policies = list(policies or [])
+        self._objects = objects          # traceflow.kubecatalog.Objects, or None
+        self._pods = None if objects is not None else list(pods or [])
+        self._services = None if objects is not None else list(services or [])
+        self._endpoints = None if objects is not None else dict(endpoints or {})
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Cluster) and (self.pods, self.services, self.nodes,
+                                               self.policies, self.endpoints) == \
+            (other.pods, other.services, other.nodes, other.policies, other.endpoints)
+
+    # ---- everything (read whole on first use) -------------------------------------------
+    @property
+    def pods(self) -> list:
+        if self._pods is None:
+            self._pods = [_pod_from(i) for i in self._objects.all(PODS)]
+        return self._pods
+
+    @pods.setter
+    def pods(self, value) -> None:
+        self._pods = list(value)
+
+    @property
+    def services(self) -> list:
+        if self._services is None:
+            self._services = [_service_from(i) for i in self._objects.all(SERVICES)]
+        return self._services
+
+    @services.setter
+    def services(self, value) -> None:
+        self._services = list(value)
+
+    @property
+    def endpoints(self) -> dict:
+        """Service key -> [(ip, pod key or None, node)]."""
+        if self._endpoints is None:
+            out: dict = {}
+            for key, addr, pod, node in _endpoint_rows(self._objects.all(SLICES) or (),
+                                                       self._objects.all(ENDPOINTS)
+                                                       if not self._objects.count(SLICES)
+                                                       else ()):
+                out.setdefault(key, []).append((addr, pod, node))
+            self._endpoints = out
+        return self._endpoints
+
+    @endpoints.setter
+    def endpoints(self, value) -> None:
+        self._endpoints = dict(value)
+
+    def _located(self, loaded) -> bool:
+        """Whether lookups go through the catalog (nothing read whole yet)."""
+        return self._objects is not None and loaded is None
+
+    # ---- lookups: by key, reading only what they return ---------------------------------
+    def find_pod(self, namespace: str, name: str) -> Pod | None:
+        if self._located(self._pods):
+            pods = (_pod_from(i) for i in self._objects.lookup(PODS, "name", name))
+        else:
+            pods = iter(self.pods)
+        return next((p for p in pods if p.namespace == namespace and p.name == name), None)
+
+    def pods_at(self, ip: str) -> list:
+        """Every pod whose podIP is ``ip`` (hostNetwork pods included), in bundle order."""
+        if self._located(self._pods):
+            pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
+        else:
+            pods = self.pods
+        return [p for p in pods if p.ip == ip]
+
+    def find_service(self, namespace: str, name: str) -> Service | None:
+        if self._located(self._services):
+            svcs = (_service_from(i) for i in self._objects.lookup(SERVICES, "name", name))
+        else:
+            svcs = iter(self.services)
+        return next((s for s in svcs if s.namespace == namespace and s.name == name), None)
+
+    def service_at(self, ip: str) -> Service | None:
+        """The (first) Service whose cluster IP is ``ip``."""
+        if self._located(self._services):
+            svcs = (_service_from(i) for i in self._objects.lookup(SERVICES, "ip", ip))
+        else:
+            svcs = iter(self.services)
+        return next((s for s in svcs if s.cluster_ip == ip), None)
+
+    def endpoints_of(self, key: str) -> list:
+        """[(ip, pod key or None, node)] of Service ``key`` (namespace/name)."""
+        if not self._located(self._endpoints):
+            return self.endpoints.get(key, [])
+        ns, _, name = key.partition("/")
+        if self._objects.count(SLICES):
+            rows = _endpoint_rows(self._objects.lookup(SLICES, "service", name), ())
+        else:
+            rows = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
+        return [(addr, pod, node) for k, addr, pod, node in rows if k == key]
+
     def pod(self, ref: str, namespace: str) -> Pod:
         ns, name = _split(ref, namespace)
-        for p in self.pods:
-            if p.namespace == ns and p.name == name:
-                return p
+        found = self.find_pod(ns, name)
+        if found is not None:
+            return found
         raise InputError(_not_found("pod", ns, name, [p.name for p in self.pods if p.namespace == ns]),
                          "k8s/pods.yaml")
 
     def service(self, ref: str, namespace: str) -> Service:
         ns, name = _split(ref.removeprefix("svc/"), namespace)
-        for s in self.services:
-            if s.namespace == ns and s.name == name:
-                return s
+        found = self.find_service(ns, name)
+        if found is not None:
+            return found
         raise InputError(_not_found("service", ns, name,
                                     [s.name for s in self.services if s.namespace == ns]),
                          "k8s/services.yaml")
 
     def pod_by_ip(self, ip: str) -> Pod | None:
-        for p in self.pods:
-            if p.ip == ip and not p.host_network:
-                return p
-        return None
+        return next((p for p in self.pods_at(ip) if not p.host_network), None)
 
     def node_by_ip(self, ip: str) -> Node | None:
         for n in self.nodes:
@@ -122,6 +214,10 @@ class Cluster:
     def policies_selecting(self, pod: Pod, policy_type: str) -> list:
         return [np for np in self.policies if np.namespace == pod.namespace
                 and policy_type in np.policy_types and selects(np.pod_selector, pod.labels)]
+
+
+PODS, SERVICES = "k8s/pods.yaml", "k8s/services.yaml"
+SLICES, ENDPOINTS = "k8s/endpointslices.yaml", "k8s/endpoints.yaml"
 
 
 def selects(selector: dict, labels: dict) -> bool:
@@ -194,32 +290,47 @@ def _shape(name: str):
 
 
 def load_cluster(read, items=None) -> Cluster:
-    """Build the Cluster from a bundle; ``read(name) -> str | None``. ``items(name)`` gives a
-    file's checked objects when they come from elsewhere (the bundle index); by default they
-    are read from ``read(name)`` (YAML), or from ``k8s/<kind>.jsonl`` when the bundle stores
-    the objects as JSON lines instead."""
+    """Build the whole Cluster from a bundle; ``read(name) -> str | None``. ``items(name)``
+    gives a file's checked objects when they come from elsewhere; by default they are read
+    from ``read(name)`` (YAML), or from ``k8s/<kind>.jsonl`` when the bundle stores the
+    objects as JSON lines instead."""
     get = items or (lambda name: k8s_items(read, name))
-    c = Cluster()
-    with _shape("k8s/pods.yaml"):
-        _load_pods(c, get)
-    with _shape("k8s/services.yaml"):
-        _load_services(c, get)
-    with _shape("k8s/nodes.yaml"):
-        _load_nodes(c, get)
-    with _shape("k8s/networkpolicies.yaml"):
-        _load_policies(c, get)
+    with _shape(PODS):
+        pods = [_pod_from(i) for i in get(PODS)]
+    with _shape(SERVICES):
+        services = [_service_from(i) for i in get(SERVICES)]
+    c = Cluster(pods=pods, services=services)
+    _load_small(c, get)
     with _shape("k8s/endpointslices.yaml or k8s/endpoints.yaml"):
-        _load_endpoints(c, get)
+        slices = get(SLICES)
+        rows = _endpoint_rows(slices, () if slices else get(ENDPOINTS))
+        for key, addr, pod, node in rows:
+            c.endpoints.setdefault(key, []).append((addr, pod, node))
     return c
 
 
-def _load_pods(c: Cluster, get) -> None:
-    for item in get("k8s/pods.yaml"):
+def located_cluster(objects) -> Cluster:
+    """A Cluster over ``objects`` (traceflow.kubecatalog.Objects): nodes and policies read
+    now, pods, Services and endpoints as lookups ask for them."""
+    c = Cluster(objects=objects)
+    _load_small(c, objects.all)
+    return c
+
+
+def _load_small(c: Cluster, get) -> None:
+    with _shape("k8s/nodes.yaml"):
+        c.nodes = [_node_from(i) for i in get("k8s/nodes.yaml")]
+    with _shape("k8s/networkpolicies.yaml"):
+        c.policies = [_policy_from(i) for i in get("k8s/networkpolicies.yaml")]
+
+
+def _pod_from(item: dict) -> Pod:
+    with _shape(PODS):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
-        c.pods.append(Pod(meta.get("namespace", "default"), meta.get("name", ""),
-                          status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
-                          status.get("phase", "Unknown"), bool(spec.get("hostNetwork")),
-                          _owners(meta), _container_ports(spec)))
+        return Pod(meta.get("namespace", "default"), meta.get("name", ""),
+                   status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
+                   status.get("phase", "Unknown"), bool(spec.get("hostNetwork")),
+                   _owners(meta), _container_ports(spec))
 
 
 def _owners(meta: dict) -> tuple:
@@ -234,59 +345,55 @@ def _container_ports(spec: dict) -> tuple:
                  for p in c.get("ports") or [] if isinstance(p, dict))
 
 
-def _load_services(c: Cluster, get) -> None:
-    for item in get("k8s/services.yaml"):
+def _service_from(item: dict) -> Service:
+    with _shape(SERVICES):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
         ports = tuple(ServicePort(p.get("name", ""), int(p.get("port", 0)),
                                   p.get("protocol", "TCP"), p.get("targetPort", p.get("port")),
                                   p.get("nodePort")) for p in spec.get("ports") or [])
-        c.services.append(Service(meta.get("namespace", "default"), meta.get("name", ""),
-                                  spec.get("type", "ClusterIP"), spec.get("clusterIP"), ports,
-                                  spec.get("selector") or {}))
+        return Service(meta.get("namespace", "default"), meta.get("name", ""),
+                       spec.get("type", "ClusterIP"), spec.get("clusterIP"), ports,
+                       spec.get("selector") or {})
 
 
-def _load_nodes(c: Cluster, get) -> None:
-    for item in get("k8s/nodes.yaml"):
-        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
-        ip = next((a.get("address") for a in status.get("addresses") or []
-                   if a.get("type") == "InternalIP"), None)
-        cidrs = tuple(spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else []))
-        c.nodes.append(Node(meta.get("name", ""), ip, cidrs))
+def _node_from(item: dict) -> Node:
+    meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+    ip = next((a.get("address") for a in status.get("addresses") or []
+               if a.get("type") == "InternalIP"), None)
+    cidrs = tuple(spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else []))
+    return Node(meta.get("name", ""), ip, cidrs)
 
 
-def _load_policies(c: Cluster, get) -> None:
-    for item in get("k8s/networkpolicies.yaml"):
-        meta, spec = item.get("metadata", {}), item.get("spec", {})
-        types = tuple(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else [])))
-        c.policies.append(NetworkPolicy(meta.get("namespace", "default"), meta.get("name", ""),
-                                        spec.get("podSelector") or {}, types,
-                                        tuple(spec.get("ingress") or []),
-                                        tuple(spec.get("egress") or [])))
+def _policy_from(item: dict) -> NetworkPolicy:
+    meta, spec = item.get("metadata", {}), item.get("spec", {})
+    types = tuple(spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else [])))
+    return NetworkPolicy(meta.get("namespace", "default"), meta.get("name", ""),
+                         spec.get("podSelector") or {}, types,
+                         tuple(spec.get("ingress") or []), tuple(spec.get("egress") or []))
 
 
-def _load_endpoints(c: Cluster, get) -> None:
-    slices = get("k8s/endpointslices.yaml")
-    for item in slices:
-        meta = item.get("metadata", {})
-        svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
-        if not svc:
-            continue
-        key = f"{meta.get('namespace', 'default')}/{svc}"
-        for ep in item.get("endpoints") or []:
-            ref = ep.get("targetRef") or {}
-            pod = f"{ref.get('namespace', meta.get('namespace'))}/{ref['name']}" if ref.get("name") else None
-            for addr in ep.get("addresses") or []:
-                c.endpoints.setdefault(key, []).append((addr, pod, ep.get("nodeName")))
-    if slices:
-        return
-    for item in get("k8s/endpoints.yaml"):
-        meta = item.get("metadata", {})
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
-        for subset in item.get("subsets") or []:
-            for addr in subset.get("addresses") or []:
-                ref = addr.get("targetRef") or {}
+def _endpoint_rows(slices, endpoints):
+    """(service key, ip, pod key or None, node) of EndpointSlices, else of Endpoints."""
+    with _shape("k8s/endpointslices.yaml or k8s/endpoints.yaml"):
+        for item in slices:
+            meta = item.get("metadata", {})
+            svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
+            if not svc:
+                continue
+            key = f"{meta.get('namespace', 'default')}/{svc}"
+            for ep in item.get("endpoints") or []:
+                ref = ep.get("targetRef") or {}
                 pod = f"{ref.get('namespace', meta.get('namespace'))}/{ref['name']}" if ref.get("name") else None
-                c.endpoints.setdefault(key, []).append((addr.get("ip"), pod, addr.get("nodeName")))
+                for addr in ep.get("addresses") or []:
+                    yield key, addr, pod, ep.get("nodeName")
+        for item in endpoints:
+            meta = item.get("metadata", {})
+            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            for subset in item.get("subsets") or []:
+                for addr in subset.get("addresses") or []:
+                    ref = addr.get("targetRef") or {}
+                    pod = f"{ref.get('namespace', meta.get('namespace'))}/{ref['name']}" if ref.get("name") else None
+                    yield key, addr.get("ip"), pod, addr.get("nodeName")
 
 
 def _peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:

@@ -67,9 +67,9 @@ def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod
                          role.upper())
     ref = _strip(ref, POD_PREFIXES) or ref
     ns, name = _split(ref, namespace)
-    for p in cluster.pods:
-        if p.namespace == ns and p.name == name:
-            return p
+    found = cluster.find_pod(ns, name)
+    if found is not None:
+        return found
     raise InputError(_pod_not_found(cluster, ns, name, role), PODS)
 
 
@@ -104,16 +104,16 @@ def _pod_not_found(cluster: Cluster, ns: str, name: str, role: str) -> str:
 
 
 def _service_pods(cluster: Cluster, svc: Service) -> list:
-    keys = [pk for _, pk, _ in cluster.endpoints.get(svc.key, []) if pk]
+    keys = [pk for _, pk, _ in cluster.endpoints_of(svc.key) if pk]
     return list(dict.fromkeys(keys))[:5]
 
 
 def _pod_by_ip(cluster: Cluster, ip: str, role: str) -> Pod:
-    pods = [p for p in cluster.pods if p.ip == ip]
+    pods = cluster.pods_at(ip)
     own = [p for p in pods if not p.host_network]
     if own:
         return own[0]
-    svc = next((s for s in cluster.services if s.cluster_ip == ip), None)
+    svc = cluster.service_at(ip)
     if svc is not None:
         raise InputError(f"{ip} is the cluster IP of Service {svc.key}, not a pod: "
                          f"{_svc_hint(cluster, role, svc)}", role.upper())
@@ -160,10 +160,10 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     ref = ref.strip()
     ip = _ip(ref)
     if ip is not None:
-        for s in cluster.services:
-            if s.cluster_ip == ip:
-                return s
-        p = next((p for p in cluster.pods if p.ip == ip and not p.host_network), None)
+        s = cluster.service_at(ip)
+        if s is not None:
+            return s
+        p = cluster.pod_by_ip(ip)
         if p is not None:
             raise InputError(f"{ip} is pod {p.key}'s IP, not a Service: use `traceflow pod-to-pod "
                              f"SOURCE {p.key}`", "SERVICE")
@@ -173,9 +173,9 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
         raise InputError(f"{ref} is not a Service: pod-to-svc needs a Service (name, "
                          "namespace/name or svc/NAME); use pod-to-pod for a pod", "SERVICE")
     ns, name = _split(ref, namespace)
-    for s in cluster.services:
-        if s.namespace == ns and s.name == name:
-            return s
+    found = cluster.find_service(ns, name)
+    if found is not None:
+        return found
     msg = f"service {ns}/{name} not found"
     elsewhere = sorted(s.namespace for s in cluster.services if s.name == name)
     if elsewhere:
@@ -268,10 +268,10 @@ def endpoint(cluster: Cluster, ref: str | None, namespace: str, svc: Service | N
     if ref is None:
         return None
     ref = ref.strip()
-    eps = cluster.endpoints.get(svc.key, []) if svc is not None else []
+    eps = cluster.endpoints_of(svc.key) if svc is not None else []
     ip = _ip(ref)
     if ip is not None:
-        p = next((p for p in cluster.pods if p.ip == ip and not p.host_network), None)
+        p = cluster.pod_by_ip(ip)
         key = p.key if p is not None else ip
     else:
         ns, name = _split(_strip(ref, POD_PREFIXES) or ref, svc.namespace if svc else namespace)

@@ -103,7 +103,8 @@ def local_receiver(cluster, query, node_name: str, pkt, direction: str):
     source on the reply leg, the destination on the request leg; else None."""
     want = query.source if direction == "reply" else None
     if direction == "request" and query.kind == "pod-to-pod":
-        want = next((p for p in cluster.pods if p.key == query.destination_label), None)
+        ns, _, name = str(query.destination_label).partition("/")
+        want = cluster.find_pod(ns, name) if name else None
     if want is None or not want.host_network or want.node != node_name:
         return None
     # a reply comes back to whichever local address the request left from
