@@ -255,3 +255,20 @@ def test_deep_nesting_inside_an_object_is_an_error_not_a_crash():
     with pytest.raises(InputError, match="nested too deeply"):
         located.find_pod("shop", yaml.safe_load(files["k8s/pods.yaml"])["items"][1]
                          ["metadata"]["name"])
+
+
+def test_a_big_file_written_another_way_is_read_once_not_item_by_item(monkeypatch):
+    """A List indented by 4 gives no keys: the first lookup reads the file whole (one parse)
+    instead of parsing every item on its own, and finds the same pods."""
+    from traceflow import kubecatalog
+    pods, _, _ = _objects(random.Random(3), 400)
+    text = _dump(pods, dict(default_flow_style=False, indent=4, width=4096))
+    assert "\n-   apiVersion" in text
+    calls = []
+    real = kubecatalog._parse_yaml_item
+    monkeypatch.setattr(kubecatalog, "_parse_yaml_item", lambda *a: calls.append(1) or real(*a))
+    whole, located = _both({"k8s/pods.yaml": text}.get)
+    p = whole.pods[123]
+    assert located.find_pod(p.namespace, p.name) == p
+    assert located.pods_at(p.ip) == [x for x in whole.pods if x.ip == p.ip]
+    assert calls == []

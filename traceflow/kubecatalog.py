@@ -220,6 +220,9 @@ def _keys(text: str, start: int, end: int, wanted: dict) -> dict:
     return reader(text, start, end)
 
 
+_WHOLE_AFTER = 256      # unparsed candidates of one lookup beyond which the file is read whole
+
+
 class FileCatalog:
     """One ``k8s/*`` file's items, located, parsed on demand. ``keys[i]`` holds item i's
     lookup keys (UNKEYED where unsure); ``get(i)`` the parsed, checked item."""
@@ -260,7 +263,14 @@ class FileCatalog:
         the caller narrows by the parsed values."""
         while True:
             located = self._whole is None
-            out = [self.get(i) for i in self.find(key, value)]
+            found = self.find(key, value)
+            if located and len(found) > _WHOLE_AFTER and \
+                    sum(i not in self._parsed for i in found) > _WHOLE_AFTER:
+                # many items whose keys could not be read (a file written another way):
+                # one parse of the file costs less than one per item
+                self._whole = _read_whole(self)
+                continue
+            out = [self.get(i) for i in found]
             if (self._whole is None) == located:   # not switched to whole-file reading
                 return out
 
