@@ -74,16 +74,45 @@ class _Names:
         self.pods = list(pods)              # (namespace, name, owners)
         self.services = list(services)      # (namespace, name)
         self.nodes = list(nodes)
-        self.endpoints = endpoints or {}    # "ns/svc" -> [pod key]
+        self._endpoints = endpoints or {}   # "ns/svc" -> [pod key]
+
+    @property
+    def pod_keys(self) -> list:
+        return [(ns, name) for ns, name, _ in self.pods]
+
+    def endpoints(self, svc_key: str) -> list:
+        return self._endpoints.get(svc_key, [])
+
+
+class _BundleNames(_Names):
+    """Names from a bundle's located objects: a TAB on a 20,000-Service bundle reads the
+    names where the objects were located (the bundle index), parsing none of them; only
+    ``deploy/`` needs the pods themselves (their owners)."""
+
+    def __init__(self, cluster):
+        self._cluster = cluster
+        self.nodes = [n.name for n in cluster.nodes]
+
+    @property
+    def pods(self) -> list:
+        return [(p.namespace, p.name, p.owners) for p in self._cluster.pods]
+
+    @property
+    def pod_keys(self) -> list:
+        return self._cluster.pod_keys()
+
+    @property
+    def services(self) -> list:
+        return self._cluster.service_keys()
+
+    def endpoints(self, svc_key: str) -> list:
+        return [pk for _, pk, _ in self._cluster.endpoints_of(svc_key) if pk]
 
 
 def _from_bundle(path: str) -> _Names:
     from collectors.bundle import Bundle
-    from traceflow.kube import load_cluster
-    c = load_cluster(Bundle.open(path).text)
-    return _Names([(p.namespace, p.name, p.owners) for p in c.pods],
-                  [(s.namespace, s.name) for s in c.services], [n.name for n in c.nodes],
-                  {k: [pk for _, pk, _ in v if pk] for k, v in c.endpoints.items()})
+    from traceflow.bundleindex import load_cluster
+    return _BundleNames(load_cluster(Bundle.open(path)))
 
 
 def _from_cluster(kubeconfig: str | None, context: str | None) -> _Names:
@@ -152,14 +181,14 @@ def _kind_candidates(kind: str, cur: str, opts: dict, command: str) -> list:
         return _contexts()
     names = _names(opts)
     ns = opts.get("--namespace") or opts.get("-n") or "default"
-    namespaces = sorted({p[0] for p in names.pods} | {s[0] for s in names.services})
+    namespaces = sorted({p[0] for p in names.pod_keys} | {s[0] for s in names.services})
     if kind == "namespace":
         return namespaces
     if kind == "node":
         return sorted(names.nodes)
     if kind == "endpoint":
         svc = opts.get("_service")
-        keys = names.endpoints.get(svc if svc and "/" in svc else f"{ns}/{svc}", [])
+        keys = names.endpoints(svc if svc and "/" in svc else f"{ns}/{svc}")
         return sorted({k.split("/", 1)[1] if k.startswith(ns + "/") else k for k in keys})
     if kind == "service":
         if cur.startswith("svc/"):
@@ -168,15 +197,15 @@ def _kind_candidates(kind: str, cur: str, opts: dict, command: str) -> list:
             return [f"{s}/{n}" for s, n in names.services]
         out = [n for s, n in names.services if s == ns]
         if command == "collect":
-            out += [n for s, n, _ in names.pods if s == ns]
+            out += [n for s, n in names.pod_keys if s == ns]
         return sorted(set(out))
     # pods
     if cur.startswith(("deploy/", "deployment/")):
         prefix = cur.split("/", 1)[0]
         return [f"{prefix}/{d}" for d in _deployments(names.pods, ns)]
     if "/" in cur:
-        return [f"{s}/{n}" for s, n, _ in names.pods]
-    return sorted({n for s, n, _ in names.pods if s == ns})
+        return [f"{s}/{n}" for s, n in names.pod_keys]
+    return sorted({n for s, n in names.pod_keys if s == ns})
 
 
 def _contexts() -> list:

@@ -175,6 +175,21 @@ class Cluster:
             rows = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
         return [(addr, pod, node) for k, addr, pod, node in rows if k == key]
 
+    def pod_keys(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every pod, from the located keys when they all read."""
+        rows = self._objects.key_rows(PODS, ("namespace", "name")) \
+            if self._located(self._pods) else None
+        if rows is None:
+            return [(p.namespace, p.name) for p in self.pods]
+        return [(ns or "default", name or "") for ns, name in rows]
+
+    def service_keys(self) -> list[tuple[str, str]]:
+        rows = self._objects.key_rows(SERVICES, ("namespace", "name")) \
+            if self._located(self._services) else None
+        if rows is None:
+            return [(s.namespace, s.name) for s in self.services]
+        return [(ns or "default", name or "") for ns, name in rows]
+
     def pod(self, ref: str, namespace: str) -> Pod:
         ns, name = _split(ref, namespace)
         found = self.find_pod(ns, name)

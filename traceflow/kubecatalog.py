@@ -457,6 +457,17 @@ class Objects:
         cat = self.catalog(name)
         return [] if cat is None else cat.lookup(key, value)
 
+    def key_rows(self, name: str, keys: tuple) -> list[tuple] | None:
+        """The ``keys`` of every item of the file as read when it was located (nothing
+        parsed), or None when some could not be read that way."""
+        cat = self.catalog(name)
+        if cat is None:
+            return []
+        cols = [cat.columns.get(k) for k in keys]
+        if cat._whole is not None or any(c is None or UNKEYED in c for c in cols):
+            return None
+        return list(zip(*cols))
+
 
 def _read_whole(cat: FileCatalog) -> list[dict]:
     if cat.name.endswith(".jsonl"):
