@@ -272,3 +272,36 @@ def test_a_big_file_written_another_way_is_read_once_not_item_by_item(monkeypatc
     assert located.find_pod(p.namespace, p.name) == p
     assert located.pods_at(p.ip) == [x for x in whole.pods if x.ip == p.ip]
     assert calls == []
+
+
+def test_a_trace_parses_the_objects_it_touches_not_the_bundle(monkeypatch, tmp_path):
+    """pod-to-svc on the 697-pod, 301-Service example parses the source pod, the Service,
+    its EndpointSlices and the pods behind them: a few dozen objects, not a thousand. (The
+    bundle holds host files only: the trace resolves everything, then stops at the pod's
+    OVS bridge, whose flows are not in it.)"""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from traceflow import kubecatalog
+    from traceflow.cli import app
+    parsed = []
+    real = kubecatalog._parse_yaml_item
+    monkeypatch.setattr(kubecatalog, "_parse_yaml_item",
+                        lambda cat, i: parsed.append((cat.name, i)) or real(cat, i))
+    monkeypatch.setattr(kubecatalog, "_read_whole", lambda cat: pytest.fail("read whole"))
+    monkeypatch.setenv("TRACEFLOW_CACHE_DIR", str(tmp_path))
+    example = ROOT / "traceflow/examples/kube-proxy-iptables"
+    r = CliRunner().invoke(app, ["pod-to-svc", "analytics/api-primary-cxgbqsz9m2-8pm2g",
+                                 "api-primary", "-n", "analytics", "-o", "json",
+                                 "--bundle", str(example)])
+    assert r.exit_code == 1, r.output
+    assert "10.109.44.20" in r.stdout and "ovs-flows.txt" in r.stdout
+    by_file = {f: sum(1 for g, _ in parsed if g == f) for f, _ in parsed}
+    same_name = sum(s["metadata"]["name"] == "api-primary" for s in yaml.safe_load(
+        (example / "k8s/services.yaml").read_text())["items"])
+    # the source pod; every Service named api-primary (one per namespace), nothing else
+    assert by_file == {"k8s/pods.yaml": 1, "k8s/services.yaml": same_name}, by_file
+    total = sum(len(Objects(Bundle.open(example).text).catalog(f) or ())
+                for f in ("k8s/pods.yaml", "k8s/services.yaml", "k8s/endpointslices.yaml"))
+    assert total > 1000
