@@ -47,6 +47,16 @@ def _same_lookups(whole, located) -> None:
             assert located.service_at(s.cluster_ip) == next(
                 x for x in whole.services if x.cluster_ip == s.cluster_ip)
             assert located.endpoints_of(s.key) == whole.endpoints.get(s.key, []), s.key
+    prefixes = {o[1].rsplit("-", 1)[0] + "-" for p in whole.pods for o in p.owners}
+    for prefix in prefixes | {"web", "nope-", ""}:
+        for ns in {p.namespace for p in whole.pods} | {None}:
+            assert located.pods_owned(prefix, ns) == [
+                p for p in whole.pods if (ns is None or p.namespace == ns)
+                and any(o.startswith(prefix) for _, o in p.owners)], (prefix, ns)
+    from traceflow.resolve import _deployment_pods
+    for d in {"web0", "web1", "web3", "nope"}:
+        for ns in {p.namespace for p in whole.pods}:
+            assert _deployment_pods(located, d, ns) == _deployment_pods(whole, d, ns)
     assert located._pods is None and located._services is None, "a lookup read all"
     # and read whole, the same cluster
     assert (located.pods, located.services, located.nodes, located.policies,
@@ -88,6 +98,12 @@ def _objects(rng: random.Random, n: int = 30):
                "spec": {"nodeName": "node1", "containers": [
                    {"name": "c", "ports": [{"containerPort": 80, "name": "http"}]}]},
                "status": {"podIP": ip, "phase": "Running"}}
+        owners = rng.choice([0, 1, 1, 1, 2])
+        if owners:
+            pod["metadata"]["ownerReferences"] = [
+                {"apiVersion": "apps/v1", "kind": rng.choice(["ReplicaSet", "DaemonSet"]),
+                 "name": f"web{i % 4}-{rng.choice(['6f8d', '77bc'])}", "controller": True,
+                 "uid": f"u{i}-{k}"} for k in range(owners)]
         if rng.random() < 0.2:
             pod["spec"]["hostNetwork"] = True
             pod["status"]["podIP"] = "192.168.0.10"
@@ -147,6 +163,11 @@ TRICKS = {
     "comments": ('    name: pod-1\n', '    # the name:\n#   name: decoy\n    name: pod-1\n'),
     # a quoted IP
     "quoted ip": ('    podIP: 10.1.0.3\n', "    podIP: '10.1.0.3'\n"),
+    # the owner's name first in its entry, or quoted
+    "owner name first": ("    - apiVersion: apps/v1\n      controller: true\n"
+                         "      kind: ReplicaSet\n      name: web1-",
+                         "    - name: web1-"),
+    "owner quoted": ("      name: web1-", '      "name": web1-'),
     # a label in flow style on the EndpointSlice
     "flow labels": ("      kubernetes.io/service-name: svc-0\n",
                     "      {kubernetes.io/service-name: svc-0}\n"),
@@ -162,6 +183,9 @@ def _kubectl_files():
     pods[1]["metadata"]["namespace"] = "shop"
     pods[1]["metadata"]["labels"] = {"app": "a1"}
     pods[1]["metadata"].pop("annotations")
+    pods[1]["metadata"].pop("ownerReferences", None)
+    pods[2]["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "controller": True,
+                                               "kind": "ReplicaSet", "name": "web1-6f8d"}]
     return {"k8s/pods.yaml": _dump(pods, STYLES["kubectl"]),
             "k8s/services.yaml": _dump(svcs, STYLES["kubectl"]),
             "k8s/endpointslices.yaml": _dump(slices, STYLES["kubectl"])}

@@ -175,6 +175,16 @@ class Cluster:
             rows = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
         return [(addr, pod, node) for k, addr, pod, node in rows if k == key]
 
+    def pods_owned(self, prefix: str, namespace: str | None = None) -> list:
+        """The pods with an owner whose name starts with ``prefix`` (in ``namespace``, or
+        any), in bundle order: a Deployment's pods are owned by ``NAME-<hash>``."""
+        if self._located(self._pods):
+            pods = [_pod_from(i) for i in self._objects.lookup_prefix(PODS, "owner", prefix)]
+        else:
+            pods = self.pods
+        return [p for p in pods if (namespace is None or p.namespace == namespace)
+                and any(name.startswith(prefix) for _, name in p.owners)]
+
     def pod_keys(self) -> list[tuple[str, str]]:
         """(namespace, name) of every pod, from the located keys when they all read."""
         rows = self._objects.key_rows(PODS, ("namespace", "name")) \

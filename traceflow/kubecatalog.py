@@ -25,11 +25,16 @@ import re
 
 from traceflow.errors import InputError, excerpt
 
+UNKEYED = object()        # a key that could not be read with certainty
+LIST_NAME = "[].name"     # a path's last step: ``name`` of the list's only entry
+
 # the keys a lookup can ask for, per file: (section, key) at indentation 4, or
 # (section, parent, key) at indentation 6
 KEYS = {
     "k8s/pods.yaml": {"name": ("metadata", "name"), "namespace": ("metadata", "namespace"),
-                      "ip": ("status", "podIP")},
+                      "ip": ("status", "podIP"),
+                      # the name of the pod's one owner (a ReplicaSet for a Deployment's pods)
+                      "owner": ("metadata", "ownerReferences", LIST_NAME)},
     "k8s/services.yaml": {"name": ("metadata", "name"), "namespace": ("metadata", "namespace"),
                           "ip": ("spec", "clusterIP")},
     "k8s/endpointslices.yaml": {"namespace": ("metadata", "namespace"),
@@ -38,7 +43,6 @@ KEYS = {
     "k8s/endpoints.yaml": {"name": ("metadata", "name"), "namespace": ("metadata", "namespace")},
 }
 
-UNKEYED = object()        # a key that could not be read with certainty
 _ITEM = re.compile(r"^-(?: |$)", re.M)
 _TOP = re.compile(r"^(?!- |-$|#|\s|$)[^\n]*", re.M)   # a column-0 line that is no item
 # the lines keys are read from: every key at indentation 2 (it opens a section), and every
@@ -118,7 +122,8 @@ class _KeyReader:
             r"^(?:- |  )(?:(%s):(?: *([^\n]*))|([^ \nA-Za-z0-9_#-][^\n]*))$"
             % "|".join(map(re.escape, sections)), re.M)
         self.key4 = self._key_re(4, {p[1] for p in wanted.values()})
-        subs = {p[2] for p in wanted.values() if len(p) == 3}
+        self.lists = {p[:2] for p in wanted.values() if p[-1] == LIST_NAME}
+        subs = {p[2] for p in wanted.values() if len(p) == 3 and p[2] != LIST_NAME}
         self.key6 = self._key_re(6, subs) if subs else None
 
     @staticmethod
@@ -145,7 +150,7 @@ class _KeyReader:
             self._read(text, lo, hi, 4, (section,), got, bad)
         out = {}
         for k, path in self.wanted.items():
-            if path[0] in bad or got.get(path[:2]) is UNKEYED:
+            if path[0] in bad or (path[-1] != LIST_NAME and got.get(path[:2]) is UNKEYED):
                 out[k] = UNKEYED
             else:
                 v = got.get(path)
@@ -172,6 +177,9 @@ class _KeyReader:
                 if v is not UNKEYED and after < hi and text.startswith(" " * (depth + 1), after):
                     v = UNKEYED                     # a value continued on the next line
                 got[path] = v
+            elif depth == 4 and path in self.lists:       # a list of mappings: its one entry
+                got[path + (LIST_NAME,)] = UNKEYED if value else _list_name(text, km.end() + 1,
+                                                                             hi)
             elif depth == 4 and self.key6 is not None:    # the parent of wanted subkeys
                 if value:
                     got[path] = UNKEYED             # in flow style
@@ -183,6 +191,33 @@ class _KeyReader:
                     got[path] = UNKEYED
                     continue
                 self._read(text, lo6, hi6, 6, path, got, bad)
+
+
+_LIST_END = re.compile(r"^(?!    - |      | *#| *$)", re.M)
+_LIST_ENTRY = re.compile(r"^    -(?: |$)", re.M)
+_LIST_NAME = re.compile(r"^(?:    - |      )name:(?: +([^\n]*))?$", re.M)
+_ODD_KEY6 = re.compile(r"^(?:    - |      )[^ \nA-Za-z0-9_#-]", re.M)
+
+
+def _list_name(text: str, lo: int, hi: int):
+    """``name`` of the only entry of the block-style list at ``lo`` (entries at ``    - ``,
+    their keys at indentation 6); None when the list is empty, UNKEYED when it has several
+    entries or the name does not read with certainty."""
+    end = _LIST_END.search(text, lo, hi)
+    end = hi if end is None else end.start()
+    entries = len(_LIST_ENTRY.findall(text, lo, end))
+    if entries == 0:
+        return None if not text[lo:end].strip() else UNKEYED
+    names = list(_LIST_NAME.finditer(text, lo, end))
+    if entries > 1 or len(names) != 1:
+        return UNKEYED
+    if _ODD_KEY6.search(text, lo, end):
+        return UNKEYED                              # a quoted or complex key in the entry
+    v = _value(names[0].group(1))
+    after = names[0].end() + 1
+    if v is not UNKEYED and after < end and text.startswith(" " * 7, after):
+        return UNKEYED                              # continued on the next line
+    return v
 
 
 _BLOCK = object()
@@ -272,6 +307,24 @@ class FileCatalog:
                 continue
             out = [self.get(i) for i in found]
             if (self._whole is None) == located:   # not switched to whole-file reading
+                return out
+
+    def lookup_prefix(self, key: str, prefix: str) -> list[dict]:
+        """The parsed items whose ``key`` may start with ``prefix`` (a superset, in file
+        order)."""
+        while True:
+            located = self._whole is None
+            column = self.columns.get(key) if located else None
+            if column is None:
+                found = list(range(len(self)))
+            else:
+                found = [i for i, v in enumerate(column)
+                         if v is UNKEYED or (isinstance(v, str) and v.startswith(prefix))]
+            if located and sum(i not in self._parsed for i in found) > _WHOLE_AFTER:
+                self._whole = _read_whole(self)
+                continue
+            out = [self.get(i) for i in found]
+            if (self._whole is None) == located:
                 return out
 
     def find(self, key: str, value) -> list[int]:
@@ -456,6 +509,10 @@ class Objects:
     def lookup(self, name: str, key: str, value) -> list[dict]:
         cat = self.catalog(name)
         return [] if cat is None else cat.lookup(key, value)
+
+    def lookup_prefix(self, name: str, key: str, prefix: str) -> list[dict]:
+        cat = self.catalog(name)
+        return [] if cat is None else cat.lookup_prefix(key, prefix)
 
     def key_rows(self, name: str, keys: tuple) -> list[tuple] | None:
         """The ``keys`` of every item of the file as read when it was located (nothing

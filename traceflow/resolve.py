@@ -130,9 +130,7 @@ def _deployment_pods(cluster: Cluster, name: str, ns: str) -> list:
     """The pods of Deployment ``name``: owned by a ReplicaSet named ``name-<pod-template-hash>``
     (the Deployment controller's naming), the hash being the pods' ``pod-template-hash`` label."""
     out = []
-    for p in cluster.pods:
-        if p.namespace != ns:
-            continue
+    for p in cluster.pods_owned(name + "-", ns):
         for kind, owner in p.owners:
             if kind != "ReplicaSet" or not owner.startswith(name + "-"):
                 continue
@@ -146,7 +144,8 @@ def _pod_of_deployment(cluster: Cluster, ref: str, namespace: str) -> Pod:
     ns, name = _split(ref, namespace)
     pods = _deployment_pods(cluster, name, ns)
     if not pods:
-        elsewhere = sorted({p.namespace for p in cluster.pods if _deployment_pods(cluster, name, p.namespace)})
+        elsewhere = sorted({p.namespace for p in cluster.pods_owned(name + "-")
+                            if _deployment_pods(cluster, name, p.namespace)})
         hint = (f"; it exists in namespace {', '.join(elsewhere)}: use -n {elsewhere[0]}"
                 if elsewhere else "")
         raise InputError(f"no pod of Deployment {ns}/{name} in the bundle (pods are matched by "
