@@ -303,7 +303,6 @@ def test_a_trace_parses_the_objects_it_touches_not_the_bundle(monkeypatch, tmp_p
     its EndpointSlices and the pods behind them: a few dozen objects, not a thousand. (The
     bundle holds host files only: the trace resolves everything, then stops at the pod's
     OVS bridge, whose flows are not in it.)"""
-    import json as _json
 
     from typer.testing import CliRunner
 
