@@ -71,6 +71,10 @@ class NodeModel:
 
     @cached_property
     def pod_ports(self) -> "antrea.PodPorts":
+        with paused():          # one row per local Pod: 25,000 on a big node
+            return self._pod_ports()
+
+    def _pod_ports(self) -> "antrea.PodPorts":
         """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
         (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
         bundle index when the flow dump has been seen before (checked as it is used)."""
