@@ -28,7 +28,9 @@ def _cache() -> Path:
 
 
 def _indexes() -> list[Path]:
-    return sorted(_cache().glob("bundle-*.sqlite")) if _cache().exists() else []
+    """The Kubernetes indexes (not the per-file layouts, ``bundle-<kind>-<digest>.sqlite``)."""
+    return sorted(p for p in _cache().glob("bundle-*.sqlite")
+                  if len(p.name) == len("bundle-.sqlite") + 64) if _cache().exists() else []
 
 
 def _plain(cluster):
