@@ -365,7 +365,10 @@ def load_flow_dump(text: str, name: str):
             return dump
     dump = FlowDump(text, name)
     dump.digest = digest
-    layout = dump.layout()
+    try:
+        layout = dump.layout()
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+        layout = None                  # not laid out: read every time, as without an index
     if layout is not None:
         _store_flow_layout(path, digest, layout)
     return dump
