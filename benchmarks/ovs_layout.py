@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     digest = bundleindex._text_digest(text)
     rows.append((f"the layout chosen: SQLite, arrays ({path.stat().st_size / 1e6:.1f} MB): read",
                  *timed(lambda: bundleindex._load_flow_layout(path, digest), args.runs)))
-    rows.append(("  (part of opening: the text's SHA-256)", *timed(lambda: bundleindex._text_digest(text),
-                                                         args.runs)))
+    rows.append(("  (part of opening: the text's SHA-256)",
+                 *timed(lambda: bundleindex._text_digest(text), args.runs)))
     lines = text.splitlines()
     dump = load()
     rows.append(("Antrea Pod ports from the text", *timed(lambda: antrea.pod_port_rows(lines),

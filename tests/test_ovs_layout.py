@@ -221,6 +221,7 @@ def test_foreign_layout_with_the_same_shape_is_caught_when_read(cache, monkeypat
     dump.on_stale = lambda: told.append(True)
     assert_same_lookups(FlowDump(text, "f"), dump)
     assert told == [True]
+    assert dump.digest == digest          # still keyed: the Pod ports stored beside it
 
 
 def test_index_entry_in_the_wrong_bucket_is_caught_when_read(cache, monkeypatch):

@@ -301,8 +301,9 @@ class FlowDump:
 
     def _stale(self) -> None:
         """The layout does not fit the text: read the text, as without one."""
-        renamed = self._renamed
+        renamed, digest = self._renamed, self.digest
         self._setup(self._text, self.name)
+        self.digest = digest
         self._read()
         if renamed:
             self.resolve_names(renamed)
