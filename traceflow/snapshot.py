@@ -71,19 +71,19 @@ class NodeModel:
 
     @cached_property
     def pod_ports(self) -> "antrea.PodPorts":
+        """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
+        (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
+        bundle index when the flow dump has been seen before (checked as it is used)."""
         with paused():          # one row per local Pod: 25,000 on a big node
             return self._pod_ports()
 
     def _pod_ports(self) -> "antrea.PodPorts":
-        """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
-        (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
-        bundle index when the flow dump has been seen before (checked as it is used)."""
         from traceflow.bundleindex import flow_dump_derived, forget_flow_dump_derived
         bridge = self.bridge
         lines = bridge.flows.text_lines()
 
         def port_name(port: str) -> str:
-            if port.isdigit() and int(port) in bridge.port_by_number:
+            if port.isdecimal() and int(port) in bridge.port_by_number:
                 return bridge.port_by_number[int(port)].name
             return port
         rows = flow_dump_derived(bridge.flows, "antrea-pod-ports",
