@@ -296,6 +296,12 @@ class FlowDump:
         every = sorted(itertools.chain(self._skipped, *self._numbers.values()))
         if every != list(range(1, len(lines) + 1)):
             raise ValueError("lines not laid out once each")
+        # each table's first and last lines are in it (a table under another's number is
+        # caught here; a line moved alone, when a lookup reads it)
+        for table, numbers in self._numbers.items():
+            if numbers and (self._table_of(lines[numbers[0] - 1]) != table
+                            or self._table_of(lines[numbers[-1] - 1]) != table):
+                raise ValueError(f"table {table!r} is not where its lines are")
         self._checking = True
         return self
 
