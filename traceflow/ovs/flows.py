@@ -192,10 +192,12 @@ class FlowDump:
     of numbers; ``from_layout`` takes it back for the same text, so a later command skips the
     pass over every line (traceflow.bundleindex stores it, keyed by the SHA-256 of the text).
     A layout is checked against the text where that is cheap (line count, every line in
-    exactly one table, sorted indexes) and each line a lookup reads is checked against it
-    (table, priority, indexed value); a line that is not what the layout says makes the dump
-    read its text again (``on_stale`` is told), so a layout that does not fit never changes
-    an answer it is caught on.
+    exactly one table, each table's first and last lines, sorted indexes) and each line a
+    lookup reads is checked against it (table, priority, indexed value); a line that is not
+    what the layout says makes the dump read its text again (``on_stale`` is told). What is
+    not checked is trusted to the digest: a layout is only ever looked up by the SHA-256 of
+    the text it was made from, so only one crafted to keep every count while moving a line
+    that no lookup reads would go unnoticed.
     """
 
     def __init__(self, text: str, name: str):
@@ -288,6 +290,8 @@ class FlowDump:
             if type(table) not in (int, str) or table in self._numbers:
                 raise ValueError(f"table {table!r}")
             self._numbers[table] = numbers = _ints(numbers)
+            if not numbers:
+                raise ValueError(f"table {table!r} has no lines")
             if index is not None:
                 if len(numbers) < _INDEX_MIN:
                     raise ValueError(f"index of small table {table!r}")
@@ -299,8 +303,8 @@ class FlowDump:
         # each table's first and last lines are in it (a table under another's number is
         # caught here; a line moved alone, when a lookup reads it)
         for table, numbers in self._numbers.items():
-            if numbers and (self._table_of(lines[numbers[0] - 1]) != table
-                            or self._table_of(lines[numbers[-1] - 1]) != table):
+            if self._table_of(lines[numbers[0] - 1]) != table \
+                    or self._table_of(lines[numbers[-1] - 1]) != table:
                 raise ValueError(f"table {table!r} is not where its lines are")
         self._checking = True
         return self
