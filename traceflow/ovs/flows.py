@@ -567,7 +567,7 @@ class _RawIndex:
         """(minus the priority, line number, indexed value or None) of the lines that can
         match a packet whose field is ``value``, in lookup order."""
         hits: list = []
-        if self.field is not None:
+        if self.field is not None and isinstance(value, int):
             lo = bisect.bisect_left(self.values, value)
             hi = bisect.bisect_right(self.values, value, lo)
             hits = [(p, n, value) for p, n in zip(self.prios[lo:hi], self.numbers[lo:hi])]
