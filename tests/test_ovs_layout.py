@@ -319,3 +319,18 @@ def test_pod_ports_stored_and_checked(cache, monkeypatch):
     # rows of the wrong shape are not used at all
     bundleindex.store_blob("antrea-pod-ports", dump.digest, [["10.0.0.1", 1, None, 0]])
     assert dict(ports()) == expected
+
+
+def test_numbers_too_big_to_store_leave_the_dump_unlaid(cache, monkeypatch):
+    # a priority beyond 64 bits (a bad flow, reported when parsed) cannot go in the layout's
+    # arrays: the dump is read each time instead, with the same lookups
+    lines = [f"table=70, priority={10 ** 30 if i == 3 else 200},ip,nw_dst=10.0.0.{i} "
+             "actions=drop" for i in range(100)]
+    text = "\n".join(lines) + "\n"
+    dump = bundleindex.load_flow_dump(text, "f")
+    assert not layout_path(cache, text).exists()
+    fresh = FlowDump(text, "f")
+    for i in (2, 3):
+        state = {"nw_dst": (10 << 24) | i}
+        assert outcome(lambda: dump.candidates(70, state)) == \
+            outcome(lambda: fresh.candidates(70, state))
