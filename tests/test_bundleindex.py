@@ -28,6 +28,7 @@ def _cache() -> Path:
 
 
 def _indexes() -> list[Path]:
+    """Every file in the cache (Kubernetes layouts and objects, node files' layouts)."""
     return sorted(_cache().glob("bundle-*.sqlite")) if _cache().exists() else []
 
 

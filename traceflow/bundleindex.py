@@ -213,3 +213,200 @@ def parse_iptables_save(text: str, name: str):
     if layout is not None:
         store_blob("iptables-save", digest, layout)
     return ruleset
+
+
+# ---- OVS flow dumps ----------------------------------------------------------------------------
+#
+# A node's ovs-flows.txt (100k lines on a big cluster) is laid out once: which lines are in
+# which table and, for each big table, its index (FlowDump.layout). The layout is kept as one
+# SQLite file per dump, keyed by the SHA-256 of the dump's text, its number sequences as
+# arrays of machine integers (BLOBs): loading 100k lines' layout is a few memory copies,
+# where JSON would decode 500k numbers one by one (0.1 s).
+
+_FLOWS_KIND = "ovs-flows"
+_NUMBERS = "q"          # line numbers and priorities: 64-bit signed
+_VALUES = "Q"           # indexed values: 64-bit unsigned, or two arrays for wider fields
+
+
+def _text_digest(text: str) -> str:
+    """SHA-256 of the text as UTF-8, encoded a megabyte at a time (no second copy of a
+    14 MB dump in memory)."""
+    import hashlib
+    digest = hashlib.sha256()
+    step = 1 << 20
+    for start in range(0, len(text), step):
+        digest.update(text[start:start + step].encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def load_flow_dump(text: str, name: str):
+    """A node's FlowDump: from its stored layout when there is one that fits the text, else
+    read from the text (and its layout stored for the next command)."""
+    from traceflow.ovs.flows import FlowDump
+    if not enabled():
+        return FlowDump(text, name)
+    digest = _text_digest(text)
+    path = _blob_path(_FLOWS_KIND, digest)
+    layout = _load_flow_layout(path, digest)
+    if layout is not None:
+        try:
+            dump = FlowDump.from_layout(text, name, layout)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+            _remove(path)              # does not fit this text: read it, lay it out again
+        else:
+            dump.digest = digest
+            dump.on_stale = lambda: _remove(path)
+            return dump
+    dump = FlowDump(text, name)
+    dump.digest = digest
+    try:
+        layout = dump.layout()
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+        layout = None                  # not laid out: read every time, as without an index
+    if layout is not None:
+        _store_flow_layout(path, digest, layout)
+    return dump
+
+
+def _pack_values(values) -> tuple[bytes, bytes | None]:
+    """Indexed values as (low 64 bits, high bits or None)."""
+    from array import array
+    try:
+        return array(_VALUES, values).tobytes(), None
+    except OverflowError:
+        mask = (1 << 64) - 1
+        return (array(_VALUES, (v & mask for v in values)).tobytes(),
+                array(_VALUES, (v >> 64 for v in values)).tobytes())
+
+
+def _unpack(blob: bytes, code: str):
+    from array import array
+    out = array(code)
+    if type(blob) is not bytes or len(blob) % out.itemsize:
+        raise ValueError("not an array")
+    out.frombytes(blob)
+    return out
+
+
+def _store_flow_layout(path: Path, digest: str, layout: dict) -> None:
+    """Write a FlowDump layout (atomically; silently not when the cache cannot be written, or
+    when a number does not fit 64 bits)."""
+    import sys
+    from array import array
+    folder = cache_dir()
+    try:
+        rows = []
+        for seq, (table, numbers, index) in enumerate(layout["tables"]):
+            row = [seq, json.dumps(table), array(_NUMBERS, numbers).tobytes(),
+                   None, None, None, None, None, None, None]
+            if index is not None:
+                low, high = _pack_values(index["values"])
+                row[3:] = [index["field"], low, high,
+                           array(_NUMBERS, index["prios"]).tobytes(),
+                           array(_NUMBERS, index["numbers"]).tobytes(),
+                           array(_NUMBERS, index["rest_prios"]).tobytes(),
+                           array(_NUMBERS, index["rest_numbers"]).tobytes()]
+            rows.append(row)
+        skipped = array(_NUMBERS, layout["skipped"]).tobytes()
+    except (OverflowError, TypeError, ValueError):
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
+        os.close(fd)
+    except OSError:
+        return
+    try:
+        conn = sqlite3.connect(tmp)
+        conn.execute("PRAGMA journal_mode = OFF")
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
+        conn.execute("CREATE TABLE tables (seq INTEGER, name TEXT, numbers BLOB, field TEXT, "
+                     "values_low BLOB, values_high BLOB, prios BLOB, indexed BLOB, "
+                     "rest_prios BLOB, rest_numbers BLOB)")
+        conn.executemany("INSERT INTO tables VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                         [("schema", SCHEMA), ("bundle", f"{_FLOWS_KIND}:{digest}"),
+                          ("byteorder", sys.byteorder), ("lines", layout["lines"]),
+                          ("skipped", skipped)])
+        conn.commit()
+        conn.close()
+        os.replace(tmp, path)
+    except (sqlite3.Error, OSError, TypeError, ValueError, OverflowError):
+        _remove(Path(tmp))
+        return
+    _prune(folder, keep=path)
+
+
+def _load_flow_layout(path: Path, digest: str) -> dict | None:
+    """The stored layout of the dump with this digest, or None (absent; foreign, corrupt or
+    from a machine of another byte order: then removed, to be rebuilt)."""
+    import sys
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+            if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{_FLOWS_KIND}:{digest}" \
+                    or meta.get("byteorder") != sys.byteorder or type(meta.get("lines")) is not int:
+                raise ValueError("not this dump's layout")
+            rows = conn.execute("SELECT name, numbers, field, values_low, values_high, prios, "
+                                "indexed, rest_prios, rest_numbers FROM tables ORDER BY seq")
+            tables = [_table_from_row(*row) for row in rows]
+        finally:
+            conn.close()
+        layout = {"lines": meta["lines"], "skipped": _unpack(meta["skipped"], _NUMBERS),
+                  "tables": tables}
+    except (sqlite3.Error, KeyError, ValueError, TypeError):
+        _remove(path)
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return layout
+
+
+def _table_from_row(name, numbers, field, low, high, prios, indexed, rest_prios, rest_numbers):
+    table = json.loads(name)
+    index = None
+    if low is not None:
+        values = _unpack(low, _VALUES)
+        if high is not None:
+            high = _unpack(high, _VALUES)
+            if len(high) != len(values):
+                raise ValueError("index values")
+            values = [(h << 64) | v for h, v in zip(high, values)]
+        index = {"field": field, "values": values, "prios": _unpack(prios, _NUMBERS),
+                 "numbers": _unpack(indexed, _NUMBERS),
+                 "rest_prios": _unpack(rest_prios, _NUMBERS),
+                 "rest_numbers": _unpack(rest_numbers, _NUMBERS)}
+    return [table, _unpack(numbers, _NUMBERS), index]
+
+
+def flow_dump_derived(dump, kind: str, compute, fits):
+    """A JSON value read from a flow dump's lines (e.g. the CNI's Pod ports), stored keyed by
+    the dump's digest like its layout: ``compute()`` when there is none, or when the stored
+    one does not pass ``fits`` (which reads again the lines it names)."""
+    digest = getattr(dump, "digest", None)
+    if digest is None or not enabled():
+        return compute()
+    value = load_blob(kind, digest)
+    if value is not None:
+        try:
+            if fits(value):
+                return value
+        except (TypeError, ValueError, KeyError, IndexError):
+            pass
+        _remove(_blob_path(kind, digest))
+    value = compute()
+    store_blob(kind, digest, value)
+    return value
+
+
+def forget_flow_dump_derived(dump, kind: str) -> None:
+    """Remove a stored ``flow_dump_derived`` value found not to fit its dump."""
+    digest = getattr(dump, "digest", None)
+    if digest is not None:
+        _remove(_blob_path(kind, digest))

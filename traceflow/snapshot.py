@@ -14,7 +14,6 @@ from traceflow.errors import InputError
 from traceflow.kube import Cluster
 from traceflow.lowgc import paused
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
-from traceflow.ovs.flows import FlowDump
 from traceflow.ovs.pipeline import Annotator, Bridge
 
 
@@ -53,7 +52,8 @@ class NodeModel:
         groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
         tables = parse_tables(*self._file("ovs-tables.txt")) if self._file("ovs-tables.txt") else {}
         self.flow_text = text
-        bridge = Bridge(self.name, FlowDump(text, name), groups, ports, tables)
+        from traceflow.bundleindex import load_flow_dump
+        bridge = Bridge(self.name, load_flow_dump(text, name), groups, ports, tables)
         # `ovs-ofctl show` gives no port types: the CNI knows its tunnel port, and output to it
         # without a tunnel destination sends nothing (as OVS does)
         tun = self.snapshot.conventions.tunnel_port(ports)
@@ -70,16 +70,26 @@ class NodeModel:
                                       self.snapshot.cluster.node_ips(), names or None)
 
     @cached_property
-    def pod_ports(self) -> dict:
+    def pod_ports(self) -> "antrea.PodPorts":
         """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
-        (``in_port=5``); it is turned into the port's name from ovs-show.txt."""
+        (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
+        bundle index when the flow dump has been seen before (checked as it is used)."""
+        with paused():          # one row per local Pod: 25,000 on a big node
+            return self._pod_ports()
+
+    def _pod_ports(self) -> "antrea.PodPorts":
+        from traceflow.bundleindex import flow_dump_derived, forget_flow_dump_derived
         bridge = self.bridge
-        out = {}
-        for ip, (port, mac) in antrea.pod_ports(self.flow_text).items():
-            if port.isdigit() and int(port) in bridge.port_by_number:
-                port = bridge.port_by_number[int(port)].name
-            out[ip] = (port, mac)
-        return out
+        lines = bridge.flows.text_lines()
+
+        def port_name(port: str) -> str:
+            if port.isdecimal() and int(port) in bridge.port_by_number:
+                return bridge.port_by_number[int(port)].name
+            return port
+        rows = flow_dump_derived(bridge.flows, "antrea-pod-ports",
+                                 lambda: antrea.pod_port_rows(lines), antrea.pod_port_rows_valid)
+        return antrea.PodPorts(rows, lines, port_name,
+                               lambda: forget_flow_dump_derived(bridge.flows, "antrea-pod-ports"))
 
     # ---- host networking ---------------------------------------------------------------
     @cached_property

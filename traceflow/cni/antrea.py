@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 
 from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Port
@@ -306,16 +307,94 @@ def pod_ports(flow_text: str) -> dict[str, tuple[str, str | None]]:
     Antrea installs one such flow per local Pod; this is how traceflow finds a Pod's port
     when the bundle has no interface listing of its own.
     """
+    return {ip: (port, mac) for ip, port, mac, _ in pod_port_rows(flow_text.splitlines())}
+
+
+def pod_port_rows(lines: list[str]) -> list[list]:
+    """[Pod IP, port, MAC, line number] of each Pod's SpoofGuard flow (the last one of an IP),
+    as plain JSON for the bundle index."""
     out = {}
-    for line in flow_text.splitlines():
-        if "nw_src=" not in line or "in_port=" not in line or ",ip," not in line.replace(" ", ","):
-            continue
-        m = _SPOOFGUARD_IP.search(line)
-        # a SpoofGuard flow always pins the Pod's MAC too; v2's Classifier flow
-        # `ip,in_port="antrea-gw0",nw_src=<gateway IP>` has no dl_src and is not a Pod
-        if m and m.group(2):
-            out[m.group(3)] = (m.group(1), m.group(2))
-    return out
+    for n, line in enumerate(lines, 1):
+        found = _pod_port(line)
+        if found:
+            out[found[0]] = [*found, n]
+    return list(out.values())
+
+
+def pod_port_rows_valid(rows) -> bool:
+    """Whether stored ``pod_port_rows`` have their shape (what they say is checked on use)."""
+    return type(rows) is list and all(
+        type(r) is list and len(r) == 4 and type(r[0]) is str and type(r[1]) is str
+        and type(r[2]) is str and type(r[3]) is int for r in rows)
+
+
+class PodPorts(Mapping):
+    """Pod IP -> (OVS port name, MAC), from ``pod_port_rows`` of the flow dump's ``lines``.
+
+    The rows may come from the bundle index (25,000 Pods on a node are 40 ms to find again):
+    each one is checked against its line when it is first used, and rows that do not fit the
+    lines are found again from the lines (``on_stale`` is told). ``port_name`` turns a port
+    number (dumps without --names) into the port's name.
+    """
+
+    def __init__(self, rows: list, lines: list[str], port_name, on_stale=None):
+        self._lines = lines
+        self._port_name = port_name
+        self._on_stale = on_stale
+        self._set(rows)
+
+    def _set(self, rows: list) -> None:
+        self._rows = {row[0]: row for row in rows}
+        self._done: dict = {}
+        self._by_port: dict | None = None
+
+    def __getitem__(self, ip: str) -> tuple[str, str]:
+        got = self._done.get(ip)
+        if got is None:
+            row = self._rows[ip]
+            n = row[3]
+            if not 0 < n <= len(self._lines) or _pod_port(self._lines[n - 1]) != tuple(row[:3]):
+                self._stale()
+                return self[ip]
+            got = self._done[ip] = (self._port_name(row[1]), row[2])
+        return got
+
+    def _stale(self) -> None:
+        self._set(pod_port_rows(self._lines))
+        for ip in self._rows:      # found from the lines: fit by construction
+            row = self._rows[ip]
+            self._done[ip] = (self._port_name(row[1]), row[2])
+        if self._on_stale is not None:
+            self._on_stale()
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def ip_on_port(self, port: str) -> str | None:
+        """The Pod IP whose SpoofGuard flow names this port (the first one), or None."""
+        if self._by_port is None:
+            self._by_port = {}
+            for ip, row in self._rows.items():
+                self._by_port.setdefault(self._port_name(row[1]), ip)
+        ip = self._by_port.get(port)
+        if ip is not None and self[ip][0] != port:     # checked against its line
+            self._stale()
+            return self.ip_on_port(port)
+        return ip
+
+
+def _pod_port(line: str) -> tuple[str, str, str] | None:
+    if "nw_src=" not in line or "in_port=" not in line or ",ip," not in line.replace(" ", ","):
+        return None
+    m = _SPOOFGUARD_IP.search(line)
+    # a SpoofGuard flow always pins the Pod's MAC too; v2's Classifier flow
+    # `ip,in_port="antrea-gw0",nw_src=<gateway IP>` has no dl_src and is not a Pod
+    if m and m.group(2):
+        return m.group(3), m.group(1), m.group(2)
+    return None
 
 
 def gateway_port_name(ports: dict[str, Port]) -> str | None:

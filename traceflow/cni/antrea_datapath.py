@@ -179,7 +179,7 @@ class AntreaDatapath(Datapath):
         if name == self.cni.tunnel_port(ports):
             return self._tunnel(b, loc, output, pkt)
         # a local pod port?
-        pod_ip = next((ip for ip, (pname, _) in node.pod_ports.items() if pname == name), None)
+        pod_ip = node.pod_ports.ip_on_port(name)
         pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
         if pod is None:
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None, None,

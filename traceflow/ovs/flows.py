@@ -11,9 +11,12 @@ Variants read: with or without statistics, ``--names`` (quoted or bare port name
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
+import itertools
 import re
+from array import array
 from dataclasses import dataclass
 
 from traceflow.errors import InputError, Source
@@ -183,48 +186,192 @@ def parse_flows(text: str, name: str) -> list[Flow]:
 
 
 class FlowDump:
-    """Flows of one bridge, indexed by table at construction and parsed per table on demand."""
+    """Flows of one bridge, indexed by table at construction and parsed per table on demand.
+
+    ``layout()`` gives where each table's lines are and the index of each big table, as arrays
+    of numbers; ``from_layout`` takes it back for the same text, so a later command skips the
+    pass over every line (traceflow.bundleindex stores it, keyed by the SHA-256 of the text).
+    A layout is checked against the text where that is cheap (line count, every line in
+    exactly one table, each table's first and last lines, sorted indexes) and each line a
+    lookup reads is checked against it (table, priority, indexed value); a line that is not
+    what the layout says makes the dump read its text again (``on_stale`` is told). What is
+    not checked is trusted to the digest: a layout is only ever looked up by the SHA-256 of
+    the text it was made from, so only one crafted to keep every count while moving a line
+    that no lookup reads would go unnoticed.
+    """
 
     def __init__(self, text: str, name: str):
+        self._setup(text, name)
+        self._read()
+
+    def _setup(self, text: str, name: str) -> None:
         self.name = name
-        self._raw: dict[int | str, list[tuple[int, str]]] = {}
+        self.digest: str | None = None    # set by whoever keys a layout by the text
+        self.on_stale = None              # called when a layout turns out not to fit
+        self._text = text
+        self._lines: list[str] = []       # line number - 1 -> the (logical) line
+        self._numbers: dict = {}          # table -> line numbers, ascending
+        self._skipped: list[int] = []     # blank, comment and reply-header lines
+        self._joined = False              # backslash continuations were joined
+        self._renamed: dict[str, int] = {}
+        self._stored: dict = {}           # table -> its index from a layout, checked when used
+        self._checking = False            # the table of each line comes from a layout
         self._parsed: dict[int | str, list[Flow]] = {}
         self._indexes: dict = {}
         self._one: dict = {}       # (table, line number) -> Flow parsed from a big table
-        lines = (enumerate(text.splitlines(), 1) if "\\" not in text   # no continuations
-                 else logical_lines(text))
-        raw = self._raw
-        for lineno, line in lines:
+
+    def _read(self) -> None:
+        text = self._text
+        lines = text.splitlines()
+        self._joined = "\\" in text
+        if self._joined:               # a design doc's wrapped flows
+            entries = list(logical_lines(text))
+            for n, line in entries:
+                lines[n - 1] = line
+        else:
+            entries = enumerate(lines, 1)
+        numbers: dict = {}
+        skipped = []
+        for n, line in entries:
             # plain string tests, not a regex per line: a dump holds 100k lines
             stripped = line.lstrip()
             if not stripped or stripped[0] == "#" or stripped.startswith(_SKIP_PREFIXES):
+                skipped.append(n)
                 continue
             end = line.find("actions=")
             value = _token_value(line if end < 0 else line[:end], "table")
             table = _table_id(value) if value else 0
-            raw.setdefault(table, []).append((lineno, line))
+            got = numbers.get(table)
+            if got is None:
+                numbers[table] = [n]
+            else:
+                got.append(n)
+        self._lines, self._numbers, self._skipped = lines, numbers, skipped
 
+    # ---- a stored layout ---------------------------------------------------------------
+    def layout(self) -> dict | None:
+        """Where this dump's lines are: ``lines`` (count), ``skipped`` (line numbers) and
+        ``tables``: [table, line numbers, index or None]; an index (of a table of at least
+        _INDEX_MIN lines) is ``field`` (as written) and, sorted by (value, priority, line),
+        ``values``, ``prios`` (minus the priority) and ``numbers`` of the lines that have the
+        field, and ``rest_prios``/``rest_numbers`` of those that do not. Building it indexes
+        every big table. None for a dump with continuation lines (never a big one)."""
+        if self._joined or self._renamed or self._checking:
+            return None
+        tables = []
+        for table, numbers in self._numbers.items():
+            index = None
+            if len(numbers) >= _INDEX_MIN:
+                ix = self._index(table)
+                index = {"field": ix.name, "values": ix.values, "prios": ix.prios,
+                         "numbers": ix.numbers, "rest_prios": [p for p, _, _ in ix.rest],
+                         "rest_numbers": [n for _, n, _ in ix.rest]}
+            tables.append([table, numbers, index])
+        return {"lines": len(self._lines), "skipped": self._skipped, "tables": tables}
+
+    @classmethod
+    def from_layout(cls, text: str, name: str, layout: dict) -> "FlowDump":
+        """The dump of ``text`` with its tables from ``layout`` (see ``layout``), without a
+        pass over its lines. Raises ValueError (TypeError, KeyError) when the layout does not
+        fit: wrong line count, a line in no table or in two, a skipped line that is a flow."""
+        self = cls.__new__(cls)
+        self._setup(text, name)
+        if "\\" in text:
+            raise ValueError("continuation lines are read, not laid out")
+        lines = self._lines = text.splitlines()
+        if layout["lines"] != len(lines):
+            raise ValueError("line count")
+        self._skipped = _ints(layout["skipped"])
+        for n in self._skipped:
+            stripped = lines[n - 1].lstrip() if n > 0 else "x"
+            if stripped and stripped[0] != "#" and not stripped.startswith(_SKIP_PREFIXES):
+                raise ValueError(f"line {n} is not one to skip")
+        for table, numbers, index in layout["tables"]:
+            if type(table) not in (int, str) or table in self._numbers:
+                raise ValueError(f"table {table!r}")
+            self._numbers[table] = numbers = _ints(numbers)
+            if not numbers:
+                raise ValueError(f"table {table!r} has no lines")
+            if index is not None:
+                if len(numbers) < _INDEX_MIN:
+                    raise ValueError(f"index of small table {table!r}")
+                self._stored[table] = index
+        # every line in exactly one table (or skipped): 10 ms for 100k lines
+        every = sorted(itertools.chain(self._skipped, *self._numbers.values()))
+        if every != list(range(1, len(lines) + 1)):
+            raise ValueError("lines not laid out once each")
+        # each table's first and last lines are in it (a table under another's number is
+        # caught here; a line moved alone, when a lookup reads it)
+        for table, numbers in self._numbers.items():
+            if self._table_of(lines[numbers[0] - 1]) != table \
+                    or self._table_of(lines[numbers[-1] - 1]) != table:
+                raise ValueError(f"table {table!r} is not where its lines are")
+        self._checking = True
+        return self
+
+    def _stale(self) -> None:
+        """The layout does not fit the text: read the text, as without one."""
+        renamed, digest = self._renamed, self.digest
+        self._setup(self._text, self.name)
+        self.digest = digest
+        self._read()
+        if renamed:
+            self.resolve_names(renamed)
+
+    def _checked(self, call, *args):
+        try:
+            return call(*args)
+        except _Stale:
+            notify = self.on_stale
+            self._stale()
+            if notify is not None:
+                notify()
+            return call(*args)
+
+    # ---- tables ------------------------------------------------------------------------
     def table_ids(self) -> list:
-        return sorted(self._raw, key=lambda t: (isinstance(t, str), str(t) if isinstance(t, str) else t))
+        return sorted(self._numbers, key=lambda t: (isinstance(t, str), str(t) if isinstance(t, str) else t))
 
     def resolve_names(self, names: dict[str, int]) -> None:
         """Fold tables written by name into their numbers (from ovs-tables.txt or the CNI)."""
-        for key in [k for k in self._raw if isinstance(k, str)]:
+        for key in [k for k in self._numbers if isinstance(k, str)]:
             if key in names:
-                self._raw.setdefault(names[key], []).extend(self._raw.pop(key))
-                self._raw[names[key]].sort()
+                target = names[key]
+                self._renamed[key] = target
+                moved = self._numbers.pop(key)
+                stored = self._stored.pop(key, None)
+                if target in self._numbers:
+                    self._numbers[target] = sorted(itertools.chain(self._numbers[target], moved))
+                    self._stored.pop(target, None)     # indexed a part of the table only
+                else:
+                    self._numbers[target] = moved
+                    if stored is not None:
+                        self._stored[target] = stored
 
     def has_table(self, table: int | str) -> bool:
-        return table in self._raw
+        return table in self._numbers
 
     def table(self, table: int | str) -> list[Flow]:
         """Flows of one table, highest priority first (dump order kept among equals)."""
+        return self._checked(self._table, table)
+
+    def _table(self, table: int | str) -> list[Flow]:
         if table not in self._parsed:
-            flows = [parse_flow(line, Source(self.name, n, line.strip()))
-                     for n, line in self._raw.get(table, [])]
+            lines = self._lines
+            numbers = self._numbers.get(table, ())
+            if self._checking and any(self._table_of(lines[n - 1]) != table for n in numbers):
+                raise _Stale
+            flows = [parse_flow(lines[n - 1], Source(self.name, n, lines[n - 1].strip()))
+                     for n in numbers]
             flows.sort(key=lambda f: -f.priority)
             self._parsed[table] = flows
         return self._parsed[table]
+
+    def _table_of(self, line: str) -> int | str:
+        end = line.find("actions=")
+        value = _token_value(line if end < 0 else line[:end], "table")
+        table = _table_id(value) if value else 0
+        return self._renamed.get(table, table) if isinstance(table, str) else table
 
     def candidates(self, table: int | str, state: dict) -> list[Flow]:
         """The flows of a table that can match ``state``, highest priority first.
@@ -234,31 +381,76 @@ class FlowDump:
         field (nw_dst in L3Forwarding, dl_dst in L2ForwardingCalc ...) narrows the lines to
         those that can match, and only those are parsed. The result is a superset of the
         matching flows in the same order, so a lookup gives the same answer either way.
+        The same list comes back for the same table and value.
         """
-        raw = self._raw.get(table, [])
-        if len(raw) < _INDEX_MIN or table in self._parsed:
-            return self.table(table)
-        index = self._indexes.get(table)
-        if index is None:
-            index = self._indexes[table] = _RawIndex(raw)
+        return self._checked(self._candidates, table, state)
+
+    def _candidates(self, table: int | str, state: dict) -> list[Flow]:
+        if len(self._numbers.get(table, ())) < _INDEX_MIN or table in self._parsed:
+            return self._table(table)
+        index = self._index(table)
         key = state.get(index.field.name, 0) if index.field else None
         found = index.cache.get(key)
         if found is None:
             # parsed once per looked-up value: the lines without the field are not merged
             # and re-read on every lookup
-            found = index.cache[key] = [self._flow(table, n, line)
-                                        for _, n, line in index.candidates(key)]
+            entries = index.candidates(key)
+            if self._checking:
+                self._check_entries(table, index, entries)
+            found = index.cache[key] = [self._flow(table, n) for _, n, _ in entries]
         return found
 
-    def _flow(self, table, lineno: int, line: str) -> Flow:
+    def _index(self, table) -> "_RawIndex":
+        index = self._indexes.get(table)
+        if index is None:
+            stored = self._stored.pop(table, None)
+            if stored is not None:
+                try:
+                    index = _RawIndex.from_layout(stored, self._numbers[table])
+                except (ValueError, TypeError, KeyError, OverflowError):
+                    raise _Stale from None
+            else:
+                lines = self._lines
+                raw = [(n, lines[n - 1]) for n in self._numbers.get(table, ())]
+                if self._checking and any(self._table_of(line) != table for _, line in raw):
+                    raise _Stale
+                index = _RawIndex(raw)
+            self._indexes[table] = index
+        return index
+
+    def _check_entries(self, table, index: "_RawIndex", entries: list) -> None:
+        """Each line a layout hands out is in this table, with this priority and value."""
+        if entries != sorted(entries, key=lambda e: e[:2]):
+            raise _Stale
+        lines = self._lines
+        for prio, n, value in entries:
+            line = lines[n - 1]
+            if self._table_of(line) != table or index.entry(line) != (prio, value):
+                raise _Stale
+
+    def _flow(self, table, lineno: int) -> Flow:
         key = (table, lineno)
         flow = self._one.get(key)
         if flow is None:
+            line = self._lines[lineno - 1]
             flow = self._one[key] = parse_flow(line, Source(self.name, lineno, line.strip()))
         return flow
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._raw.values())
+        return sum(len(v) for v in self._numbers.values())
+
+    def text_lines(self) -> list[str]:
+        """The dump's lines as in the file (continuations not joined); do not modify."""
+        return self._text.splitlines() if self._joined else self._lines
+
+
+def _ints(seq) -> array:
+    """``seq`` as an array of integers (TypeError for anything else)."""
+    return seq if isinstance(seq, array) and seq.typecode in "bBhHiIlLqQ" else array("q", seq)
+
+
+class _Stale(Exception):
+    """A line is not where a stored layout says."""
 
 
 _INDEX_MIN = 64
@@ -293,6 +485,10 @@ class _RawIndex:
     ``ipaddress``. Lines without that field exact (or whose value does not read) stay in
     ``rest`` and are always candidates, so a malformed line is still parsed, and reported,
     when the table is used. Any choice of field gives the same lookups, only faster or slower.
+
+    The lines with the field are kept as three parallel sequences sorted by (value, minus
+    the priority, line number), so that a lookup is a binary search and the index is stored
+    and loaded as arrays of numbers (``FlowDump.layout``).
     """
 
     def __init__(self, raw: list[tuple[int, str]]):
@@ -303,33 +499,79 @@ class _RawIndex:
             for k, v in _KEY_VALUE.findall(head):
                 if k not in _NOT_KEYS and "/" not in v:
                     distinct.setdefault(k, set()).add(v)
+        known = [k for k in sorted(distinct) if F.lookup(k) is not None]
         # the most selective field; ties broken by name, so the choice is deterministic
-        name = max(sorted(distinct), key=lambda k: len(distinct[k])) if distinct else None
-        self.field = F.lookup(name) if name else None
-        self.cache: dict = {}       # looked-up value -> candidate flows (FlowDump fills it)
-        self.by_value: dict[int, list] = {}
-        self.rest: list = []
-        read = _VALUE_READERS.get(self.field.kind, _read_int) if self.field else None
+        name = max(known, key=lambda k: len(distinct[k])) if known else None
+        self._setup(name)
+        keyed, rest = [], []
+        entry = self.entry
         for n, line in raw:
-            end = line.find("actions=")
-            head = (line if end < 0 else line[:end]).rstrip()
-            prio = _token_value(head, "priority")
-            order = (-int(prio) if prio and prio.isdigit() else -32768, n)
-            text = _token_value(head, name) if name else None
-            value = None
-            if text is not None and "/" not in text:
-                value = read(self.field, text.strip('"'))
+            prio, value = entry(line)
             if value is None:
-                self.rest.append((order, n, line))
+                rest.append((prio, n, None))
             else:
-                self.by_value.setdefault(value, []).append((order, n, line))
-        self.rest.sort()
-        for entries in self.by_value.values():
-            entries.sort()
+                keyed.append((value, prio, n))
+        keyed.sort()
+        rest.sort()
+        self.values = [v for v, _, _ in keyed]
+        self.prios = [p for _, p, _ in keyed]
+        self.numbers = [n for _, _, n in keyed]
+        self.rest = rest
+
+    def _setup(self, name: str | None) -> None:
+        self.name = name                      # the field as written in the flows
+        self.field = F.lookup(name) if name else None
+        self._read = _VALUE_READERS.get(self.field.kind, _read_int) if self.field else None
+        self.cache: dict = {}       # looked-up value -> candidate flows (FlowDump fills it)
+
+    @classmethod
+    def from_layout(cls, stored: dict, numbers) -> "_RawIndex":
+        """The index from its stored arrays, checked for shape: the same lines as the table,
+        sorted. Raises ValueError."""
+        self = cls.__new__(cls)
+        name = stored["field"]
+        if name is not None and (type(name) is not str or F.lookup(name) is None):
+            raise ValueError(f"index field {name!r}")
+        self._setup(name)
+        values = stored["values"]
+        if not isinstance(values, array) and any(type(v) is not int for v in values):
+            raise ValueError("index values are not integers")
+        self.values, self.prios, self.numbers = values, _ints(stored["prios"]), \
+            _ints(stored["numbers"])
+        rest_prios, rest_numbers = _ints(stored["rest_prios"]), _ints(stored["rest_numbers"])
+        if not len(self.values) == len(self.prios) == len(self.numbers) \
+                or len(rest_prios) != len(rest_numbers) or (name is None and len(self.values)):
+            raise ValueError("index arrays of different lengths")
+        if sorted(itertools.chain(self.numbers, rest_numbers)) != list(numbers):
+            raise ValueError("index lines are not the table's")
+        values = list(self.values)
+        if values != sorted(values):
+            raise ValueError("index values not sorted")
+        self.rest = [(p, n, None) for p, n in zip(rest_prios, rest_numbers)]
+        if self.rest != sorted(self.rest, key=lambda e: e[:2]):
+            raise ValueError("index rest not sorted")
+        return self
+
+    def entry(self, line: str) -> tuple[int, int | None]:
+        """(minus the priority, the indexed field's value or None) of one raw line."""
+        end = line.find("actions=")
+        head = (line if end < 0 else line[:end]).rstrip()
+        prio = _token_value(head, "priority")
+        order = -int(prio) if prio and prio.isdecimal() else -32768
+        text = _token_value(head, self.name) if self.name else None
+        if text is None or "/" in text:
+            return order, None
+        return order, self._read(self.field, text.strip('"'))
 
     def candidates(self, value) -> list:
-        hits = self.by_value.get(value, []) if self.field else []
-        return list(heapq.merge(hits, self.rest))
+        """(minus the priority, line number, indexed value or None) of the lines that can
+        match a packet whose field is ``value``, in lookup order."""
+        hits: list = []
+        if self.field is not None and isinstance(value, int):
+            lo = bisect.bisect_left(self.values, value)
+            hi = bisect.bisect_right(self.values, value, lo)
+            hits = [(p, n, value) for p, n in zip(self.prios[lo:hi], self.numbers[lo:hi])]
+        return list(heapq.merge(hits, self.rest, key=lambda e: e[:2]))
 
 
 def _read_generic(field: F.Field, text: str) -> int | None:
