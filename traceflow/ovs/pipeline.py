@@ -73,6 +73,32 @@ class Bridge:
         self.local_name = local.name if local else None
         if local is not None:
             self.port_by_number[F.LOCAL_PORT] = local
+        # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
+        self._memos: dict[int, _LookupMemo] = {}
+        self._forking: tuple = (None, -1, frozenset())
+
+    def forking_groups(self) -> frozenset:
+        """Ids of the select groups that fork a run (more than one bucket); recomputed if
+        ``groups`` is replaced or grows."""
+        groups, size, ids = self._forking
+        if groups is not self.groups or size != len(self.groups):
+            ids = frozenset(g.group_id for g in self.groups.values()
+                            if g.type == "select" and len(g.buckets) > 1)
+            self._forking = (self.groups, len(self.groups), ids)
+        return ids
+
+    def lookup_memo(self, flows: list) -> "_LookupMemo":
+        """The memo of lookups among ``flows``, one candidate list of a table.
+
+        Keyed by the list itself (FlowDump hands out the same list for the same table and
+        index value), so flows that change, or another bridge's flows, never share answers.
+        """
+        memo = self._memos.get(id(flows))
+        if memo is None or memo.flows is not flows or memo.size != len(flows):
+            if len(self._memos) >= _MAX_MEMOS:
+                self._memos.clear()
+            memo = self._memos[id(flows)] = _LookupMemo(flows)
+        return memo
 
     def port_number(self, name_or_number: str) -> int | None:
         """An OpenFlow port number from a number, a port name, LOCAL or the bridge's name."""
@@ -91,6 +117,39 @@ class Bridge:
         if isinstance(ref, str):
             return self.table_numbers.get(ref, ref)
         return ref
+
+
+_MAX_MEMOS = 4096          # candidate lists remembered per bridge
+_MAX_ANSWERS = 4096        # answers remembered per candidate list
+
+
+class _LookupMemo:
+    """Lookups in one candidate list, keyed by the values of every field its flows read.
+
+    As OVS's megaflow cache: a lookup reads only the fields the candidate flows match on
+    (masked or not: registers, ct_state/ct_mark/ct_label, metadata, in_port, tunnel fields
+    ...), and conjunctions are decided among the same flows, so two packets that agree on all
+    of those fields get the same hit, the same conjunction and the same ambiguity notes.
+    The key takes each field's raw value (a missing field is None, not 0), so it is never
+    coarser than what the lookup reads.
+    """
+
+    __slots__ = ("flows", "size", "fields", "answers")
+
+    def __init__(self, flows: list):
+        self.flows = flows
+        self.size = len(flows)
+        self.fields = tuple(sorted({m.field.name for f in flows for m in f.matches}))
+        self.answers: dict[tuple, tuple] = {}
+
+    def key(self, state: dict) -> tuple:
+        return tuple(map(state.get, self.fields))
+
+    def remember(self, key: tuple, answer: tuple) -> tuple:
+        if len(self.answers) >= _MAX_ANSWERS:
+            self.answers.clear()       # a bound, not a policy: a long audit stays small
+        self.answers[key] = answer
+        return answer
 
 
 @dataclass
@@ -242,7 +301,9 @@ class _Runner:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return None
-            checkpoint = self.clone(self.choices) if self.bridge.groups else None
+            # the copy a fork goes on from; none needed once every group that can fork
+            # (a select group with several buckets) has its bucket chosen
+            checkpoint = self.clone(self.choices) if self._may_fork() else None
             table, st = self.recirc.pop(0)
             sent = len(self.outputs)
             try:
@@ -264,6 +325,10 @@ class _Runner:
             self.finals.append(dict(st))   # actions change `st` in place, resubmits included
             self.stage += 1
         return None
+
+    def _may_fork(self) -> bool:
+        forking = self.bridge.forking_groups()
+        return bool(forking) and sum(g in forking for g in self.choices) < len(forking)
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
@@ -289,7 +354,7 @@ class _Runner:
             looked_up = dict(state, tp_src=0, tp_dst=0)
         if lookup_port is not None:
             looked_up = dict(looked_up, in_port=lookup_port)
-        flow, conj_notes = self.lookup(looked_up, table)
+        flow, lookup_notes = self.memo_lookup(looked_up, table)
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
@@ -302,8 +367,7 @@ class _Runner:
             hit.state_after = dict(state)
             self.dropped_by = hit
             return
-        hit.notes.extend(conj_notes)
-        hit.notes.extend(self._ambiguity(flow, looked_up, table))
+        hit.notes.extend(lookup_notes)
         hit.notes.extend(self.annotator.describe_match(flow))
         self.apply_actions(flow.actions, state, hit, depth, flow)
         if hit.state_after is None:
@@ -311,14 +375,31 @@ class _Runner:
         if not self.outputs and not self.recirc and _ends_in_drop(flow.actions):
             self.dropped_by = hit
 
-    def lookup(self, state: dict, table: int) -> tuple[Flow | None, list]:
+    def memo_lookup(self, state: dict, table: int) -> tuple[Flow | None, tuple]:
+        """``lookup`` and ``_ambiguity`` of ``state`` in ``table``, remembered (_LookupMemo):
+        a select group's buckets walk the same tables with packets that differ in a few
+        fields. (hit or None, the conjunction and ambiguity notes)."""
+        flows = self.bridge.flows.candidates(table, state)
+        memo = self.bridge.lookup_memo(flows)
+        key = memo.key(state)
+        answer = memo.answers.get(key)
+        if answer is None:
+            flow, notes = self.lookup(state, table, flows)
+            if flow is not None:
+                notes = notes + self._ambiguity(flow, state, table, flows)
+            answer = memo.remember(key, (flow, tuple(notes)))
+        return answer
+
+    def lookup(self, state: dict, table: int,
+               flows: list | None = None) -> tuple[Flow | None, list]:
         """Highest-priority match, with OVS's conjunctive-match semantics.
 
         Flows with ``conjunction(id,k/n)`` actions are clauses: when every clause of an id
         matches at a priority above the best ordinary flow, OVS looks the packet up again
         with ``conj_id=id`` set, and that second lookup's result is the hit.
         """
-        flows = self.bridge.flows.candidates(table, state)
+        if flows is None:
+            flows = self.bridge.flows.candidates(table, state)
         hard: Flow | None = None
         clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
         conj_priority: dict[int, int] = {}
@@ -360,12 +441,15 @@ class _Runner:
                     return flow, notes
         return hard, []
 
-    def _ambiguity(self, flow: Flow, state: dict, table: int) -> list[str]:
+    def _ambiguity(self, flow: Flow, state: dict, table: int,
+                   flows: list | None = None) -> list[str]:
         """Another flow of the same priority that matches too: OVS does not define which one
         wins (ovs-fields(7): overlapping flows of equal priority), so say so."""
         if flow.conj_id is not None:
             return []
-        others = [f for f in self.bridge.flows.candidates(table, state)
+        if flows is None:
+            flows = self.bridge.flows.candidates(table, state)
+        others = [f for f in flows
                   if f is not flow and f.priority == flow.priority and f.conj_id is None
                   and not any(isinstance(a, A.Conjunction) for a in f.actions)
                   and self.matches(f, state)]
@@ -785,7 +869,9 @@ def _tuple(state: dict) -> tuple:
 
 
 def _ipstr(v: int) -> str:
-    return str(ipaddress.IPv4Address(v & 0xFFFFFFFF))
+    """Dotted quad of an IPv4 address (as ipaddress prints it, without its object)."""
+    v &= 0xFFFFFFFF
+    return f"{v >> 24}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
 
 
 def _ip(text: str) -> int:
@@ -798,7 +884,7 @@ def _fmt_tuple(t: tuple) -> str:
 
 def _fmt(field: F.Field, value: int, sub: A.Subfield) -> str:
     if sub.width == field.bits and field.kind in ("ipv4", "mac", "ipv6"):
-        return F.format_value(field, value)
+        return _ipstr(value) if field.kind == "ipv4" else F.format_value(field, value)
     return hex(value)
 
 
