@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from traceflow.conntrack import Conntrack
+from traceflow.conntrack import Conntrack, CtEntry
 from traceflow.errors import Source
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
@@ -238,7 +238,7 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
             total = group.total_weight
             for b in group.buckets:
                 share = b.weight / total
-                pending.append((checkpoint.clone({**runner.choices, group.group_id: b.bucket_id}),
+                pending.append((checkpoint.runner({**runner.choices, group.group_id: b.bucket_id}),
                                 weight * share,
                                 chosen + [(group.group_id, b.bucket_id, share)]))
             continue
@@ -249,10 +249,69 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     return runs
 
 
+class _Checkpoint:
+    """A runner as it is between two passes, taken cheaply; ``runner()`` makes independent
+    runners that go on from there (one per bucket of a select group).
+
+    A pass only appends to the runner's hits, outputs, choice log and finals (the lists are
+    shared, their lengths kept), pops its own packet from the queue (copied) and changes
+    conntrack: it commits entries (their number is kept) and sets an entry's mark, label and
+    seen_reply in place (those are kept per entry).
+    """
+
+    __slots__ = ("source", "lengths", "recirc", "ct_entries", "ct_assoc", "ct_next", "scalars")
+
+    def __init__(self, runner: "_Runner"):
+        self.source = runner
+        self.lengths = (len(runner.hits), len(runner.outputs), len(runner.choice_log),
+                        len(runner.finals))
+        self.recirc = [(table, dict(st)) for table, st in runner.recirc]
+        self.ct_entries = [(e, e.mark, e.label, e.seen_reply) for e in runner.ct.entries]
+        self.ct_assoc = dict(runner.ct_assoc)
+        self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
+        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
+
+    def runner(self, choices: dict) -> "_Runner":
+        src = self.source
+        entries = [CtEntry(e.zone, e.orig, e.reply, mark, label, e.nat, seen, e.where)
+                   for e, mark, label, seen in self.ct_entries]
+        mapping = {id(old[0]): new for old, new in zip(self.ct_entries, entries)}
+        other = _Runner(src.bridge, src.annotator, Conntrack(entries), choices,
+                        None if self.ct_next is None else list(self.ct_next), src.shared)
+        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
+                          for zone, (entry, is_reply) in self.ct_assoc.items()}
+        n_hits, n_outputs, n_choices, n_finals = self.lengths
+        other.hits = src.hits[:n_hits]
+        other.outputs = src.outputs[:n_outputs]
+        other.choice_log = src.choice_log[:n_choices]
+        other.finals = src.finals[:n_finals]
+        other.recirc = [(table, dict(st)) for table, st in self.recirc]
+        other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
+        return other
+
+
+class _Shared:
+    """What every runner of one ``simulate`` call may remember: the annotator's answers
+    that depend on a table or a flow alone."""
+
+    __slots__ = ("labels", "match_notes")
+
+    def __init__(self):
+        self.labels: dict = {}          # table -> "70 (L3Forwarding)"
+        self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
+
+
 class _Runner:
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
-                 ct_next: list[int] | None = None):
+                 ct_next: list[int] | None = None, shared: _Shared | None = None):
         self.bridge = bridge
+        self.shared = shared or _Shared()
+        # whether the annotator says anything about matches, writes and ports (the base
+        # class never does: skip the calls)
+        kind = type(annotator)
+        self.notes_matches = kind.describe_match is not Annotator.describe_match
+        self.notes_writes = kind.describe_write is not Annotator.describe_write
+        self.notes_ports = kind.describe_port is not Annotator.describe_port
         self.ct_next = ct_next          # states still to hand out, or None: use self.ct
         self.annotator = annotator
         self.ct = ct
@@ -274,36 +333,19 @@ class _Runner:
 
     # ---- driver ---------------------------------------------------------------------
     def clone(self, choices: dict) -> "_Runner":
-        """An independent copy of this runner between two passes, with ``choices``.
+        """An independent copy of this runner between two passes, with ``choices``."""
+        return _Checkpoint(self).runner(choices)
 
-        Hits and outputs of finished passes are never changed again, so the copy shares
-        them; the queued packets, conntrack (and the connections the packet is associated
-        with) are copied.
-        """
-        other = _Runner(self.bridge, self.annotator, None, choices,
-                        None if self.ct_next is None else list(self.ct_next))
-        other.ct, mapping = self.ct.copy_mapped()
-        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
-                          for zone, (entry, is_reply) in self.ct_assoc.items()}
-        other.hits = list(self.hits)
-        other.outputs = list(self.outputs)
-        other.unknown, other.dropped_by = self.unknown, self.dropped_by
-        other.choice_log = list(self.choice_log)
-        other.visits, other.stage = self.visits, self.stage
-        other.recirc = [(table, dict(st)) for table, st in self.recirc]
-        other.finals = list(self.finals)
-        return other
-
-    def run(self) -> tuple[Group, "_Runner"] | None:
+    def run(self) -> tuple[Group, "_Checkpoint"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
-        run: (the group, a copy of the runner as the pass that met it began)."""
+        run: (the group, the runner as the pass that met it began)."""
         while self.recirc and self.unknown is None:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return None
-            # the copy a fork goes on from; none needed once every group that can fork
-            # (a select group with several buckets) has its bucket chosen
-            checkpoint = self.clone(self.choices) if self._may_fork() else None
+            # what a fork goes on from; none needed once every group that can fork (a
+            # select group with several buckets) has its bucket chosen
+            checkpoint = _Checkpoint(self) if self._may_fork() else None
             table, st = self.recirc.pop(0)
             sent = len(self.outputs)
             try:
@@ -340,12 +382,13 @@ class _Runner:
         self.visits += 1
         if self.visits > MAX_TABLE_VISITS:
             raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
-        table = self.bridge.table_id(table)
-        if isinstance(table, str):
-            hit = TableHit(table, None, stage=self.stage)
-            hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
-            self.hits.append(hit)
-            raise _Stop(hit.unknown)
+        if type(table) is not int:
+            table = self.bridge.table_id(table)
+            if isinstance(table, str):
+                hit = TableHit(table, None, stage=self.stage)
+                hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
+                self.hits.append(hit)
+                raise _Stop(hit.unknown)
         looked_up = state
         if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
             # frags=normal (OVS's default): a fragment, first or later, is looked up with
@@ -354,7 +397,16 @@ class _Runner:
             looked_up = dict(state, tp_src=0, tp_dst=0)
         if lookup_port is not None:
             looked_up = dict(looked_up, in_port=lookup_port)
-        flow, lookup_notes = self.memo_lookup(looked_up, table)
+        # memo_lookup, inlined: this runs for every table of every bucket
+        flows = self.bridge.flows.candidates(table, looked_up)
+        memo = self.bridge._memos.get(id(flows))
+        if memo is None or memo.flows is not flows or memo.size != len(flows):
+            memo = self.bridge.lookup_memo(flows)
+        key = tuple(map(looked_up.get, memo.fields))
+        answer = memo.answers.get(key)
+        if answer is None:
+            answer = self._fresh_answer(memo, key, looked_up, table, flows)
+        flow, lookup_notes = answer
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
@@ -367,13 +419,22 @@ class _Runner:
             hit.state_after = dict(state)
             self.dropped_by = hit
             return
-        hit.notes.extend(lookup_notes)
-        hit.notes.extend(self.annotator.describe_match(flow))
-        self.apply_actions(flow.actions, state, hit, depth, flow)
+        if lookup_notes:
+            hit.notes.extend(lookup_notes)
+        if self.notes_matches:
+            hit.notes.extend(self._match_notes(flow))
+        actions = flow.actions
+        self.apply_actions(actions, state, hit, depth, flow)
         if hit.state_after is None:
             hit.state_after = dict(state)
-        if not self.outputs and not self.recirc and _ends_in_drop(flow.actions):
+        if not self.outputs and not self.recirc and _ends_in_drop(actions):
             self.dropped_by = hit
+
+    def _match_notes(self, flow: Flow) -> list:
+        known = self.shared.match_notes.get(id(flow))
+        if known is None or known[0] is not flow:
+            known = self.shared.match_notes[id(flow)] = (flow, self.annotator.describe_match(flow))
+        return known[1]
 
     def memo_lookup(self, state: dict, table: int) -> tuple[Flow | None, tuple]:
         """``lookup`` and ``_ambiguity`` of ``state`` in ``table``, remembered (_LookupMemo):
@@ -384,11 +445,15 @@ class _Runner:
         key = memo.key(state)
         answer = memo.answers.get(key)
         if answer is None:
-            flow, notes = self.lookup(state, table, flows)
-            if flow is not None:
-                notes = notes + self._ambiguity(flow, state, table, flows)
-            answer = memo.remember(key, (flow, tuple(notes)))
+            answer = self._fresh_answer(memo, key, state, table, flows)
         return answer
+
+    def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
+                      flows: list) -> tuple:
+        flow, notes = self.lookup(state, table, flows)
+        if flow is not None:
+            notes = notes + self._ambiguity(flow, state, table, flows)
+        return memo.remember(key, (flow, tuple(notes)))
 
     def lookup(self, state: dict, table: int,
                flows: list | None = None) -> tuple[Flow | None, list]:
@@ -474,13 +539,34 @@ class _Runner:
     # ---- actions --------------------------------------------------------------------
     def apply_actions(self, actions: tuple, state: dict, hit: TableHit, depth: int,
                       flow: Flow) -> None:
+        effects = hit.effects
         for act in actions:
-            if isinstance(act, (A.Resubmit,)):
+            kind = type(act)
+            # the actions every table of a pipeline has come first, tested by their type
+            if kind is A.Load or kind is A.SetField:
+                name, mask, bits, start, end, value, text = act.write
+                if kind is A.SetField and state.get("nw_frag", 0) & 2 and \
+                        name in ("tp_src", "tp_dst"):
+                    # a later fragment has no transport header: OVS skips the rewrite
+                    effects.append(f"set {name}: a later fragment has no transport header, "
+                                   "no effect")
+                    continue
+                state[name] = (state.get(name, 0) & ~mask) | bits
+                effects.append(text)
+                if self.notes_writes:
+                    note = self.annotator.describe_write(name, start, end, value, state)
+                    if note:
+                        hit.notes.append(note)
+            elif kind is A.Resubmit:
                 if hit.state_after is None:
                     hit.state_after = dict(state)
-                target = hit.table if act.table is None else self.bridge.table_id(act.table)
-                hit.effects.append(f"{'go to' if act.goto else 'continue in'} table "
-                                   f"{self._table_label(target)}")
+                target = act.table
+                if target is None:
+                    target = hit.table
+                elif type(target) is not int:
+                    target = self.bridge.table_id(target)
+                label = self.shared.labels.get(target) or self._table_label(target)
+                effects.append(("go to table " if act.goto else "continue in table ") + label)
                 port = None
                 if act.port is not None:
                     port = self.bridge.port_number(act.port)
@@ -493,10 +579,6 @@ class _Runner:
                 self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
                 if act.goto:
                     return
-            elif isinstance(act, A.Load):
-                self._write(state, act.dst, act.value, hit)
-            elif isinstance(act, A.SetField):
-                self._set_field(state, act, hit)
             elif isinstance(act, A.Move):
                 width_mask = (1 << act.src.width) - 1
                 value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
@@ -556,8 +638,11 @@ class _Runner:
                 raise _Stop(f"action {act!r} has no simulator")
 
     def _table_label(self, table) -> str:
-        name = self.annotator.table_name(table) if isinstance(table, int) else None
-        return f"{table} ({name})" if name else str(table)
+        label = self.shared.labels.get(table)
+        if label is None:
+            name = self.annotator.table_name(table) if isinstance(table, int) else None
+            label = self.shared.labels[table] = f"{table} ({name})" if name else str(table)
+        return label
 
     def _write(self, state: dict, dst: A.Subfield, value: int, hit: TableHit,
                quiet: bool = False) -> None:
@@ -566,31 +651,10 @@ class _Runner:
         state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
         if not quiet:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
-        note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
-        if note:
-            hit.notes.append(note)
-
-    def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
-        fld = act.field
-        if fld.name in ("tp_src", "tp_dst") and state.get("nw_frag", 0) & 2:
-            # a later fragment has no transport header: OVS skips the rewrite
-            hit.effects.append(f"set {fld.name}: a later fragment has no transport header, "
-                               "no effect")
-            return
-        if act.mask is None:
-            sub = A.Subfield(fld, 0, fld.bits - 1)
-            self._write(state, sub, act.value, hit)
-            return
-        # a masked set_field writes the masked bits; explain it as the bit range it covers
-        low = (act.mask & -act.mask).bit_length() - 1
-        high = act.mask.bit_length() - 1
-        name = fld.name
-        state[name] = (state.get(name, 0) & ~act.mask) | (act.value & act.mask)
-        hit.effects.append(f"set {name}[{low}..{high}] = {hex(act.value >> low)}"
-                           if low != high else f"set {name}[{low}] = {(act.value >> low) & 1}")
-        note = self.annotator.describe_write(name, low, high, act.value >> low, state)
-        if note:
-            hit.notes.append(note)
+        if self.notes_writes:
+            note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
+            if note:
+                hit.notes.append(note)
 
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
         """One rule for every way of naming the port (number, register, name): a port the
