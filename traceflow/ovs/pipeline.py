@@ -10,6 +10,7 @@ Anything not modelled ends the run as ``unknown`` with the flow's text and line.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -406,7 +407,7 @@ class _Runner:
         answer = memo.answers.get(key)
         if answer is None:
             answer = self._fresh_answer(memo, key, looked_up, table, flows)
-        flow, lookup_notes = answer
+        flow, lookup_notes, drops = answer
         hit = TableHit(table, flow, stage=self.stage)
         self.hits.append(hit)
         if flow is None:
@@ -427,7 +428,7 @@ class _Runner:
         self.apply_actions(actions, state, hit, depth, flow)
         if hit.state_after is None:
             hit.state_after = dict(state)
-        if not self.outputs and not self.recirc and _ends_in_drop(actions):
+        if drops and not self.outputs and not self.recirc:
             self.dropped_by = hit
 
     def _match_notes(self, flow: Flow) -> list:
@@ -446,14 +447,15 @@ class _Runner:
         answer = memo.answers.get(key)
         if answer is None:
             answer = self._fresh_answer(memo, key, state, table, flows)
-        return answer
+        return answer[0], answer[1]
 
     def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
                       flows: list) -> tuple:
         flow, notes = self.lookup(state, table, flows)
         if flow is not None:
             notes = notes + self._ambiguity(flow, state, table, flows)
-        return memo.remember(key, (flow, tuple(notes)))
+        drops = flow is not None and _ends_in_drop(flow.actions)
+        return memo.remember(key, (flow, tuple(notes), drops))
 
     def lookup(self, state: dict, table: int,
                flows: list | None = None) -> tuple[Flow | None, list]:
@@ -579,12 +581,12 @@ class _Runner:
                 self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
                 if act.goto:
                     return
-            elif isinstance(act, A.Move):
+            elif kind is A.Move:
                 width_mask = (1 << act.src.width) - 1
                 value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
                 hit.effects.append(f"copy {act.src} ({hex(value)}) to {act.dst}")
                 self._write(state, act.dst, value, hit, quiet=True)
-            elif isinstance(act, A.DecTtl):
+            elif kind is A.DecTtl:
                 if state.get("dl_type") not in (0x0800, 0x86DD):
                     # OVS: dec_ttl does nothing to a non-IP packet (no TTL, no exception)
                     hit.effects.append("dec_ttl: not an IP packet, no effect")
@@ -596,41 +598,41 @@ class _Runner:
                     return
                 state["nw_ttl"] = ttl - 1
                 hit.effects.append(f"decrement TTL to {ttl - 1} (routed hop)")
-            elif isinstance(act, A.Output):
+            elif kind is A.Output:
                 self._output(act, state, hit, flow)
-            elif isinstance(act, A.SpecialPort):
+            elif kind is A.SpecialPort:
                 self._special_output(act.name, state, hit, flow)
-            elif isinstance(act, A.Controller):
+            elif kind is A.Controller:
                 hit.effects.append(f"send to the controller (agent): {act.text}")
                 self.outputs.append(Output("CONTROLLER", dict(state), flow))
-            elif isinstance(act, A.Drop):
+            elif kind is A.Drop:
                 hit.effects.append("drop")
-            elif isinstance(act, A.Ct):
+            elif kind is A.Ct:
                 self._ct(act, state, hit, depth)
-            elif isinstance(act, A.CtClear):
+            elif kind is A.CtClear:
                 for k in ("ct_state", "ct_zone", "ct_mark", "ct_label"):
                     state.pop(k, None)
                 hit.effects.append("clear the conntrack state")
-            elif isinstance(act, A.Group):
+            elif kind is A.Group:
                 self._group(act, state, hit, depth, flow)
-            elif isinstance(act, A.Conjunction):
+            elif kind is A.Conjunction:
                 continue  # only meaningful during lookup
-            elif isinstance(act, A.Learn):
+            elif kind is A.Learn:
                 hit.effects.append("learn: installs a flow for later packets (e.g. session "
                                    "affinity); this packet is unchanged")
-            elif isinstance(act, A.Clone):
+            elif kind is A.Clone:
                 # the clone works on a copy: its rewrites reach only its own outputs
                 before = hit.state_after
                 self.apply_actions(act.actions, dict(state), hit, depth, flow)
                 hit.state_after = before
-            elif isinstance(act, A.Exit):
+            elif kind is A.Exit:
                 hit.effects.append("exit: no further actions in this pass")
                 if hit.state_after is None:
                     hit.state_after = dict(state)
                 raise _Exit()
-            elif isinstance(act, A.NoEffect):
+            elif kind is A.NoEffect:
                 hit.effects.append(f"{act.text}: {act.why}")
-            elif isinstance(act, A.Unknown):
+            elif kind is A.Unknown:
                 hit.unknown = f"action {act.text!r} is not modelled ({act.reason})"
                 hit.effects.append(f"UNKNOWN action {act.text}: {act.reason}")
                 raise _Stop(hit.unknown)
@@ -848,14 +850,14 @@ class _Runner:
                 nat_kind = None
                 if act.nat is not None and act.nat.kind:
                     nat_kind = act.nat.kind
-                    before = _tuple(tracked)
+                    before = tup       # no connection: nothing has changed the packet yet
                     if act.nat.kind == "dst":
-                        tracked["nw_dst"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        tracked["nw_dst"] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_dst"] = act.nat.port_min
                         ct_state |= bits["dnat"]
                     else:
-                        tracked["nw_src"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        tracked["nw_src"] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_src"] = act.nat.port_min
                         ct_state |= bits["snat"]
@@ -932,12 +934,14 @@ def _tuple(state: dict) -> tuple:
             _ipstr(state.get("nw_dst", 0)), state.get("tp_dst", 0))
 
 
+@functools.lru_cache(maxsize=65536)
 def _ipstr(v: int) -> str:
     """Dotted quad of an IPv4 address (as ipaddress prints it, without its object)."""
     v &= 0xFFFFFFFF
     return f"{v >> 24}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _ip(text: str) -> int:
     return int(ipaddress.IPv4Address(text))
 
