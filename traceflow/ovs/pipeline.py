@@ -189,10 +189,16 @@ class OvsRun:
 
 
 class _Fork(Exception):
-    """A select group with several buckets was met with no choice made for it yet."""
+    """A select group with several buckets was met with no choice made for it yet.
 
-    def __init__(self, group: Group):
+    ``resume`` is set when nothing is left to do in the pass after the group (see
+    ``_Runner.apply_actions``' ``tail``): (the packet, the group's hit, depth, flow), where
+    each bucket can go on from.
+    """
+
+    def __init__(self, group: Group, resume: tuple | None = None):
         self.group = group
+        self.resume = resume
 
 
 class _Stop(Exception):
@@ -291,6 +297,60 @@ class _Checkpoint:
         return other
 
 
+class _Midpass:
+    """A runner stopped at a select group with nothing left to do in the pass after it;
+    ``runner()`` makes independent runners that apply one bucket there and go on.
+
+    The runner is not used again, so its lists are copied, not saved. Hits of the pass up to
+    the group's are final (their flows' actions are done); the group's hit, and any after
+    it, get the bucket's effects: each runner has its own copies.
+    """
+
+    __slots__ = ("source", "group", "resume", "checkpoint", "st", "sent")
+
+    def __init__(self, runner: "_Runner", fork: _Fork, checkpoint: _Checkpoint | None,
+                 st: dict, sent: int):
+        self.source = runner
+        self.group = fork.group
+        self.resume = fork.resume
+        self.checkpoint = checkpoint   # the pass's start, for a fork later in this pass
+        self.st = st
+        self.sent = sent
+
+    def runner(self, choices: dict) -> "_Runner":
+        src = self.source
+        state, hit, depth, flow = self.resume
+        other = _Runner(src.bridge, src.annotator, None, choices,
+                        None if src.ct_next is None else list(src.ct_next), src.shared)
+        other.ct, mapping = src.ct.copy_mapped()
+        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
+                          for zone, (entry, is_reply) in src.ct_assoc.items()}
+        hits = src.hits
+        at = len(hits) - 1
+        while at >= 0 and hits[at] is not hit:
+            at -= 1
+        copies = {id(h): _copy_hit(h) for h in hits[max(at, 0):]}
+        other.hits = hits[:max(at, 0)] + [copies[id(h)] for h in hits[max(at, 0):]]
+        other.outputs = list(src.outputs)
+        other.choice_log = list(src.choice_log)
+        other.finals = list(src.finals)
+        other.recirc = [(table, dict(st)) for table, st in src.recirc]
+        other.unknown, other.visits, other.stage = src.unknown, src.visits, src.stage
+        dropped = src.dropped_by
+        other.dropped_by = copies.get(id(dropped), dropped) if dropped is not None else None
+        own_hit = copies.get(id(hit)) or _copy_hit(hit)
+        # the packet and the pass's start are only read from here on (a bucket works on a
+        # copy), so the runners share them
+        other.resumed = (self.group, choices[self.group.group_id], state, own_hit, depth,
+                         flow, self.st, self.sent, self.checkpoint)
+        return other
+
+
+def _copy_hit(hit: TableHit) -> TableHit:
+    return TableHit(hit.table, hit.flow, list(hit.effects), list(hit.notes), hit.state_after,
+                    hit.unknown, hit.stage)
+
+
 class _Shared:
     """What every runner of one ``simulate`` call may remember: the annotator's answers
     that depend on a table or a flow alone."""
@@ -331,15 +391,24 @@ class _Runner:
         # the NAT-ed headers no longer equal either of the connection's tuples.
         self.ct_assoc: dict = {}
         self.finals: list[dict] = []
+        self.resumed: tuple | None = None    # a bucket to apply first (_Midpass.runner)
 
     # ---- driver ---------------------------------------------------------------------
     def clone(self, choices: dict) -> "_Runner":
         """An independent copy of this runner between two passes, with ``choices``."""
         return _Checkpoint(self).runner(choices)
 
-    def run(self) -> tuple[Group, "_Checkpoint"] | None:
+    def run(self) -> tuple[Group, "_Checkpoint | _Midpass"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
-        run: (the group, the runner as the pass that met it began)."""
+        run: (the group, where each of its buckets goes on from)."""
+        if self.resumed is not None:
+            # a bucket of a group met at the end of a pass: apply it, then end that pass
+            group, chosen, state, hit, depth, flow, st, sent, checkpoint = self.resumed
+            self.resumed = None
+            fork = self._pass(checkpoint, st, sent, self._select_bucket,
+                              group, chosen, state, hit, depth, flow, True)
+            if fork is not None or self.unknown is not None:
+                return fork
         while self.recirc and self.unknown is None:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
@@ -348,25 +417,35 @@ class _Runner:
             # select group with several buckets) has its bucket chosen
             checkpoint = _Checkpoint(self) if self._may_fork() else None
             table, st = self.recirc.pop(0)
-            sent = len(self.outputs)
-            try:
-                self.lookup_and_apply(st, table, depth=0)
-            except _Fork as fork:
-                return fork.group, checkpoint
-            except _Stop as stop:
-                self.unknown = stop.reason
-                return None
-            except _Exit:
-                pass
-            except _Failed as fail:
-                # the whole pass is dropped: its outputs and recirculations never happen
-                del self.outputs[sent:]
-                self.recirc.clear()
-                hit = self.hits[-1]
-                hit.effects.append(f"translation failed ({fail.reason}): OVS drops the packet")
-                self.dropped_by = hit
-            self.finals.append(dict(st))   # actions change `st` in place, resubmits included
-            self.stage += 1
+            fork = self._pass(checkpoint, st, len(self.outputs), self.lookup_and_apply,
+                              st, table, 0, None, False, True)
+            if fork is not None or self.unknown is not None:
+                return fork
+        return None
+
+    def _pass(self, checkpoint: "_Checkpoint | None", st: dict, sent: int, step, *args):
+        """Run ``step(*args)``, the rest of the pass that began with ``st`` (``sent``: the
+        outputs before it), and end the pass; a fork is returned as ``run`` returns it."""
+        try:
+            step(*args)
+        except _Fork as fork:
+            if fork.resume is not None:
+                return fork.group, _Midpass(self, fork, checkpoint, st, sent)
+            return fork.group, checkpoint
+        except _Stop as stop:
+            self.unknown = stop.reason
+            return None
+        except _Exit:
+            pass
+        except _Failed as fail:
+            # the whole pass is dropped: its outputs and recirculations never happen
+            del self.outputs[sent:]
+            self.recirc.clear()
+            hit = self.hits[-1]
+            hit.effects.append(f"translation failed ({fail.reason}): OVS drops the packet")
+            self.dropped_by = hit
+        self.finals.append(dict(st))   # actions change `st` in place, resubmits included
+        self.stage += 1
         return None
 
     def _may_fork(self) -> bool:
@@ -375,9 +454,11 @@ class _Runner:
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
-                         lookup_port: int | None = None, nested: bool = False) -> None:
+                         lookup_port: int | None = None, nested: bool = False,
+                         tail: bool = False) -> None:
         """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
-        looks up with that in_port, but OVS restores the real one before the actions run."""
+        looks up with that in_port, but OVS restores the real one before the actions run.
+        ``tail``: nothing is left to do in the pass after this lookup (see apply_actions)."""
         if depth > MAX_RESUBMIT_DEPTH:
             raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: recursion too deep")
         self.visits += 1
@@ -425,7 +506,9 @@ class _Runner:
         if self.notes_matches:
             hit.notes.extend(self._match_notes(flow))
         actions = flow.actions
-        self.apply_actions(actions, state, hit, depth, flow)
+        self.apply_actions(actions, state, hit, depth, flow, tail)
+        # (a flow that resubmits or meets a group has set state_after and never `drops`:
+        # what follows does nothing after a fork in tail position)
         if hit.state_after is None:
             hit.state_after = dict(state)
         if drops and not self.outputs and not self.recirc:
@@ -540,9 +623,18 @@ class _Runner:
 
     # ---- actions --------------------------------------------------------------------
     def apply_actions(self, actions: tuple, state: dict, hit: TableHit, depth: int,
-                      flow: Flow) -> None:
+                      flow: Flow, tail: bool = False) -> None:
+        """Run ``actions`` on ``state``, explained in ``hit``.
+
+        ``tail``: once these actions are done, nothing else happens in the pass (every
+        caller is at its last action, or a goto, and only a flow's actions, reached by
+        resubmit or goto, or a select group's bucket hold them). A select group met by the
+        last of them then forks the run right there (_Midpass), instead of walking the pass
+        again from its start for every bucket.
+        """
         effects = hit.effects
-        for act in actions:
+        last = len(actions) - 1
+        for i, act in enumerate(actions):
             kind = type(act)
             # the actions every table of a pipeline has come first, tested by their type
             if kind is A.Load or kind is A.SetField:
@@ -578,7 +670,8 @@ class _Runner:
                 # only a resubmit to the same or an earlier table deepens the recursion
                 deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
                            or target <= hit.table)
-                self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
+                self.lookup_and_apply(state, target, depth + deepens, port, True,
+                                      tail and (i == last or act.goto))
                 if act.goto:
                     return
             elif kind is A.Move:
@@ -614,7 +707,7 @@ class _Runner:
                     state.pop(k, None)
                 hit.effects.append("clear the conntrack state")
             elif kind is A.Group:
-                self._group(act, state, hit, depth, flow)
+                self._group(act, state, hit, depth, flow, tail and i == last)
             elif kind is A.Conjunction:
                 continue  # only meaningful during lookup
             elif kind is A.Learn:
@@ -738,7 +831,8 @@ class _Runner:
             hit.unknown = f"output to {name} (flooding) is not modelled"
             raise _Stop(hit.unknown)
 
-    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow) -> None:
+    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow,
+               tail: bool = False) -> None:
         group = self.bridge.groups.get(act.group_id)
         if group is None:
             hit.unknown = (f"group {act.group_id} is not in the bundle "
@@ -754,21 +848,10 @@ class _Runner:
             chosen = self.choices.get(group.group_id)
             if chosen is None:
                 if len(group.buckets) > 1:
-                    raise _Fork(group)
+                    raise _Fork(group, (state, hit, depth, flow) if tail else None)
                 chosen = group.buckets[0].bucket_id
                 self.choice_log.append((group.group_id, chosen, 1.0))
-            bucket = group.bucket_by_id.get(chosen)
-            if bucket is None:
-                raise _Stop(f"group {group.group_id} has no bucket {chosen}")
-            total = group.total_weight
-            hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
-                               f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
-            # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
-            # restores the flow after the bucket ("equivalent to cloning the packet for each
-            # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
-            # clearing of ct_state) reach its outputs and recirculations but neither the
-            # calling flow's later actions nor the pass's final flow.
-            self.apply_actions(bucket.actions, dict(state), hit, depth, flow)
+            self._select_bucket(group, chosen, state, hit, depth, flow, tail)
         elif group.type == "all":
             hit.effects.append(f"group {group.group_id} (all): every bucket gets a copy")
             for b in group.buckets:
@@ -777,6 +860,21 @@ class _Runner:
             hit.effects.append(f"group {group.group_id} ({group.type}): bucket "
                                f"{group.buckets[0].bucket_id}")
             self.apply_actions(group.buckets[0].actions, dict(state), hit, depth, flow)
+
+    def _select_bucket(self, group: Group, chosen: int, state: dict, hit: TableHit, depth: int,
+                       flow: Flow, tail: bool) -> None:
+        bucket = group.bucket_by_id.get(chosen)
+        if bucket is None:
+            raise _Stop(f"group {group.group_id} has no bucket {chosen}")
+        total = group.total_weight
+        hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
+                           f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
+        # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
+        # restores the flow after the bucket ("equivalent to cloning the packet for each
+        # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
+        # clearing of ct_state) reach its outputs and recirculations but neither the
+        # calling flow's later actions nor the pass's final flow.
+        self.apply_actions(bucket.actions, dict(state), hit, depth, flow, tail)
 
     # ---- conntrack ------------------------------------------------------------------
     def _ct(self, act: A.Ct, state: dict, hit: TableHit, depth: int) -> None:
