@@ -153,7 +153,7 @@ class _LookupMemo:
         return answer
 
 
-@dataclass
+@dataclass(slots=True)
 class TableHit:
     """One table lookup: the flow hit (or None for a miss) and what its actions did."""
 
