@@ -458,61 +458,78 @@ class _Runner:
                          tail: bool = False) -> None:
         """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
         looks up with that in_port, but OVS restores the real one before the actions run.
-        ``tail``: nothing is left to do in the pass after this lookup (see apply_actions)."""
-        if depth > MAX_RESUBMIT_DEPTH:
-            raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: recursion too deep")
-        self.visits += 1
-        if self.visits > MAX_TABLE_VISITS:
-            raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
-        if type(table) is not int:
-            table = self.bridge.table_id(table)
-            if isinstance(table, str):
-                hit = TableHit(table, None, stage=self.stage)
-                hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
-                self.hits.append(hit)
-                raise _Stop(hit.unknown)
-        looked_up = state
-        if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
-            # frags=normal (OVS's default): a fragment, first or later, is looked up with
-            # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
-            # keeps its ports
-            looked_up = dict(state, tp_src=0, tp_dst=0)
-        if lookup_port is not None:
-            looked_up = dict(looked_up, in_port=lookup_port)
-        # memo_lookup, inlined: this runs for every table of every bucket
-        flows = self.bridge.flows.candidates(table, looked_up)
-        memo = self.bridge._memos.get(id(flows))
-        if memo is None or memo.flows is not flows or memo.size != len(flows):
-            memo = self.bridge.lookup_memo(flows)
-        key = tuple(map(looked_up.get, memo.fields))
-        answer = memo.answers.get(key)
-        if answer is None:
-            answer = self._fresh_answer(memo, key, looked_up, table, flows)
-        flow, lookup_notes, drops = answer
-        hit = TableHit(table, flow, stage=self.stage)
-        self.hits.append(hit)
-        if flow is None:
-            # Reached by resubmit/goto from another table (depth > 0), a miss only ends that
-            # lookup: OVS goes on with the calling flow's remaining actions (Antrea's ServiceLB
-            # chain resubmits to tables that have no table-miss flow).
-            hit.effects.append("no flow matched: table miss, packet dropped" if not nested else
-                               "no flow matched (table miss): nothing done here, the calling "
-                               "flow's remaining actions go on")
-            hit.state_after = dict(state)
-            self.dropped_by = hit
-            return
-        if lookup_notes:
-            hit.notes.extend(lookup_notes)
-        if self.notes_matches:
-            hit.notes.extend(self._match_notes(flow))
-        actions = flow.actions
-        self.apply_actions(actions, state, hit, depth, flow, tail)
-        # (a flow that resubmits or meets a group has set state_after and never `drops`:
-        # what follows does nothing after a fork in tail position)
-        if hit.state_after is None:
-            hit.state_after = dict(state)
-        if drops and not self.outputs and not self.recirc:
-            self.dropped_by = hit
+        ``tail``: nothing is left to do in the pass after this lookup (see apply_actions).
+
+        A flow whose last action is a resubmit (or goto) has nothing left to do once that
+        lookup returns (its state_after is set by the resubmit, and it does not drop), so
+        the next table is looked up in this loop rather than by a nested call: a chain of
+        tables costs no recursion.
+        """
+        while True:
+            if depth > MAX_RESUBMIT_DEPTH:
+                raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: "
+                              "recursion too deep")
+            self.visits += 1
+            if self.visits > MAX_TABLE_VISITS:
+                raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
+            if type(table) is not int:
+                table = self.bridge.table_id(table)
+                if isinstance(table, str):
+                    hit = TableHit(table, None, stage=self.stage)
+                    hit.unknown = (f"table {table!r} is not a known table name "
+                                   "(needs ovs-tables.txt)")
+                    self.hits.append(hit)
+                    raise _Stop(hit.unknown)
+            looked_up = state
+            if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
+                # frags=normal (OVS's default): a fragment, first or later, is looked up with
+                # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
+                # keeps its ports
+                looked_up = dict(state, tp_src=0, tp_dst=0)
+            if lookup_port is not None:
+                looked_up = dict(looked_up, in_port=lookup_port)
+            # memo_lookup, inlined: this runs for every table of every bucket
+            flows = self.bridge.flows.candidates(table, looked_up)
+            memo = self.bridge._memos.get(id(flows))
+            if memo is None or memo.flows is not flows or memo.size != len(flows):
+                memo = self.bridge.lookup_memo(flows)
+            key = tuple(map(looked_up.get, memo.fields))
+            answer = memo.answers.get(key)
+            if answer is None:
+                answer = self._fresh_answer(memo, key, looked_up, table, flows)
+            flow, lookup_notes, drops, body, last = answer
+            hit = TableHit(table, flow, stage=self.stage)
+            self.hits.append(hit)
+            if flow is None:
+                # Reached by resubmit/goto from another table (depth > 0), a miss only ends
+                # that lookup: OVS goes on with the calling flow's remaining actions
+                # (Antrea's ServiceLB chain resubmits to tables that have no table-miss flow).
+                hit.effects.append("no flow matched: table miss, packet dropped" if not nested
+                                   else "no flow matched (table miss): nothing done here, the "
+                                   "calling flow's remaining actions go on")
+                hit.state_after = dict(state)
+                self.dropped_by = hit
+                return
+            if lookup_notes:
+                hit.notes.extend(lookup_notes)
+            if self.notes_matches:
+                hit.notes.extend(self._match_notes(flow))
+            if last is None:
+                self.apply_actions(body, state, hit, depth, flow, tail)
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                if drops and not self.outputs and not self.recirc:
+                    self.dropped_by = hit
+                return
+            if body and not self.apply_actions(body, state, hit, depth, flow):
+                # a goto or an expired TTL ended the actions before the resubmit
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                return
+            # the last action, a resubmit: as apply_actions does it, then loop
+            table, lookup_port, deepens = self._resubmit(last, state, hit)
+            depth += deepens
+            nested = True
 
     def _match_notes(self, flow: Flow) -> list:
         known = self.shared.match_notes.get(id(flow))
@@ -535,10 +552,15 @@ class _Runner:
     def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
                       flows: list) -> tuple:
         flow, notes = self.lookup(state, table, flows)
+        body, last = (), None
         if flow is not None:
             notes = notes + self._ambiguity(flow, state, table, flows)
+            body = flow.actions
+            if body and type(body[-1]) is A.Resubmit:
+                body, last = body[:-1], body[-1]
         drops = flow is not None and _ends_in_drop(flow.actions)
-        return memo.remember(key, (flow, tuple(notes), drops))
+        # (hit, notes, whether it drops, its actions but a last resubmit, that resubmit)
+        return memo.remember(key, (flow, tuple(notes), drops, body, last))
 
     def lookup(self, state: dict, table: int,
                flows: list | None = None) -> tuple[Flow | None, list]:
@@ -623,7 +645,7 @@ class _Runner:
 
     # ---- actions --------------------------------------------------------------------
     def apply_actions(self, actions: tuple, state: dict, hit: TableHit, depth: int,
-                      flow: Flow, tail: bool = False) -> None:
+                      flow: Flow, tail: bool = False) -> bool:
         """Run ``actions`` on ``state``, explained in ``hit``.
 
         ``tail``: once these actions are done, nothing else happens in the pass (every
@@ -631,6 +653,8 @@ class _Runner:
         resubmit or goto, or a select group's bucket hold them). A select group met by the
         last of them then forks the run right there (_Midpass), instead of walking the pass
         again from its start for every bucket.
+
+        True when every action ran; False when a goto or an expired TTL ended them early.
         """
         effects = hit.effects
         last = len(actions) - 1
@@ -652,28 +676,11 @@ class _Runner:
                     if note:
                         hit.notes.append(note)
             elif kind is A.Resubmit:
-                if hit.state_after is None:
-                    hit.state_after = dict(state)
-                target = act.table
-                if target is None:
-                    target = hit.table
-                elif type(target) is not int:
-                    target = self.bridge.table_id(target)
-                label = self.shared.labels.get(target) or self._table_label(target)
-                effects.append(("go to table " if act.goto else "continue in table ") + label)
-                port = None
-                if act.port is not None:
-                    port = self.bridge.port_number(act.port)
-                    if port is None:
-                        hit.unknown = f"resubmit port {act.port!r} is not in ovs-show.txt"
-                        raise _Stop(hit.unknown)
-                # only a resubmit to the same or an earlier table deepens the recursion
-                deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
-                           or target <= hit.table)
+                target, port, deepens = self._resubmit(act, state, hit)
                 self.lookup_and_apply(state, target, depth + deepens, port, True,
                                       tail and (i == last or act.goto))
                 if act.goto:
-                    return
+                    return False
             elif kind is A.Move:
                 width_mask = (1 << act.src.width) - 1
                 value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
@@ -688,7 +695,7 @@ class _Runner:
                 if ttl <= 1:
                     hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
                     self.dropped_by = hit
-                    return
+                    return False
                 state["nw_ttl"] = ttl - 1
                 hit.effects.append(f"decrement TTL to {ttl - 1} (routed hop)")
             elif kind is A.Output:
@@ -731,6 +738,30 @@ class _Runner:
                 raise _Stop(hit.unknown)
             else:  # a new action type added to the parser but not here
                 raise _Stop(f"action {act!r} has no simulator")
+        return True
+
+    def _resubmit(self, act: A.Resubmit, state: dict, hit: TableHit) -> tuple:
+        """Explain a resubmit or goto in ``hit``: (the table, the lookup's in_port or None,
+        whether it deepens the recursion)."""
+        if hit.state_after is None:
+            hit.state_after = dict(state)
+        target = act.table
+        if target is None:
+            target = hit.table
+        elif type(target) is not int:
+            target = self.bridge.table_id(target)
+        label = self.shared.labels.get(target) or self._table_label(target)
+        hit.effects.append(("go to table " if act.goto else "continue in table ") + label)
+        port = None
+        if act.port is not None:
+            port = self.bridge.port_number(act.port)
+            if port is None:
+                hit.unknown = f"resubmit port {act.port!r} is not in ovs-show.txt"
+                raise _Stop(hit.unknown)
+        # only a resubmit to the same or an earlier table deepens the recursion
+        deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
+                   or target <= hit.table)
+        return target, port, deepens
 
     def _table_label(self, table) -> str:
         label = self.shared.labels.get(table)
