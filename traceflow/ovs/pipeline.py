@@ -497,7 +497,7 @@ class _Runner:
             answer = memo.answers.get(key)
             if answer is None:
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
-            flow, lookup_notes, drops, body, last = answer
+            flow, lookup_notes, drops, body, last, writes, jump = answer
             hit = TableHit(table, flow, stage=self.stage)
             self.hits.append(hit)
             if flow is None:
@@ -521,13 +521,31 @@ class _Runner:
                 if drops and not self.outputs and not self.recirc:
                     self.dropped_by = hit
                 return
-            if body and not self.apply_actions(body, state, hit, depth, flow):
+            if writes is not None:
+                # only loads and set_fields before the resubmit: apply_actions, inlined
+                effects = hit.effects
+                for name, mask, bits, start, end, value, text in writes:
+                    state[name] = (state.get(name, 0) & ~mask) | bits
+                    effects.append(text)
+                    if self.notes_writes:
+                        note = self.annotator.describe_write(name, start, end, value, state)
+                        if note:
+                            hit.notes.append(note)
+            elif body and not self.apply_actions(body, state, hit, depth, flow):
                 # a goto or an expired TTL ended the actions before the resubmit
                 if hit.state_after is None:
                     hit.state_after = dict(state)
                 return
             # the last action, a resubmit: as apply_actions does it, then loop
-            table, lookup_port, deepens = self._resubmit(last, state, hit)
+            if jump is not None and hit.state_after is None:
+                # _resubmit, inlined: a table number, no in_port
+                hit.state_after = dict(state)
+                table, deepens, verb = jump
+                hit.effects.append(verb + (self.shared.labels.get(table)
+                                           or self._table_label(table)))
+                lookup_port = None
+            else:
+                table, lookup_port, deepens = self._resubmit(last, state, hit)
             depth += deepens
             nested = True
 
@@ -552,15 +570,21 @@ class _Runner:
     def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
                       flows: list) -> tuple:
         flow, notes = self.lookup(state, table, flows)
-        body, last = (), None
+        body, last, writes, jump = (), None, None, None
         if flow is not None:
             notes = notes + self._ambiguity(flow, state, table, flows)
             body = flow.actions
             if body and type(body[-1]) is A.Resubmit:
                 body, last = body[:-1], body[-1]
+                writes = _plain_writes(body)
+                target = table if last.table is None else self.bridge.table_id(last.table)
+                if last.port is None and type(target) is int:
+                    jump = (target, target <= table,
+                            "go to table " if last.goto else "continue in table ")
         drops = flow is not None and _ends_in_drop(flow.actions)
-        # (hit, notes, whether it drops, its actions but a last resubmit, that resubmit)
-        return memo.remember(key, (flow, tuple(notes), drops, body, last))
+        # (hit, notes, whether it drops, its actions but a last resubmit, that resubmit,
+        #  the actions as plain writes or None, the resubmit's table, depth step and verb)
+        return memo.remember(key, (flow, tuple(notes), drops, body, last, writes, jump))
 
     def lookup(self, state: dict, table: int,
                flows: list | None = None) -> tuple[Flow | None, list]:
@@ -1083,6 +1107,15 @@ def _fmt(field: F.Field, value: int, sub: A.Subfield) -> str:
     if sub.width == field.bits and field.kind in ("ipv4", "mac", "ipv6"):
         return _ipstr(value) if field.kind == "ipv4" else F.format_value(field, value)
     return hex(value)
+
+
+def _plain_writes(actions: tuple) -> tuple | None:
+    """The ``write`` of each action when all are loads or set_fields that always apply (not
+    a transport port, which a later fragment skips); None otherwise."""
+    if all(type(a) is A.Load or type(a) is A.SetField
+           and a.field.name not in ("tp_src", "tp_dst") for a in actions):
+        return tuple(a.write for a in actions)
+    return None
 
 
 def _ends_in_drop(actions: tuple) -> bool:
