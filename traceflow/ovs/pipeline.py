@@ -952,8 +952,9 @@ class _Runner:
         if act.table is not None:
             target = self.bridge.table_id(act.table)
             mark = tracked["ct_mark"]
-            phrases.append(f"then continue in table {self._table_label(target)} with "
-                           f"ct_state={F.format_ct_state(tracked['ct_state'])}"
+            phrases.append(f"then continue in table "
+                           f"{self.shared.labels.get(target) or self._table_label(target)} with "
+                           f"ct_state={_ct_state_text(tracked['ct_state'])}"
                            + (f", ct_mark={hex(mark)}" if mark else ""))
             if hit.state_after is None:
                 hit.state_after = dict(state)
@@ -1014,9 +1015,11 @@ class _Runner:
                         if act.nat.port_min is not None:
                             tracked["tp_src"] = act.nat.port_min
                         ct_state |= bits["snat"]
+                after = tup if nat_kind is None else _tuple(tracked)
+                if nat_kind is not None:
                     phrases.append(f"{'DNAT' if nat_kind == 'dst' else 'SNAT'} "
-                                   f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
-                entry = self.ct.commit(zone, tup, _tuple(tracked),
+                                   f"{_fmt_tuple(before)} -> {_fmt_tuple(after)}")
+                entry = self.ct.commit(zone, tup, after,
                                        where=f"{self.bridge.node} OVS table {hit.table}",
                                        nat=nat_kind)
             phrases.append("commit the connection")
@@ -1063,6 +1066,18 @@ class _Runner:
                  phrases: list, state: dict | None = None) -> tuple[int, int]:
         """A commit's exec(...) actions: they may only write the connection's mark and label,
         but may read the packet's fields (Antrea v2: ``move:NXM_NX_REG0[0..3]->NXM_NX_CT_MARK[0..3]``)."""
+        if not act.exec_actions:
+            return mark, label
+        writes = None if self.notes_writes else _plain_writes(act.exec_actions)
+        if writes is not None:
+            # loads and set_fields only, nothing to note: only the mark and label they leave
+            # matter (the packet's fields they might write are a copy, thrown away)
+            values = {"ct_mark": mark, "ct_label": label}
+            for name, mask, bits, *_ in writes:
+                if name in values:
+                    values[name] = (values[name] & ~mask) | bits
+            phrases.append("with " + ", ".join(w[6] for w in writes))
+            return values["ct_mark"], values["ct_label"]
         ct_fields = dict(state or {}, ct_mark=mark, ct_label=label)
         sub_hit = TableHit(hit.table, None)
         self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
@@ -1075,6 +1090,11 @@ class _Runner:
 # The conntrack fields OVS clears from a pass after its ct() action.
 CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",
              "ct_nw_proto", "ct_tp_src", "ct_tp_dst")
+
+
+@functools.lru_cache(maxsize=256)
+def _ct_state_text(value: int) -> str:
+    return F.format_ct_state(value)
 
 
 def reverse_tuple(t: tuple) -> tuple:
