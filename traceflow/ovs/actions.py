@@ -172,6 +172,11 @@ class Ct:
     exec_actions: tuple = ()
     text: str = ""
 
+    @functools.cached_property
+    def exec_writes(self) -> tuple | None:
+        """``plain_writes`` of the exec(...) actions."""
+        return plain_writes(self.exec_actions)
+
 
 @dataclass(frozen=True)
 class CtClear:
@@ -212,6 +217,15 @@ class NoEffect:
 class Unknown:
     text: str
     reason: str
+
+
+def plain_writes(actions: tuple) -> tuple | None:
+    """The ``write`` of each action when all are loads or set_fields that always apply (not
+    a transport port, which a later fragment skips); None otherwise."""
+    if all(type(a) is Load or type(a) is SetField and a.field.name not in ("tp_src", "tp_dst")
+           for a in actions):
+        return tuple(a.write for a in actions)
+    return None
 
 
 # ---- splitting and dispatch -----------------------------------------------------------

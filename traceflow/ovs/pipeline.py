@@ -392,6 +392,7 @@ class _Runner:
         self.ct_assoc: dict = {}
         self.finals: list[dict] = []
         self.resumed: tuple | None = None    # a bucket to apply first (_Midpass.runner)
+        self._forks: bool | None = None      # see _may_fork
 
     # ---- driver ---------------------------------------------------------------------
     def clone(self, choices: dict) -> "_Runner":
@@ -449,8 +450,11 @@ class _Runner:
         return None
 
     def _may_fork(self) -> bool:
-        forking = self.bridge.forking_groups()
-        return bool(forking) and sum(g in forking for g in self.choices) < len(forking)
+        # `choices` never changes during a runner's life: worked out once
+        if self._forks is None:
+            forking = self.bridge.forking_groups()
+            self._forks = bool(forking) and sum(g in forking for g in self.choices) < len(forking)
+        return self._forks
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
@@ -465,6 +469,11 @@ class _Runner:
         the next table is looked up in this loop rather than by a nested call: a chain of
         tables costs no recursion.
         """
+        bridge = self.bridge                 # (locals: this loop runs for every table)
+        candidates = bridge.flows.candidates
+        memos = bridge._memos
+        hits = self.hits
+        labels = self.shared.labels
         while True:
             if depth > MAX_RESUBMIT_DEPTH:
                 raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: "
@@ -488,18 +497,19 @@ class _Runner:
                 looked_up = dict(state, tp_src=0, tp_dst=0)
             if lookup_port is not None:
                 looked_up = dict(looked_up, in_port=lookup_port)
-            # memo_lookup, inlined: this runs for every table of every bucket
-            flows = self.bridge.flows.candidates(table, looked_up)
-            memo = self.bridge._memos.get(id(flows))
+            # memo_lookup, inlined
+            flows = candidates(table, looked_up)
+            memo = memos.get(id(flows))
             if memo is None or memo.flows is not flows or memo.size != len(flows):
-                memo = self.bridge.lookup_memo(flows)
+                memo = bridge.lookup_memo(flows)
             key = tuple(map(looked_up.get, memo.fields))
             answer = memo.answers.get(key)
             if answer is None:
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
             flow, lookup_notes, drops, body, last, writes, jump = answer
-            hit = TableHit(table, flow, stage=self.stage)
-            self.hits.append(hit)
+            effects: list = []
+            hit = TableHit(table, flow, effects, [], None, None, self.stage)
+            hits.append(hit)
             if flow is None:
                 # Reached by resubmit/goto from another table (depth > 0), a miss only ends
                 # that lookup: OVS goes on with the calling flow's remaining actions
@@ -523,7 +533,6 @@ class _Runner:
                 return
             if writes is not None:
                 # only loads and set_fields before the resubmit: apply_actions, inlined
-                effects = hit.effects
                 for name, mask, bits, start, end, value, text in writes:
                     state[name] = (state.get(name, 0) & ~mask) | bits
                     effects.append(text)
@@ -541,8 +550,7 @@ class _Runner:
                 # _resubmit, inlined: a table number, no in_port
                 hit.state_after = dict(state)
                 table, deepens, verb = jump
-                hit.effects.append(verb + (self.shared.labels.get(table)
-                                           or self._table_label(table)))
+                effects.append(verb + (labels.get(table) or self._table_label(table)))
                 lookup_port = None
             else:
                 table, lookup_port, deepens = self._resubmit(last, state, hit)
@@ -576,7 +584,7 @@ class _Runner:
             body = flow.actions
             if body and type(body[-1]) is A.Resubmit:
                 body, last = body[:-1], body[-1]
-                writes = _plain_writes(body)
+                writes = A.plain_writes(body)
                 target = table if last.table is None else self.bridge.table_id(last.table)
                 if last.port is None and type(target) is int:
                     jump = (target, target <= table,
@@ -1068,7 +1076,7 @@ class _Runner:
         but may read the packet's fields (Antrea v2: ``move:NXM_NX_REG0[0..3]->NXM_NX_CT_MARK[0..3]``)."""
         if not act.exec_actions:
             return mark, label
-        writes = None if self.notes_writes else _plain_writes(act.exec_actions)
+        writes = None if self.notes_writes else act.exec_writes
         if writes is not None:
             # loads and set_fields only, nothing to note: only the mark and label they leave
             # matter (the packet's fields they might write are a copy, thrown away)
@@ -1127,15 +1135,6 @@ def _fmt(field: F.Field, value: int, sub: A.Subfield) -> str:
     if sub.width == field.bits and field.kind in ("ipv4", "mac", "ipv6"):
         return _ipstr(value) if field.kind == "ipv4" else F.format_value(field, value)
     return hex(value)
-
-
-def _plain_writes(actions: tuple) -> tuple | None:
-    """The ``write`` of each action when all are loads or set_fields that always apply (not
-    a transport port, which a later fragment skips); None otherwise."""
-    if all(type(a) is A.Load or type(a) is A.SetField
-           and a.field.name not in ("tp_src", "tp_dst") for a in actions):
-        return tuple(a.write for a in actions)
-    return None
 
 
 def _ends_in_drop(actions: tuple) -> bool:
