@@ -355,24 +355,25 @@ class _Shared:
     """What every runner of one ``simulate`` call may remember: the annotator's answers
     that depend on a table or a flow alone."""
 
-    __slots__ = ("labels", "match_notes")
+    __slots__ = ("labels", "match_notes", "notes")
 
-    def __init__(self):
+    def __init__(self, annotator: Annotator):
         self.labels: dict = {}          # table -> "70 (L3Forwarding)"
         self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
+        # whether the annotator says anything about matches, writes and ports (the base
+        # class never does: the calls are skipped)
+        kind = type(annotator)
+        self.notes = (kind.describe_match is not Annotator.describe_match,
+                      kind.describe_write is not Annotator.describe_write,
+                      kind.describe_port is not Annotator.describe_port)
 
 
 class _Runner:
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
                  ct_next: list[int] | None = None, shared: _Shared | None = None):
         self.bridge = bridge
-        self.shared = shared or _Shared()
-        # whether the annotator says anything about matches, writes and ports (the base
-        # class never does: skip the calls)
-        kind = type(annotator)
-        self.notes_matches = kind.describe_match is not Annotator.describe_match
-        self.notes_writes = kind.describe_write is not Annotator.describe_write
-        self.notes_ports = kind.describe_port is not Annotator.describe_port
+        self.shared = shared = shared or _Shared(annotator)
+        self.notes_matches, self.notes_writes, self.notes_ports = shared.notes
         self.ct_next = ct_next          # states still to hand out, or None: use self.ct
         self.annotator = annotator
         self.ct = ct
@@ -835,7 +836,7 @@ class _Runner:
                                    "nothing is sent")
                 return
             port = number
-        special = next((n for n, v in F.RESERVED_PORTS.items() if v == port), None)
+        special = _RESERVED_NAMES.get(port)
         if special in ("IN_PORT", "NORMAL", "FLOOD", "ALL", "CONTROLLER", "LOCAL", "NONE"):
             self._special_output(special, state, hit, flow)
             return
@@ -862,7 +863,7 @@ class _Runner:
                                "(only IN_PORT may send back)")
             return
         hit.effects.append(f"{how} ({name})")
-        desc = self.annotator.describe_port(port)
+        desc = self.annotator.describe_port(port) if self.notes_ports else None
         if desc:
             hit.notes.append(f"port {port}: {desc}")
         if hit.state_after is None:
@@ -1094,6 +1095,11 @@ class _Runner:
             hit.notes.extend(sub_hit.notes)
         return ct_fields["ct_mark"], ct_fields["ct_label"]
 
+
+# OpenFlow reserved port number -> its name (the first name, as F.RESERVED_PORTS lists them)
+_RESERVED_NAMES = {}
+for _name, _number in F.RESERVED_PORTS.items():
+    _RESERVED_NAMES.setdefault(_number, _name)
 
 # The conntrack fields OVS clears from a pass after its ct() action.
 CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",
