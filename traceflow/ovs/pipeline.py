@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections import deque
 from dataclasses import dataclass, field
 
 from traceflow.conntrack import Conntrack, CtEntry
 from traceflow.errors import Source
+from traceflow.lowgc import paused
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Group, Port
@@ -38,6 +40,10 @@ class Annotator:
 
     def table_name(self, table: int) -> str | None:
         return None
+
+    # False when describe_write's answer depends on (field, start, end, value) alone, not on
+    # the packet: the simulator then asks once per simulate call for each write
+    write_notes_read_state = True
 
     def describe_write(self, field: str, start: int, end: int, value: int,
                        state: dict) -> str | None:
@@ -231,16 +237,23 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
                     None if ct_next is None else list(ct_next))
     first.recirc.append((start_table, dict(state)))
+    # thousands of small acyclic objects (hits, packets): see traceflow.lowgc
+    with paused():
+        return _explore(first)
+
+
+def _explore(first: "_Runner") -> list[OvsRun]:
     runs: list[OvsRun] = []
-    pending: list[tuple[_Runner, float, list]] = [(first, 1.0, [])]
+    pending: deque[tuple[_Runner, float, list]] = deque([(first, 1.0, [])])
     while pending:
-        runner, weight, chosen = pending.pop(0)
+        runner, weight, chosen = pending.popleft()
         fork = runner.run()
         if fork is not None:
             # A select group with several buckets: each bucket goes on from a copy of the
-            # runner as it was when the pass holding the group began (a pass is a
-            # deterministic function of that state), so the passes before the group and
-            # the tables before the group are not walked again per bucket.
+            # runner, as it was where it met the group when nothing was left to do in that
+            # pass (_Midpass), else as the pass holding the group began (_Checkpoint: a pass
+            # is a deterministic function of that state). Either way the passes before the
+            # group, and the tables before it, are not walked again per bucket.
             group, checkpoint = fork
             total = group.total_weight
             for b in group.buckets:
@@ -355,11 +368,12 @@ class _Shared:
     """What every runner of one ``simulate`` call may remember: the annotator's answers
     that depend on a table or a flow alone."""
 
-    __slots__ = ("labels", "match_notes", "notes")
+    __slots__ = ("labels", "match_notes", "write_notes", "notes")
 
     def __init__(self, annotator: Annotator):
         self.labels: dict = {}          # table -> "70 (L3Forwarding)"
         self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
+        self.write_notes: dict = {}     # (field, start, end, value) -> note, see Annotator
         # whether the annotator says anything about matches, writes and ports (the base
         # class never does: the calls are skipped)
         kind = type(annotator)
@@ -538,7 +552,7 @@ class _Runner:
                     state[name] = (state.get(name, 0) & ~mask) | bits
                     effects.append(text)
                     if self.notes_writes:
-                        note = self.annotator.describe_write(name, start, end, value, state)
+                        note = self._write_note(name, start, end, value, state)
                         if note:
                             hit.notes.append(note)
             elif body and not self.apply_actions(body, state, hit, depth, flow):
@@ -557,6 +571,16 @@ class _Runner:
                 table, lookup_port, deepens = self._resubmit(last, state, hit)
             depth += deepens
             nested = True
+
+    def _write_note(self, name: str, start: int, end: int, value: int,
+                    state: dict) -> str | None:
+        if self.annotator.write_notes_read_state:
+            return self.annotator.describe_write(name, start, end, value, state)
+        key = (name, start, end, value)
+        notes = self.shared.write_notes
+        if key not in notes:
+            notes[key] = self.annotator.describe_write(name, start, end, value, state)
+        return notes[key]
 
     def _match_notes(self, flow: Flow) -> list:
         known = self.shared.match_notes.get(id(flow))
@@ -705,7 +729,7 @@ class _Runner:
                 state[name] = (state.get(name, 0) & ~mask) | bits
                 effects.append(text)
                 if self.notes_writes:
-                    note = self.annotator.describe_write(name, start, end, value, state)
+                    note = self._write_note(name, start, end, value, state)
                     if note:
                         hit.notes.append(note)
             elif kind is A.Resubmit:
@@ -811,7 +835,7 @@ class _Runner:
         if not quiet:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
         if self.notes_writes:
-            note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
+            note = self._write_note(name, dst.start, dst.end, value, state)
             if note:
                 hit.notes.append(note)
 
