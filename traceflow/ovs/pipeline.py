@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -141,16 +142,24 @@ class _LookupMemo:
     coarser than what the lookup reads.
     """
 
-    __slots__ = ("flows", "size", "fields", "answers")
+    __slots__ = ("flows", "size", "fields", "answers", "present")
 
     def __init__(self, flows: list):
         self.flows = flows
         self.size = len(flows)
         self.fields = tuple(sorted({m.field.name for f in flows for m in f.matches}))
         self.answers: dict[tuple, tuple] = {}
+        # the key when every field is in the packet (the common case), in one C call
+        n = len(self.fields)
+        self.present = (operator.itemgetter(*self.fields) if n > 1 else
+                         (lambda state, name=self.fields[0]: (state[name],)) if n == 1 else
+                         (lambda state: ()))
 
     def key(self, state: dict) -> tuple:
-        return tuple(map(state.get, self.fields))
+        try:
+            return self.present(state)
+        except KeyError:       # a field the packet does not have: None in the key
+            return tuple(map(state.get, self.fields))
 
     def remember(self, key: tuple, answer: tuple) -> tuple:
         if len(self.answers) >= _MAX_ANSWERS:
@@ -517,7 +526,10 @@ class _Runner:
             memo = memos.get(id(flows))
             if memo is None or memo.flows is not flows or memo.size != len(flows):
                 memo = bridge.lookup_memo(flows)
-            key = tuple(map(looked_up.get, memo.fields))
+            try:                       # memo.key, inlined
+                key = memo.present(looked_up)
+            except KeyError:
+                key = tuple(map(looked_up.get, memo.fields))
             answer = memo.answers.get(key)
             if answer is None:
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
