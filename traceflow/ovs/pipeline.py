@@ -83,17 +83,6 @@ class Bridge:
             self.port_by_number[F.LOCAL_PORT] = local
         # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
         self._memos: dict[int, _LookupMemo] = {}
-        self._forking: tuple = (None, -1, frozenset())
-
-    def forking_groups(self) -> frozenset:
-        """Ids of the select groups that fork a run (more than one bucket); recomputed if
-        ``groups`` is replaced or grows."""
-        groups, size, ids = self._forking
-        if groups is not self.groups or size != len(self.groups):
-            ids = frozenset(g.group_id for g in self.groups.values()
-                            if g.type == "select" and len(g.buckets) > 1)
-            self._forking = (self.groups, len(self.groups), ids)
-        return ids
 
     def lookup_memo(self, flows: list) -> "_LookupMemo":
         """The memo of lookups among ``flows``, one candidate list of a table.
@@ -259,15 +248,15 @@ def _explore(first: "_Runner") -> list[OvsRun]:
         fork = runner.run()
         if fork is not None:
             # A select group with several buckets: each bucket goes on from a copy of the
-            # runner, as it was where it met the group when nothing was left to do in that
-            # pass (_Midpass), else as the pass holding the group began (_Checkpoint: a pass
-            # is a deterministic function of that state). Either way the passes before the
-            # group, and the tables before it, are not walked again per bucket.
-            group, checkpoint = fork
+            # runner as it was where it met the group, when nothing was left to do in that
+            # pass (_Midpass); else from where the runner itself began (its origin: a run is
+            # a deterministic function of its start and its choices), walking again the
+            # passes between. The passes before a runner's start are never walked again.
+            group, origin = fork
             total = group.total_weight
             for b in group.buckets:
                 share = b.weight / total
-                pending.append((checkpoint.runner({**runner.choices, group.group_id: b.bucket_id}),
+                pending.append((origin.runner({**runner.choices, group.group_id: b.bucket_id}),
                                 weight * share,
                                 chosen + [(group.group_id, b.bucket_id, share)]))
             continue
@@ -279,8 +268,8 @@ def _explore(first: "_Runner") -> list[OvsRun]:
 
 
 class _Checkpoint:
-    """A runner as it is between two passes, taken cheaply; ``runner()`` makes independent
-    runners that go on from there (one per bucket of a select group).
+    """A runner as it is between two passes (before its first), taken cheaply; ``runner()``
+    makes independent runners that go on from there (one per bucket of a select group).
 
     A pass only appends to the runner's hits, outputs, choice log and finals (the lists are
     shared, their lengths kept), pops its own packet from the queue (copied) and changes
@@ -316,6 +305,7 @@ class _Checkpoint:
         other.finals = src.finals[:n_finals]
         other.recirc = [(table, dict(st)) for table, st in self.recirc]
         other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
+        other.origin = self
         return other
 
 
@@ -328,14 +318,12 @@ class _Midpass:
     it, get the bucket's effects: each runner has its own copies.
     """
 
-    __slots__ = ("source", "group", "resume", "checkpoint", "st", "sent")
+    __slots__ = ("source", "group", "resume", "st", "sent")
 
-    def __init__(self, runner: "_Runner", fork: _Fork, checkpoint: _Checkpoint | None,
-                 st: dict, sent: int):
+    def __init__(self, runner: "_Runner", fork: _Fork, st: dict, sent: int):
         self.source = runner
         self.group = fork.group
         self.resume = fork.resume
-        self.checkpoint = checkpoint   # the pass's start, for a fork later in this pass
         self.st = st
         self.sent = sent
 
@@ -364,7 +352,8 @@ class _Midpass:
         # the packet and the pass's start are only read from here on (a bucket works on a
         # copy), so the runners share them
         other.resumed = (self.group, choices[self.group.group_id], state, own_hit, depth,
-                         flow, self.st, self.sent, self.checkpoint)
+                         flow, self.st, self.sent)
+        other.origin = self
         return other
 
 
@@ -416,7 +405,9 @@ class _Runner:
         self.ct_assoc: dict = {}
         self.finals: list[dict] = []
         self.resumed: tuple | None = None    # a bucket to apply first (_Midpass.runner)
-        self._forks: bool | None = None      # see _may_fork
+        # what this runner began from (_Checkpoint, _Midpass): a fork that cannot go on
+        # from where it met its group makes runners from there
+        self.origin: _Checkpoint | _Midpass | None = None
 
     # ---- driver ---------------------------------------------------------------------
     def clone(self, choices: dict) -> "_Runner":
@@ -426,11 +417,13 @@ class _Runner:
     def run(self) -> tuple[Group, "_Checkpoint | _Midpass"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
         run: (the group, where each of its buckets goes on from)."""
+        if self.origin is None:
+            self.origin = _Checkpoint(self)
         if self.resumed is not None:
             # a bucket of a group met at the end of a pass: apply it, then end that pass
-            group, chosen, state, hit, depth, flow, st, sent, checkpoint = self.resumed
+            group, chosen, state, hit, depth, flow, st, sent = self.resumed
             self.resumed = None
-            fork = self._pass(checkpoint, st, sent, self._select_bucket,
+            fork = self._pass(st, sent, self._select_bucket,
                               group, chosen, state, hit, depth, flow, True)
             if fork is not None or self.unknown is not None:
                 return fork
@@ -438,25 +431,22 @@ class _Runner:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return None
-            # what a fork goes on from; none needed once every group that can fork (a
-            # select group with several buckets) has its bucket chosen
-            checkpoint = _Checkpoint(self) if self._may_fork() else None
             table, st = self.recirc.pop(0)
-            fork = self._pass(checkpoint, st, len(self.outputs), self.lookup_and_apply,
+            fork = self._pass(st, len(self.outputs), self.lookup_and_apply,
                               st, table, 0, None, False, True)
             if fork is not None or self.unknown is not None:
                 return fork
         return None
 
-    def _pass(self, checkpoint: "_Checkpoint | None", st: dict, sent: int, step, *args):
+    def _pass(self, st: dict, sent: int, step, *args):
         """Run ``step(*args)``, the rest of the pass that began with ``st`` (``sent``: the
         outputs before it), and end the pass; a fork is returned as ``run`` returns it."""
         try:
             step(*args)
         except _Fork as fork:
             if fork.resume is not None:
-                return fork.group, _Midpass(self, fork, checkpoint, st, sent)
-            return fork.group, checkpoint
+                return fork.group, _Midpass(self, fork, st, sent)
+            return fork.group, self.origin
         except _Stop as stop:
             self.unknown = stop.reason
             return None
@@ -472,13 +462,6 @@ class _Runner:
         self.finals.append(dict(st))   # actions change `st` in place, resubmits included
         self.stage += 1
         return None
-
-    def _may_fork(self) -> bool:
-        # `choices` never changes during a runner's life: worked out once
-        if self._forks is None:
-            forking = self.bridge.forking_groups()
-            self._forks = bool(forking) and sum(g in forking for g in self.choices) < len(forking)
-        return self._forks
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
