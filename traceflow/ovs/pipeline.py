@@ -381,6 +381,11 @@ class _Shared:
 
 
 class _Runner:
+    __slots__ = ("bridge", "shared", "notes_matches", "notes_writes", "notes_ports", "ct_next",
+                 "annotator", "ct", "choices", "hits", "outputs", "unknown", "dropped_by",
+                 "choice_log", "visits", "recirc", "stage", "ct_assoc", "finals", "resumed",
+                 "origin")
+
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
                  ct_next: list[int] | None = None, shared: _Shared | None = None):
         self.bridge = bridge
