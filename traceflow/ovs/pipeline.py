@@ -318,7 +318,7 @@ class _Midpass:
     it, get the bucket's effects: each runner has its own copies.
     """
 
-    __slots__ = ("source", "group", "resume", "st", "sent")
+    __slots__ = ("source", "group", "resume", "st", "sent", "final_hits", "open_hits")
 
     def __init__(self, runner: "_Runner", fork: _Fork, st: dict, sent: int):
         self.source = runner
@@ -326,6 +326,13 @@ class _Midpass:
         self.resume = fork.resume
         self.st = st
         self.sent = sent
+        hits, hit = runner.hits, fork.resume[1]
+        at = len(hits) - 1
+        while at > 0 and hits[at] is not hit:
+            at -= 1
+        at = max(at, 0)
+        self.final_hits = hits[:at]       # shared by every bucket's runner
+        self.open_hits = hits[at:]        # copied for each: the group's hit and any after it
 
     def runner(self, choices: dict) -> "_Runner":
         src = self.source
@@ -335,12 +342,8 @@ class _Midpass:
         other.ct, mapping = src.ct.copy_mapped()
         other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
                           for zone, (entry, is_reply) in src.ct_assoc.items()}
-        hits = src.hits
-        at = len(hits) - 1
-        while at >= 0 and hits[at] is not hit:
-            at -= 1
-        copies = {id(h): _copy_hit(h) for h in hits[max(at, 0):]}
-        other.hits = hits[:max(at, 0)] + [copies[id(h)] for h in hits[max(at, 0):]]
+        copies = {id(h): _copy_hit(h) for h in self.open_hits}
+        other.hits = self.final_hits + list(copies.values())
         other.outputs = list(src.outputs)
         other.choice_log = list(src.choice_log)
         other.finals = list(src.finals)
