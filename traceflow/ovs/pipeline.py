@@ -489,6 +489,7 @@ class _Runner:
         memos = bridge._memos
         hits = self.hits
         labels = self.shared.labels
+        match_notes = self.shared.match_notes
         while True:
             if depth > MAX_RESUBMIT_DEPTH:
                 raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: "
@@ -541,7 +542,9 @@ class _Runner:
             if lookup_notes:
                 hit.notes.extend(lookup_notes)
             if self.notes_matches:
-                hit.notes.extend(self._match_notes(flow))
+                known = match_notes.get(id(flow))      # _match_notes, inlined
+                hit.notes.extend(known[1] if known is not None and known[0] is flow
+                                 else self._match_notes(flow))
             if last is None:
                 self.apply_actions(body, state, hit, depth, flow, tail)
                 if hit.state_after is None:
