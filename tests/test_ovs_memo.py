@@ -232,3 +232,45 @@ def test_plain_write_paths_equal_the_general_ones(dst):
     assert any(h.notes for r in noted for h in r.hits)
     if dst == 0x0A65708C:         # the web Service: exec(load ct_mark) on commit
         assert all(any(e.mark for e in r.conntrack.entries) for r in plain)
+
+
+class _PacketNoting(Annotator):
+    """Write notes that read the packet (as the interface allows): never remembered."""
+
+    def describe_write(self, field, start, end, value, state):
+        return f"{field}={value:#x} with nw_dst={state.get('nw_dst', 0):#x}"
+
+
+class _ValueNoting(_PacketNoting):
+    """The same notes declared to depend on the written value alone: asked once per value."""
+
+    write_notes_read_state = False
+
+    def __init__(self):
+        self.asked = 0
+
+    def describe_write(self, field, start, end, value, state):
+        self.asked += 1
+        return f"{field}={value:#x}"
+
+
+def test_write_notes_are_remembered_only_when_they_do_not_read_the_packet():
+    bridge = node_bridge(NODES[0])
+    packet = {"in_port": 4, "dl_type": 0x0800, "nw_proto": 6, "dl_src": 0xCEF273E6AF8F,
+              "dl_dst": 0xEAB85EA6C24C, "nw_src": 0x0A0A0003, "nw_dst": 0x0A65708C,
+              "tp_src": 40000, "tp_dst": 80, "nw_ttl": 64}
+    first, second = simulate(bridge, dict(packet), Conntrack(), 0, _PacketNoting())
+    # the writes after each bucket's DNAT (the same MACs, the same registers) are noted with
+    # that bucket's own packet (nw_dst differs): no note was reused across buckets
+    last = [[n for h in r.hits if h.stage == 3 for n in h.notes] for r in (first, second)]
+    assert last[0] and last[1] and last[0] != last[1]
+    noting = _ValueNoting()
+    runs = simulate(bridge, dict(packet), Conntrack(), 0, noting)
+
+    class Asked(_ValueNoting):                  # the same notes, asked every time
+        write_notes_read_state = True
+
+    asked = Asked()
+    again = simulate(bridge, dict(packet), Conntrack(), 0, asked)
+    assert asked.asked > noting.asked          # asked for every write, the same ones again
+    assert [[h.notes for h in r.hits] for r in runs] == [[h.notes for h in r.hits] for r in again]
