@@ -200,6 +200,9 @@ def test_the_memo_stays_bounded():
         flow, _ = runner.memo_lookup({"tp_src": port}, 0)
         assert flow.priority == (100 if port == 7 else 0)
     assert all(len(m.answers) <= P._MAX_ANSWERS for m in bridge._memos.values())
+    bridge.forget_lookups()
+    assert not bridge._memos
+    assert runner.memo_lookup({"tp_src": 7}, 0)[0].priority == 100
 
 
 class _Noting(Annotator):

@@ -84,6 +84,10 @@ class Bridge:
         # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
         self._memos: dict[int, _LookupMemo] = {}
 
+    def forget_lookups(self) -> None:
+        """Drop the remembered lookups (benchmarks time a walk without them)."""
+        self._memos.clear()
+
     def lookup_memo(self, flows: list) -> "_LookupMemo":
         """The memo of lookups among ``flows``, one candidate list of a table.
 
