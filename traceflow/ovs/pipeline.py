@@ -6,6 +6,11 @@ set_field, mod_*, dec_ttl, resubmit/goto_table, ct with zones/commit/nat/exec, g
 output), recirculation after ``ct(table=N)``. A select group forks the run: every bucket is
 explored and returned as its own ``OvsRun`` with its weight, like a load balancer's choices.
 Anything not modelled ends the run as ``unknown`` with the flow's text and line.
+
+Speed (a Service's 100 buckets walk the same tables): each table's lookups are remembered,
+keyed by every field its candidate flows read (``_LookupMemo``, as OVS's megaflow cache); a
+bucket goes on from the group that forked it when nothing else was left to do in that pass
+(``_Midpass``); a flow's last resubmit loops instead of recursing.
 """
 
 from __future__ import annotations
