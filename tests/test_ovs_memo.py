@@ -205,6 +205,20 @@ def test_the_memo_stays_bounded():
     assert runner.memo_lookup({"tp_src": 7}, 0)[0].priority == 100
 
 
+def test_a_bridge_remembers_a_bounded_number_of_answers(monkeypatch):
+    from traceflow.ovs import pipeline as P
+    monkeypatch.setattr(P, "_MAX_ANSWERS_ALL", 50)
+    text = "".join(f"table={t}, priority=100,reg0={t} actions=drop\n"
+                   f"table={t}, priority=0 actions=drop\n" for t in range(4))
+    bridge = Bridge("n", FlowDump(text, "f"))
+    runner = _Runner(bridge, Annotator(), Conntrack(), {})
+    for value in range(100):
+        for table in range(4):
+            flow, _ = runner.memo_lookup({"reg0": value}, table)
+            assert flow.priority == (100 if value == table else 0)
+            assert sum(len(m.answers) for m in bridge._memos.values()) <= 50
+
+
 class _Noting(Annotator):
     """An annotator that notes every write: the interpreter then takes its general paths
     (apply_actions for exec(...), the annotator's calls) instead of the plain-write ones."""

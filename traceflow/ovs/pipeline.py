@@ -88,10 +88,12 @@ class Bridge:
             self.port_by_number[F.LOCAL_PORT] = local
         # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
         self._memos: dict[int, _LookupMemo] = {}
+        self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
 
     def forget_lookups(self) -> None:
         """Drop the remembered lookups (benchmarks time a walk without them)."""
         self._memos.clear()
+        self._answers = 0
 
     def lookup_memo(self, flows: list) -> "_LookupMemo":
         """The memo of lookups among ``flows``, one candidate list of a table.
@@ -127,6 +129,7 @@ class Bridge:
 
 _MAX_MEMOS = 4096          # candidate lists remembered per bridge
 _MAX_ANSWERS = 4096        # answers remembered per candidate list
+_MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
 
 
 class _LookupMemo:
@@ -617,6 +620,9 @@ class _Runner:
 
     def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
                       flows: list) -> tuple:
+        if self.bridge._answers >= _MAX_ANSWERS_ALL:
+            self.bridge.forget_lookups()
+        self.bridge._answers += 1
         flow, notes = self.lookup(state, table, flows)
         body, last, writes, jump = (), None, None, None
         if flow is not None:
