@@ -22,7 +22,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from traceflow.conntrack import Conntrack, CtEntry
-from traceflow.errors import Source
 from traceflow.lowgc import paused
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
@@ -430,10 +429,6 @@ class _Runner:
         self.origin: _Checkpoint | _Midpass | None = None
 
     # ---- driver ---------------------------------------------------------------------
-    def clone(self, choices: dict) -> "_Runner":
-        """An independent copy of this runner between two passes, with ``choices``."""
-        return _Checkpoint(self).runner(choices)
-
     def run(self) -> tuple[Group, "_Checkpoint | _Midpass"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
         run: (the group, where each of its buckets goes on from)."""
