@@ -154,6 +154,8 @@ def parse_version(text: str | None) -> tuple[int, int] | None:
 
 
 class AntreaAnnotator(Annotator):
+    write_notes_read_state = False      # describe_write reads the written value alone
+
     def __init__(self, version: str | None, node: str, ports: dict[str, Port],
                  node_ips: dict[str, str], table_names: dict[int, str] | None = None):
         self.version = parse_version(version)

@@ -40,6 +40,13 @@ class Subfield:
         return f"{self.field.name}[{self.start}..{self.end}]"
 
 
+def _shown(sub: Subfield, value: int) -> str:
+    """A value written into ``sub``: an address as an address when it fills the field."""
+    if sub.width == sub.field.bits and sub.field.kind in ("ipv4", "mac", "ipv6"):
+        return F.format_value(sub.field, value)
+    return hex(value)
+
+
 _SUBFIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[(?:(\d+)(?:\.\.(\d+))?)?\]$")
 
 
@@ -75,12 +82,33 @@ class Load:
     value: int
     dst: Subfield
 
+    @functools.cached_property
+    def write(self) -> tuple:
+        """(field name, mask, value in place, first bit, last bit, value, "set ..." text):
+        what the simulator applies and says, worked out once per action."""
+        dst = self.dst
+        mask = ((1 << dst.width) - 1) << dst.start
+        return (dst.field.name, mask, (self.value << dst.start) & mask, dst.start, dst.end,
+                self.value, f"set {dst} = {_shown(dst, self.value)}")
+
 
 @dataclass(frozen=True)
 class SetField:
     value: int
     mask: int | None
     field: F.Field
+
+    @functools.cached_property
+    def write(self) -> tuple:
+        """As ``Load.write``; a masked set_field is explained as the bit range it covers."""
+        fld = self.field
+        if self.mask is None:
+            return Load(self.value, Subfield(fld, 0, fld.bits - 1)).write
+        low = (self.mask & -self.mask).bit_length() - 1
+        high = self.mask.bit_length() - 1
+        text = (f"set {fld.name}[{low}..{high}] = {hex(self.value >> low)}" if low != high
+                else f"set {fld.name}[{low}] = {(self.value >> low) & 1}")
+        return (fld.name, self.mask, self.value & self.mask, low, high, self.value >> low, text)
 
 
 @dataclass(frozen=True)
@@ -144,6 +172,11 @@ class Ct:
     exec_actions: tuple = ()
     text: str = ""
 
+    @functools.cached_property
+    def exec_writes(self) -> tuple | None:
+        """``plain_writes`` of the exec(...) actions."""
+        return plain_writes(self.exec_actions)
+
 
 @dataclass(frozen=True)
 class CtClear:
@@ -184,6 +217,15 @@ class NoEffect:
 class Unknown:
     text: str
     reason: str
+
+
+def plain_writes(actions: tuple) -> tuple | None:
+    """The ``write`` of each action when all are loads or set_fields that always apply (not
+    a transport port, which a later fragment skips); None otherwise."""
+    if all(type(a) is Load or type(a) is SetField and a.field.name not in ("tp_src", "tp_dst")
+           for a in actions):
+        return tuple(a.write for a in actions)
+    return None
 
 
 # ---- splitting and dispatch -----------------------------------------------------------

@@ -6,15 +6,23 @@ set_field, mod_*, dec_ttl, resubmit/goto_table, ct with zones/commit/nat/exec, g
 output), recirculation after ``ct(table=N)``. A select group forks the run: every bucket is
 explored and returned as its own ``OvsRun`` with its weight, like a load balancer's choices.
 Anything not modelled ends the run as ``unknown`` with the flow's text and line.
+
+Speed (a Service's 100 buckets walk the same tables): each table's lookups are remembered,
+keyed by every field its candidate flows read (``_LookupMemo``, as OVS's megaflow cache); a
+bucket goes on from the group that forked it when nothing else was left to do in that pass
+(``_Midpass``); a flow's last resubmit loops instead of recursing.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import operator
+from collections import deque
 from dataclasses import dataclass, field
 
-from traceflow.conntrack import Conntrack
-from traceflow.errors import Source
+from traceflow.conntrack import Conntrack, CtEntry
+from traceflow.lowgc import paused
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Group, Port
@@ -37,6 +45,10 @@ class Annotator:
 
     def table_name(self, table: int) -> str | None:
         return None
+
+    # False when describe_write's answer depends on (field, start, end, value) alone, not on
+    # the packet: the simulator then asks once per simulate call for each write
+    write_notes_read_state = True
 
     def describe_write(self, field: str, start: int, end: int, value: int,
                        state: dict) -> str | None:
@@ -73,6 +85,27 @@ class Bridge:
         self.local_name = local.name if local else None
         if local is not None:
             self.port_by_number[F.LOCAL_PORT] = local
+        # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
+        self._memos: dict[int, _LookupMemo] = {}
+        self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
+
+    def forget_lookups(self) -> None:
+        """Drop the remembered lookups (benchmarks time a walk without them)."""
+        self._memos.clear()
+        self._answers = 0
+
+    def lookup_memo(self, flows: list) -> "_LookupMemo":
+        """The memo of lookups among ``flows``, one candidate list of a table.
+
+        Keyed by the list itself (FlowDump hands out the same list for the same table and
+        index value), so flows that change, or another bridge's flows, never share answers.
+        """
+        memo = self._memos.get(id(flows))
+        if memo is None or memo.flows is not flows or memo.size != len(flows):
+            if len(self._memos) >= _MAX_MEMOS:
+                self._memos.clear()
+            memo = self._memos[id(flows)] = _LookupMemo(flows)
+        return memo
 
     def port_number(self, name_or_number: str) -> int | None:
         """An OpenFlow port number from a number, a port name, LOCAL or the bridge's name."""
@@ -93,7 +126,49 @@ class Bridge:
         return ref
 
 
-@dataclass
+_MAX_MEMOS = 4096          # candidate lists remembered per bridge
+_MAX_ANSWERS = 4096        # answers remembered per candidate list
+_MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
+
+
+class _LookupMemo:
+    """Lookups in one candidate list, keyed by the values of every field its flows read.
+
+    As OVS's megaflow cache: a lookup reads only the fields the candidate flows match on
+    (masked or not: registers, ct_state/ct_mark/ct_label, metadata, in_port, tunnel fields
+    ...), and conjunctions are decided among the same flows, so two packets that agree on all
+    of those fields get the same hit, the same conjunction and the same ambiguity notes.
+    The key takes each field's raw value (a missing field is None, not 0), so it is never
+    coarser than what the lookup reads.
+    """
+
+    __slots__ = ("flows", "size", "fields", "answers", "present")
+
+    def __init__(self, flows: list):
+        self.flows = flows
+        self.size = len(flows)
+        self.fields = tuple(sorted({m.field.name for f in flows for m in f.matches}))
+        self.answers: dict[tuple, tuple] = {}
+        # the key when every field is in the packet (the common case), in one C call
+        n = len(self.fields)
+        self.present = (operator.itemgetter(*self.fields) if n > 1 else
+                         (lambda state, name=self.fields[0]: (state[name],)) if n == 1 else
+                         (lambda state: ()))
+
+    def key(self, state: dict) -> tuple:
+        try:
+            return self.present(state)
+        except KeyError:       # a field the packet does not have: None in the key
+            return tuple(map(state.get, self.fields))
+
+    def remember(self, key: tuple, answer: tuple) -> tuple:
+        if len(self.answers) >= _MAX_ANSWERS:
+            self.answers.clear()       # a bound, not a policy: a long audit stays small
+        self.answers[key] = answer
+        return answer
+
+
+@dataclass(slots=True)
 class TableHit:
     """One table lookup: the flow hit (or None for a miss) and what its actions did."""
 
@@ -129,10 +204,16 @@ class OvsRun:
 
 
 class _Fork(Exception):
-    """A select group with several buckets was met with no choice made for it yet."""
+    """A select group with several buckets was met with no choice made for it yet.
 
-    def __init__(self, group: Group):
+    ``resume`` is set when nothing is left to do in the pass after the group (see
+    ``_Runner.apply_actions``' ``tail``): (the packet, the group's hit, depth, flow), where
+    each bucket can go on from.
+    """
+
+    def __init__(self, group: Group, resume: tuple | None = None):
         self.group = group
+        self.resume = resume
 
 
 class _Stop(Exception):
@@ -165,21 +246,28 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
                     None if ct_next is None else list(ct_next))
     first.recirc.append((start_table, dict(state)))
+    # thousands of small acyclic objects (hits, packets): see traceflow.lowgc
+    with paused():
+        return _explore(first)
+
+
+def _explore(first: "_Runner") -> list[OvsRun]:
     runs: list[OvsRun] = []
-    pending: list[tuple[_Runner, float, list]] = [(first, 1.0, [])]
+    pending: deque[tuple[_Runner, float, list]] = deque([(first, 1.0, [])])
     while pending:
-        runner, weight, chosen = pending.pop(0)
+        runner, weight, chosen = pending.popleft()
         fork = runner.run()
         if fork is not None:
             # A select group with several buckets: each bucket goes on from a copy of the
-            # runner as it was when the pass holding the group began (a pass is a
-            # deterministic function of that state), so the passes before the group and
-            # the tables before the group are not walked again per bucket.
-            group, checkpoint = fork
+            # runner as it was where it met the group, when nothing was left to do in that
+            # pass (_Midpass); else from where the runner itself began (its origin: a run is
+            # a deterministic function of its start and its choices), walking again the
+            # passes between. The passes before a runner's start are never walked again.
+            group, origin = fork
             total = group.total_weight
             for b in group.buckets:
                 share = b.weight / total
-                pending.append((checkpoint.clone({**runner.choices, group.group_id: b.bucket_id}),
+                pending.append((origin.runner({**runner.choices, group.group_id: b.bucket_id}),
                                 weight * share,
                                 chosen + [(group.group_id, b.bucket_id, share)]))
             continue
@@ -190,10 +278,133 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     return runs
 
 
+class _Checkpoint:
+    """A runner as it is between two passes (before its first), taken cheaply; ``runner()``
+    makes independent runners that go on from there (one per bucket of a select group).
+
+    A pass only appends to the runner's hits, outputs, choice log and finals (the lists are
+    shared, their lengths kept), pops its own packet from the queue (copied) and changes
+    conntrack: it commits entries (their number is kept) and sets an entry's mark, label and
+    seen_reply in place (those are kept per entry).
+    """
+
+    __slots__ = ("source", "lengths", "recirc", "ct_entries", "ct_assoc", "ct_next", "scalars")
+
+    def __init__(self, runner: "_Runner"):
+        self.source = runner
+        self.lengths = (len(runner.hits), len(runner.outputs), len(runner.choice_log),
+                        len(runner.finals))
+        self.recirc = [(table, dict(st)) for table, st in runner.recirc]
+        self.ct_entries = [(e, e.mark, e.label, e.seen_reply) for e in runner.ct.entries]
+        self.ct_assoc = dict(runner.ct_assoc)
+        self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
+        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
+
+    def runner(self, choices: dict) -> "_Runner":
+        src = self.source
+        entries = [CtEntry(e.zone, e.orig, e.reply, mark, label, e.nat, seen, e.where)
+                   for e, mark, label, seen in self.ct_entries]
+        mapping = {id(old[0]): new for old, new in zip(self.ct_entries, entries)}
+        other = _Runner(src.bridge, src.annotator, Conntrack(entries), choices,
+                        None if self.ct_next is None else list(self.ct_next), src.shared)
+        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
+                          for zone, (entry, is_reply) in self.ct_assoc.items()}
+        n_hits, n_outputs, n_choices, n_finals = self.lengths
+        other.hits = src.hits[:n_hits]
+        other.outputs = src.outputs[:n_outputs]
+        other.choice_log = src.choice_log[:n_choices]
+        other.finals = src.finals[:n_finals]
+        other.recirc = [(table, dict(st)) for table, st in self.recirc]
+        other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
+        other.origin = self
+        return other
+
+
+class _Midpass:
+    """A runner stopped at a select group with nothing left to do in the pass after it;
+    ``runner()`` makes independent runners that apply one bucket there and go on.
+
+    The runner is not used again, so its lists are copied, not saved. Hits of the pass up to
+    the group's are final (their flows' actions are done); the group's hit, and any after
+    it, get the bucket's effects: each runner has its own copies.
+    """
+
+    __slots__ = ("source", "group", "resume", "st", "sent", "final_hits", "open_hits")
+
+    def __init__(self, runner: "_Runner", fork: _Fork, st: dict, sent: int):
+        self.source = runner
+        self.group = fork.group
+        self.resume = fork.resume
+        self.st = st
+        self.sent = sent
+        hits, hit = runner.hits, fork.resume[1]
+        at = len(hits) - 1
+        while at > 0 and hits[at] is not hit:
+            at -= 1
+        at = max(at, 0)
+        self.final_hits = hits[:at]       # shared by every bucket's runner
+        self.open_hits = hits[at:]        # copied for each: the group's hit and any after it
+
+    def runner(self, choices: dict) -> "_Runner":
+        src = self.source
+        state, hit, depth, flow = self.resume
+        other = _Runner(src.bridge, src.annotator, None, choices,
+                        None if src.ct_next is None else list(src.ct_next), src.shared)
+        other.ct, mapping = src.ct.copy_mapped()
+        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
+                          for zone, (entry, is_reply) in src.ct_assoc.items()}
+        copies = {id(h): _copy_hit(h) for h in self.open_hits}
+        other.hits = self.final_hits + list(copies.values())
+        other.outputs = list(src.outputs)
+        other.choice_log = list(src.choice_log)
+        other.finals = list(src.finals)
+        other.recirc = [(table, dict(st)) for table, st in src.recirc]
+        other.unknown, other.visits, other.stage = src.unknown, src.visits, src.stage
+        dropped = src.dropped_by
+        other.dropped_by = copies.get(id(dropped), dropped) if dropped is not None else None
+        own_hit = copies.get(id(hit)) or _copy_hit(hit)
+        # the packet and the pass's start are only read from here on (a bucket works on a
+        # copy), so the runners share them
+        other.resumed = (self.group, choices[self.group.group_id], state, own_hit, depth,
+                         flow, self.st, self.sent)
+        other.origin = self
+        return other
+
+
+def _copy_hit(hit: TableHit) -> TableHit:
+    return TableHit(hit.table, hit.flow, list(hit.effects), list(hit.notes), hit.state_after,
+                    hit.unknown, hit.stage)
+
+
+class _Shared:
+    """What every runner of one ``simulate`` call may remember: the annotator's answers
+    that depend on a table or a flow alone."""
+
+    __slots__ = ("labels", "match_notes", "write_notes", "notes")
+
+    def __init__(self, annotator: Annotator):
+        self.labels: dict = {}          # table -> "70 (L3Forwarding)"
+        self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
+        self.write_notes: dict = {}     # (field, start, end, value) -> note, see Annotator
+        # whether the annotator says anything about matches, writes and ports (the base
+        # class never does: the calls are skipped)
+        kind = type(annotator)
+        self.notes = (kind.describe_match is not Annotator.describe_match,
+                      kind.describe_write is not Annotator.describe_write,
+                      kind.describe_port is not Annotator.describe_port)
+
+
 class _Runner:
+    __slots__ = ("bridge", "shared", "notes_matches", "notes_writes", "notes_ports", "ct_next",
+                 "annotator", "ct", "choices", "hits", "outputs", "unknown", "dropped_by",
+                 "choice_log", "visits", "recirc", "stage", "ct_assoc", "finals", "resumed",
+                 "origin")
+
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
-                 ct_next: list[int] | None = None):
+                 ct_next: list[int] | None = None, shared: _Shared | None = None):
         self.bridge = bridge
+        self.shared = shared = shared or _Shared(annotator)
+        self.notes_matches, self.notes_writes, self.notes_ports = shared.notes
         self.ct_next = ct_next          # states still to hand out, or None: use self.ct
         self.annotator = annotator
         self.ct = ct
@@ -212,113 +423,228 @@ class _Runner:
         # the NAT-ed headers no longer equal either of the connection's tuples.
         self.ct_assoc: dict = {}
         self.finals: list[dict] = []
+        self.resumed: tuple | None = None    # a bucket to apply first (_Midpass.runner)
+        # what this runner began from (_Checkpoint, _Midpass): a fork that cannot go on
+        # from where it met its group makes runners from there
+        self.origin: _Checkpoint | _Midpass | None = None
 
     # ---- driver ---------------------------------------------------------------------
-    def clone(self, choices: dict) -> "_Runner":
-        """An independent copy of this runner between two passes, with ``choices``.
-
-        Hits and outputs of finished passes are never changed again, so the copy shares
-        them; the queued packets, conntrack (and the connections the packet is associated
-        with) are copied.
-        """
-        other = _Runner(self.bridge, self.annotator, None, choices,
-                        None if self.ct_next is None else list(self.ct_next))
-        other.ct, mapping = self.ct.copy_mapped()
-        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
-                          for zone, (entry, is_reply) in self.ct_assoc.items()}
-        other.hits = list(self.hits)
-        other.outputs = list(self.outputs)
-        other.unknown, other.dropped_by = self.unknown, self.dropped_by
-        other.choice_log = list(self.choice_log)
-        other.visits, other.stage = self.visits, self.stage
-        other.recirc = [(table, dict(st)) for table, st in self.recirc]
-        other.finals = list(self.finals)
-        return other
-
-    def run(self) -> tuple[Group, "_Runner"] | None:
+    def run(self) -> tuple[Group, "_Checkpoint | _Midpass"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
-        run: (the group, a copy of the runner as the pass that met it began)."""
+        run: (the group, where each of its buckets goes on from)."""
+        if self.origin is None:
+            self.origin = _Checkpoint(self)
+        if self.resumed is not None:
+            # a bucket of a group met at the end of a pass: apply it, then end that pass
+            group, chosen, state, hit, depth, flow, st, sent = self.resumed
+            self.resumed = None
+            fork = self._pass(st, sent, self._select_bucket,
+                              group, chosen, state, hit, depth, flow, True)
+            if fork is not None or self.unknown is not None:
+                return fork
         while self.recirc and self.unknown is None:
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return None
-            checkpoint = self.clone(self.choices) if self.bridge.groups else None
             table, st = self.recirc.pop(0)
-            sent = len(self.outputs)
-            try:
-                self.lookup_and_apply(st, table, depth=0)
-            except _Fork as fork:
-                return fork.group, checkpoint
-            except _Stop as stop:
-                self.unknown = stop.reason
-                return None
-            except _Exit:
-                pass
-            except _Failed as fail:
-                # the whole pass is dropped: its outputs and recirculations never happen
-                del self.outputs[sent:]
-                self.recirc.clear()
-                hit = self.hits[-1]
-                hit.effects.append(f"translation failed ({fail.reason}): OVS drops the packet")
-                self.dropped_by = hit
-            self.finals.append(dict(st))   # actions change `st` in place, resubmits included
-            self.stage += 1
+            fork = self._pass(st, len(self.outputs), self.lookup_and_apply,
+                              st, table, 0, None, False, True)
+            if fork is not None or self.unknown is not None:
+                return fork
+        return None
+
+    def _pass(self, st: dict, sent: int, step, *args):
+        """Run ``step(*args)``, the rest of the pass that began with ``st`` (``sent``: the
+        outputs before it), and end the pass; a fork is returned as ``run`` returns it."""
+        try:
+            step(*args)
+        except _Fork as fork:
+            if fork.resume is not None:
+                return fork.group, _Midpass(self, fork, st, sent)
+            return fork.group, self.origin
+        except _Stop as stop:
+            self.unknown = stop.reason
+            return None
+        except _Exit:
+            pass
+        except _Failed as fail:
+            # the whole pass is dropped: its outputs and recirculations never happen
+            del self.outputs[sent:]
+            self.recirc.clear()
+            hit = self.hits[-1]
+            hit.effects.append(f"translation failed ({fail.reason}): OVS drops the packet")
+            self.dropped_by = hit
+        self.finals.append(dict(st))   # actions change `st` in place, resubmits included
+        self.stage += 1
         return None
 
     # ---- one table ------------------------------------------------------------------
     def lookup_and_apply(self, state: dict, table: int | str, depth: int,
-                         lookup_port: int | None = None, nested: bool = False) -> None:
+                         lookup_port: int | None = None, nested: bool = False,
+                         tail: bool = False) -> None:
         """Look ``table`` up and run the hit's actions. ``lookup_port``: resubmit(port,table)
-        looks up with that in_port, but OVS restores the real one before the actions run."""
-        if depth > MAX_RESUBMIT_DEPTH:
-            raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: recursion too deep")
-        self.visits += 1
-        if self.visits > MAX_TABLE_VISITS:
-            raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
-        table = self.bridge.table_id(table)
-        if isinstance(table, str):
-            hit = TableHit(table, None, stage=self.stage)
-            hit.unknown = f"table {table!r} is not a known table name (needs ovs-tables.txt)"
-            self.hits.append(hit)
-            raise _Stop(hit.unknown)
-        looked_up = state
-        if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
-            # frags=normal (OVS's default): a fragment, first or later, is looked up with
-            # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
-            # keeps its ports
-            looked_up = dict(state, tp_src=0, tp_dst=0)
-        if lookup_port is not None:
-            looked_up = dict(looked_up, in_port=lookup_port)
-        flow, conj_notes = self.lookup(looked_up, table)
-        hit = TableHit(table, flow, stage=self.stage)
-        self.hits.append(hit)
-        if flow is None:
-            # Reached by resubmit/goto from another table (depth > 0), a miss only ends that
-            # lookup: OVS goes on with the calling flow's remaining actions (Antrea's ServiceLB
-            # chain resubmits to tables that have no table-miss flow).
-            hit.effects.append("no flow matched: table miss, packet dropped" if not nested else
-                               "no flow matched (table miss): nothing done here, the calling "
-                               "flow's remaining actions go on")
-            hit.state_after = dict(state)
-            self.dropped_by = hit
-            return
-        hit.notes.extend(conj_notes)
-        hit.notes.extend(self._ambiguity(flow, looked_up, table))
-        hit.notes.extend(self.annotator.describe_match(flow))
-        self.apply_actions(flow.actions, state, hit, depth, flow)
-        if hit.state_after is None:
-            hit.state_after = dict(state)
-        if not self.outputs and not self.recirc and _ends_in_drop(flow.actions):
-            self.dropped_by = hit
+        looks up with that in_port, but OVS restores the real one before the actions run.
+        ``tail``: nothing is left to do in the pass after this lookup (see apply_actions).
 
-    def lookup(self, state: dict, table: int) -> tuple[Flow | None, list]:
+        A flow whose last action is a resubmit (or goto) has nothing left to do once that
+        lookup returns (its state_after is set by the resubmit, and it does not drop), so
+        the next table is looked up in this loop rather than by a nested call: a chain of
+        tables costs no recursion.
+        """
+        bridge = self.bridge                 # (locals: this loop runs for every table)
+        candidates = bridge.flows.candidates
+        memos = bridge._memos
+        hits = self.hits
+        labels = self.shared.labels
+        match_notes = self.shared.match_notes
+        while True:
+            if depth > MAX_RESUBMIT_DEPTH:
+                raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: "
+                              "recursion too deep")
+            self.visits += 1
+            if self.visits > MAX_TABLE_VISITS:
+                raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
+            if type(table) is not int:
+                table = self.bridge.table_id(table)
+                if isinstance(table, str):
+                    hit = TableHit(table, None, stage=self.stage)
+                    hit.unknown = (f"table {table!r} is not a known table name "
+                                   "(needs ovs-tables.txt)")
+                    self.hits.append(hit)
+                    raise _Stop(hit.unknown)
+            looked_up = state
+            if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
+                # frags=normal (OVS's default): a fragment, first or later, is looked up with
+                # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
+                # keeps its ports
+                looked_up = dict(state, tp_src=0, tp_dst=0)
+            if lookup_port is not None:
+                looked_up = dict(looked_up, in_port=lookup_port)
+            # memo_lookup, inlined
+            flows = candidates(table, looked_up)
+            memo = memos.get(id(flows))
+            if memo is None or memo.flows is not flows or memo.size != len(flows):
+                memo = bridge.lookup_memo(flows)
+            try:                       # memo.key, inlined
+                key = memo.present(looked_up)
+            except KeyError:
+                key = tuple(map(looked_up.get, memo.fields))
+            answer = memo.answers.get(key)
+            if answer is None:
+                answer = self._fresh_answer(memo, key, looked_up, table, flows)
+            flow, lookup_notes, drops, body, last, writes, jump = answer
+            effects: list = []
+            hit = TableHit(table, flow, effects, [], None, None, self.stage)
+            hits.append(hit)
+            if flow is None:
+                # Reached by resubmit/goto from another table (depth > 0), a miss only ends
+                # that lookup: OVS goes on with the calling flow's remaining actions
+                # (Antrea's ServiceLB chain resubmits to tables that have no table-miss flow).
+                hit.effects.append("no flow matched: table miss, packet dropped" if not nested
+                                   else "no flow matched (table miss): nothing done here, the "
+                                   "calling flow's remaining actions go on")
+                hit.state_after = dict(state)
+                self.dropped_by = hit
+                return
+            if lookup_notes:
+                hit.notes.extend(lookup_notes)
+            if self.notes_matches:
+                known = match_notes.get(id(flow))      # _match_notes, inlined
+                hit.notes.extend(known[1] if known is not None and known[0] is flow
+                                 else self._match_notes(flow))
+            if last is None:
+                self.apply_actions(body, state, hit, depth, flow, tail)
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                if drops and not self.outputs and not self.recirc:
+                    self.dropped_by = hit
+                return
+            if writes is not None:
+                # only loads and set_fields before the resubmit: apply_actions, inlined
+                for name, mask, bits, start, end, value, text in writes:
+                    state[name] = (state.get(name, 0) & ~mask) | bits
+                    effects.append(text)
+                    if self.notes_writes:
+                        note = self._write_note(name, start, end, value, state)
+                        if note:
+                            hit.notes.append(note)
+            elif body and not self.apply_actions(body, state, hit, depth, flow):
+                # a goto or an expired TTL ended the actions before the resubmit
+                if hit.state_after is None:
+                    hit.state_after = dict(state)
+                return
+            # the last action, a resubmit: as apply_actions does it, then loop
+            if jump is not None and hit.state_after is None:
+                # _resubmit, inlined: a table number, no in_port
+                hit.state_after = dict(state)
+                table, deepens, verb = jump
+                effects.append(verb + (labels.get(table) or self._table_label(table)))
+                lookup_port = None
+            else:
+                table, lookup_port, deepens = self._resubmit(last, state, hit)
+            depth += deepens
+            nested = True
+
+    def _write_note(self, name: str, start: int, end: int, value: int,
+                    state: dict) -> str | None:
+        if self.annotator.write_notes_read_state:
+            return self.annotator.describe_write(name, start, end, value, state)
+        key = (name, start, end, value)
+        notes = self.shared.write_notes
+        if key not in notes:
+            notes[key] = self.annotator.describe_write(name, start, end, value, state)
+        return notes[key]
+
+    def _match_notes(self, flow: Flow) -> list:
+        known = self.shared.match_notes.get(id(flow))
+        if known is None or known[0] is not flow:
+            known = self.shared.match_notes[id(flow)] = (flow, self.annotator.describe_match(flow))
+        return known[1]
+
+    def memo_lookup(self, state: dict, table: int) -> tuple[Flow | None, tuple]:
+        """``lookup`` and ``_ambiguity`` of ``state`` in ``table``, remembered (_LookupMemo):
+        a select group's buckets walk the same tables with packets that differ in a few
+        fields. (hit or None, the conjunction and ambiguity notes)."""
+        flows = self.bridge.flows.candidates(table, state)
+        memo = self.bridge.lookup_memo(flows)
+        key = memo.key(state)
+        answer = memo.answers.get(key)
+        if answer is None:
+            answer = self._fresh_answer(memo, key, state, table, flows)
+        return answer[0], answer[1]
+
+    def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
+                      flows: list) -> tuple:
+        if self.bridge._answers >= _MAX_ANSWERS_ALL:
+            self.bridge.forget_lookups()
+        self.bridge._answers += 1
+        flow, notes = self.lookup(state, table, flows)
+        body, last, writes, jump = (), None, None, None
+        if flow is not None:
+            notes = notes + self._ambiguity(flow, state, table, flows)
+            body = flow.actions
+            if body and type(body[-1]) is A.Resubmit:
+                body, last = body[:-1], body[-1]
+                writes = A.plain_writes(body)
+                target = table if last.table is None else self.bridge.table_id(last.table)
+                if last.port is None and type(target) is int:
+                    jump = (target, target <= table,
+                            "go to table " if last.goto else "continue in table ")
+        drops = flow is not None and _ends_in_drop(flow.actions)
+        # (hit, notes, whether it drops, its actions but a last resubmit, that resubmit,
+        #  the actions as plain writes or None, the resubmit's table, depth step and verb)
+        return memo.remember(key, (flow, tuple(notes), drops, body, last, writes, jump))
+
+    def lookup(self, state: dict, table: int,
+               flows: list | None = None) -> tuple[Flow | None, list]:
         """Highest-priority match, with OVS's conjunctive-match semantics.
 
         Flows with ``conjunction(id,k/n)`` actions are clauses: when every clause of an id
         matches at a priority above the best ordinary flow, OVS looks the packet up again
         with ``conj_id=id`` set, and that second lookup's result is the hit.
         """
-        flows = self.bridge.flows.candidates(table, state)
+        if flows is None:
+            flows = self.bridge.flows.candidates(table, state)
         hard: Flow | None = None
         clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
         conj_priority: dict[int, int] = {}
@@ -360,12 +686,15 @@ class _Runner:
                     return flow, notes
         return hard, []
 
-    def _ambiguity(self, flow: Flow, state: dict, table: int) -> list[str]:
+    def _ambiguity(self, flow: Flow, state: dict, table: int,
+                   flows: list | None = None) -> list[str]:
         """Another flow of the same priority that matches too: OVS does not define which one
         wins (ovs-fields(7): overlapping flows of equal priority), so say so."""
         if flow.conj_id is not None:
             return []
-        others = [f for f in self.bridge.flows.candidates(table, state)
+        if flows is None:
+            flows = self.bridge.flows.candidates(table, state)
+        others = [f for f in flows
                   if f is not flow and f.priority == flow.priority and f.conj_id is None
                   and not any(isinstance(a, A.Conjunction) for a in f.actions)
                   and self.matches(f, state)]
@@ -389,36 +718,48 @@ class _Runner:
 
     # ---- actions --------------------------------------------------------------------
     def apply_actions(self, actions: tuple, state: dict, hit: TableHit, depth: int,
-                      flow: Flow) -> None:
-        for act in actions:
-            if isinstance(act, (A.Resubmit,)):
-                if hit.state_after is None:
-                    hit.state_after = dict(state)
-                target = hit.table if act.table is None else self.bridge.table_id(act.table)
-                hit.effects.append(f"{'go to' if act.goto else 'continue in'} table "
-                                   f"{self._table_label(target)}")
-                port = None
-                if act.port is not None:
-                    port = self.bridge.port_number(act.port)
-                    if port is None:
-                        hit.unknown = f"resubmit port {act.port!r} is not in ovs-show.txt"
-                        raise _Stop(hit.unknown)
-                # only a resubmit to the same or an earlier table deepens the recursion
-                deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
-                           or target <= hit.table)
-                self.lookup_and_apply(state, target, depth + deepens, port, nested=True)
+                      flow: Flow, tail: bool = False) -> bool:
+        """Run ``actions`` on ``state``, explained in ``hit``.
+
+        ``tail``: once these actions are done, nothing else happens in the pass (every
+        caller is at its last action, or a goto, and only a flow's actions, reached by
+        resubmit or goto, or a select group's bucket hold them). A select group met by the
+        last of them then forks the run right there (_Midpass), instead of walking the pass
+        again from its start for every bucket.
+
+        True when every action ran; False when a goto or an expired TTL ended them early.
+        """
+        effects = hit.effects
+        last = len(actions) - 1
+        for i, act in enumerate(actions):
+            kind = type(act)
+            # the actions every table of a pipeline has come first, tested by their type
+            if kind is A.Load or kind is A.SetField:
+                name, mask, bits, start, end, value, text = act.write
+                if kind is A.SetField and state.get("nw_frag", 0) & 2 and \
+                        name in ("tp_src", "tp_dst"):
+                    # a later fragment has no transport header: OVS skips the rewrite
+                    effects.append(f"set {name}: a later fragment has no transport header, "
+                                   "no effect")
+                    continue
+                state[name] = (state.get(name, 0) & ~mask) | bits
+                effects.append(text)
+                if self.notes_writes:
+                    note = self._write_note(name, start, end, value, state)
+                    if note:
+                        hit.notes.append(note)
+            elif kind is A.Resubmit:
+                target, port, deepens = self._resubmit(act, state, hit)
+                self.lookup_and_apply(state, target, depth + deepens, port, True,
+                                      tail and (i == last or act.goto))
                 if act.goto:
-                    return
-            elif isinstance(act, A.Load):
-                self._write(state, act.dst, act.value, hit)
-            elif isinstance(act, A.SetField):
-                self._set_field(state, act, hit)
-            elif isinstance(act, A.Move):
+                    return False
+            elif kind is A.Move:
                 width_mask = (1 << act.src.width) - 1
                 value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
                 hit.effects.append(f"copy {act.src} ({hex(value)}) to {act.dst}")
                 self._write(state, act.dst, value, hit, quiet=True)
-            elif isinstance(act, A.DecTtl):
+            elif kind is A.DecTtl:
                 if state.get("dl_type") not in (0x0800, 0x86DD):
                     # OVS: dec_ttl does nothing to a non-IP packet (no TTL, no exception)
                     hit.effects.append("dec_ttl: not an IP packet, no effect")
@@ -427,53 +768,80 @@ class _Runner:
                 if ttl <= 1:
                     hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
                     self.dropped_by = hit
-                    return
+                    return False
                 state["nw_ttl"] = ttl - 1
                 hit.effects.append(f"decrement TTL to {ttl - 1} (routed hop)")
-            elif isinstance(act, A.Output):
+            elif kind is A.Output:
                 self._output(act, state, hit, flow)
-            elif isinstance(act, A.SpecialPort):
+            elif kind is A.SpecialPort:
                 self._special_output(act.name, state, hit, flow)
-            elif isinstance(act, A.Controller):
+            elif kind is A.Controller:
                 hit.effects.append(f"send to the controller (agent): {act.text}")
                 self.outputs.append(Output("CONTROLLER", dict(state), flow))
-            elif isinstance(act, A.Drop):
+            elif kind is A.Drop:
                 hit.effects.append("drop")
-            elif isinstance(act, A.Ct):
+            elif kind is A.Ct:
                 self._ct(act, state, hit, depth)
-            elif isinstance(act, A.CtClear):
+            elif kind is A.CtClear:
                 for k in ("ct_state", "ct_zone", "ct_mark", "ct_label"):
                     state.pop(k, None)
                 hit.effects.append("clear the conntrack state")
-            elif isinstance(act, A.Group):
-                self._group(act, state, hit, depth, flow)
-            elif isinstance(act, A.Conjunction):
+            elif kind is A.Group:
+                self._group(act, state, hit, depth, flow, tail and i == last)
+            elif kind is A.Conjunction:
                 continue  # only meaningful during lookup
-            elif isinstance(act, A.Learn):
+            elif kind is A.Learn:
                 hit.effects.append("learn: installs a flow for later packets (e.g. session "
                                    "affinity); this packet is unchanged")
-            elif isinstance(act, A.Clone):
+            elif kind is A.Clone:
                 # the clone works on a copy: its rewrites reach only its own outputs
                 before = hit.state_after
                 self.apply_actions(act.actions, dict(state), hit, depth, flow)
                 hit.state_after = before
-            elif isinstance(act, A.Exit):
+            elif kind is A.Exit:
                 hit.effects.append("exit: no further actions in this pass")
                 if hit.state_after is None:
                     hit.state_after = dict(state)
                 raise _Exit()
-            elif isinstance(act, A.NoEffect):
+            elif kind is A.NoEffect:
                 hit.effects.append(f"{act.text}: {act.why}")
-            elif isinstance(act, A.Unknown):
+            elif kind is A.Unknown:
                 hit.unknown = f"action {act.text!r} is not modelled ({act.reason})"
                 hit.effects.append(f"UNKNOWN action {act.text}: {act.reason}")
                 raise _Stop(hit.unknown)
             else:  # a new action type added to the parser but not here
                 raise _Stop(f"action {act!r} has no simulator")
+        return True
+
+    def _resubmit(self, act: A.Resubmit, state: dict, hit: TableHit) -> tuple:
+        """Explain a resubmit or goto in ``hit``: (the table, the lookup's in_port or None,
+        whether it deepens the recursion)."""
+        if hit.state_after is None:
+            hit.state_after = dict(state)
+        target = act.table
+        if target is None:
+            target = hit.table
+        elif type(target) is not int:
+            target = self.bridge.table_id(target)
+        label = self.shared.labels.get(target) or self._table_label(target)
+        hit.effects.append(("go to table " if act.goto else "continue in table ") + label)
+        port = None
+        if act.port is not None:
+            port = self.bridge.port_number(act.port)
+            if port is None:
+                hit.unknown = f"resubmit port {act.port!r} is not in ovs-show.txt"
+                raise _Stop(hit.unknown)
+        # only a resubmit to the same or an earlier table deepens the recursion
+        deepens = (not isinstance(target, int) or not isinstance(hit.table, int)
+                   or target <= hit.table)
+        return target, port, deepens
 
     def _table_label(self, table) -> str:
-        name = self.annotator.table_name(table) if isinstance(table, int) else None
-        return f"{table} ({name})" if name else str(table)
+        label = self.shared.labels.get(table)
+        if label is None:
+            name = self.annotator.table_name(table) if isinstance(table, int) else None
+            label = self.shared.labels[table] = f"{table} ({name})" if name else str(table)
+        return label
 
     def _write(self, state: dict, dst: A.Subfield, value: int, hit: TableHit,
                quiet: bool = False) -> None:
@@ -482,31 +850,10 @@ class _Runner:
         state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
         if not quiet:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
-        note = self.annotator.describe_write(name, dst.start, dst.end, value, state)
-        if note:
-            hit.notes.append(note)
-
-    def _set_field(self, state: dict, act: A.SetField, hit: TableHit) -> None:
-        fld = act.field
-        if fld.name in ("tp_src", "tp_dst") and state.get("nw_frag", 0) & 2:
-            # a later fragment has no transport header: OVS skips the rewrite
-            hit.effects.append(f"set {fld.name}: a later fragment has no transport header, "
-                               "no effect")
-            return
-        if act.mask is None:
-            sub = A.Subfield(fld, 0, fld.bits - 1)
-            self._write(state, sub, act.value, hit)
-            return
-        # a masked set_field writes the masked bits; explain it as the bit range it covers
-        low = (act.mask & -act.mask).bit_length() - 1
-        high = act.mask.bit_length() - 1
-        name = fld.name
-        state[name] = (state.get(name, 0) & ~act.mask) | (act.value & act.mask)
-        hit.effects.append(f"set {name}[{low}..{high}] = {hex(act.value >> low)}"
-                           if low != high else f"set {name}[{low}] = {(act.value >> low) & 1}")
-        note = self.annotator.describe_write(name, low, high, act.value >> low, state)
-        if note:
-            hit.notes.append(note)
+        if self.notes_writes:
+            note = self._write_note(name, dst.start, dst.end, value, state)
+            if note:
+                hit.notes.append(note)
 
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
         """One rule for every way of naming the port (number, register, name): a port the
@@ -529,7 +876,7 @@ class _Runner:
                                    "nothing is sent")
                 return
             port = number
-        special = next((n for n, v in F.RESERVED_PORTS.items() if v == port), None)
+        special = _RESERVED_NAMES.get(port)
         if special in ("IN_PORT", "NORMAL", "FLOOD", "ALL", "CONTROLLER", "LOCAL", "NONE"):
             self._special_output(special, state, hit, flow)
             return
@@ -556,7 +903,7 @@ class _Runner:
                                "(only IN_PORT may send back)")
             return
         hit.effects.append(f"{how} ({name})")
-        desc = self.annotator.describe_port(port)
+        desc = self.annotator.describe_port(port) if self.notes_ports else None
         if desc:
             hit.notes.append(f"port {port}: {desc}")
         if hit.state_after is None:
@@ -588,7 +935,8 @@ class _Runner:
             hit.unknown = f"output to {name} (flooding) is not modelled"
             raise _Stop(hit.unknown)
 
-    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow) -> None:
+    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow,
+               tail: bool = False) -> None:
         group = self.bridge.groups.get(act.group_id)
         if group is None:
             hit.unknown = (f"group {act.group_id} is not in the bundle "
@@ -604,21 +952,10 @@ class _Runner:
             chosen = self.choices.get(group.group_id)
             if chosen is None:
                 if len(group.buckets) > 1:
-                    raise _Fork(group)
+                    raise _Fork(group, (state, hit, depth, flow) if tail else None)
                 chosen = group.buckets[0].bucket_id
                 self.choice_log.append((group.group_id, chosen, 1.0))
-            bucket = group.bucket_by_id.get(chosen)
-            if bucket is None:
-                raise _Stop(f"group {group.group_id} has no bucket {chosen}")
-            total = group.total_weight
-            hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
-                               f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
-            # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
-            # restores the flow after the bucket ("equivalent to cloning the packet for each
-            # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
-            # clearing of ct_state) reach its outputs and recirculations but neither the
-            # calling flow's later actions nor the pass's final flow.
-            self.apply_actions(bucket.actions, dict(state), hit, depth, flow)
+            self._select_bucket(group, chosen, state, hit, depth, flow, tail)
         elif group.type == "all":
             hit.effects.append(f"group {group.group_id} (all): every bucket gets a copy")
             for b in group.buckets:
@@ -627,6 +964,21 @@ class _Runner:
             hit.effects.append(f"group {group.group_id} ({group.type}): bucket "
                                f"{group.buckets[0].bucket_id}")
             self.apply_actions(group.buckets[0].actions, dict(state), hit, depth, flow)
+
+    def _select_bucket(self, group: Group, chosen: int, state: dict, hit: TableHit, depth: int,
+                       flow: Flow, tail: bool) -> None:
+        bucket = group.bucket_by_id.get(chosen)
+        if bucket is None:
+            raise _Stop(f"group {group.group_id} has no bucket {chosen}")
+        total = group.total_weight
+        hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
+                           f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
+        # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
+        # restores the flow after the bucket ("equivalent to cloning the packet for each
+        # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
+        # clearing of ct_state) reach its outputs and recirculations but neither the
+        # calling flow's later actions nor the pass's final flow.
+        self.apply_actions(bucket.actions, dict(state), hit, depth, flow, tail)
 
     # ---- conntrack ------------------------------------------------------------------
     def _ct(self, act: A.Ct, state: dict, hit: TableHit, depth: int) -> None:
@@ -649,8 +1001,9 @@ class _Runner:
         if act.table is not None:
             target = self.bridge.table_id(act.table)
             mark = tracked["ct_mark"]
-            phrases.append(f"then continue in table {self._table_label(target)} with "
-                           f"ct_state={F.format_ct_state(tracked['ct_state'])}"
+            phrases.append(f"then continue in table "
+                           f"{self.shared.labels.get(target) or self._table_label(target)} with "
+                           f"ct_state={_ct_state_text(tracked['ct_state'])}"
                            + (f", ct_mark={hex(mark)}" if mark else ""))
             if hit.state_after is None:
                 hit.state_after = dict(state)
@@ -700,20 +1053,22 @@ class _Runner:
                 nat_kind = None
                 if act.nat is not None and act.nat.kind:
                     nat_kind = act.nat.kind
-                    before = _tuple(tracked)
+                    before = tup       # no connection: nothing has changed the packet yet
                     if act.nat.kind == "dst":
-                        tracked["nw_dst"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        tracked["nw_dst"] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_dst"] = act.nat.port_min
                         ct_state |= bits["dnat"]
                     else:
-                        tracked["nw_src"] = int(ipaddress.IPv4Address(act.nat.ip_min))
+                        tracked["nw_src"] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_src"] = act.nat.port_min
                         ct_state |= bits["snat"]
+                after = tup if nat_kind is None else _tuple(tracked)
+                if nat_kind is not None:
                     phrases.append(f"{'DNAT' if nat_kind == 'dst' else 'SNAT'} "
-                                   f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
-                entry = self.ct.commit(zone, tup, _tuple(tracked),
+                                   f"{_fmt_tuple(before)} -> {_fmt_tuple(after)}")
+                entry = self.ct.commit(zone, tup, after,
                                        where=f"{self.bridge.node} OVS table {hit.table}",
                                        nat=nat_kind)
             phrases.append("commit the connection")
@@ -760,6 +1115,18 @@ class _Runner:
                  phrases: list, state: dict | None = None) -> tuple[int, int]:
         """A commit's exec(...) actions: they may only write the connection's mark and label,
         but may read the packet's fields (Antrea v2: ``move:NXM_NX_REG0[0..3]->NXM_NX_CT_MARK[0..3]``)."""
+        if not act.exec_actions:
+            return mark, label
+        writes = None if self.notes_writes else act.exec_writes
+        if writes is not None:
+            # loads and set_fields only, nothing to note: only the mark and label they leave
+            # matter (the packet's fields they might write are a copy, thrown away)
+            values = {"ct_mark": mark, "ct_label": label}
+            for name, mask, bits, *_ in writes:
+                if name in values:
+                    values[name] = (values[name] & ~mask) | bits
+            phrases.append("with " + ", ".join(w[6] for w in writes))
+            return values["ct_mark"], values["ct_label"]
         ct_fields = dict(state or {}, ct_mark=mark, ct_label=label)
         sub_hit = TableHit(hit.table, None)
         self.apply_actions(act.exec_actions, ct_fields, sub_hit, depth, hit.flow)
@@ -769,9 +1136,19 @@ class _Runner:
         return ct_fields["ct_mark"], ct_fields["ct_label"]
 
 
+# OpenFlow reserved port number -> its name (the first name, as F.RESERVED_PORTS lists them)
+_RESERVED_NAMES = {}
+for _name, _number in F.RESERVED_PORTS.items():
+    _RESERVED_NAMES.setdefault(_number, _name)
+
 # The conntrack fields OVS clears from a pass after its ct() action.
 CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",
              "ct_nw_proto", "ct_tp_src", "ct_tp_dst")
+
+
+@functools.lru_cache(maxsize=256)
+def _ct_state_text(value: int) -> str:
+    return F.format_ct_state(value)
 
 
 def reverse_tuple(t: tuple) -> tuple:
@@ -784,10 +1161,14 @@ def _tuple(state: dict) -> tuple:
             _ipstr(state.get("nw_dst", 0)), state.get("tp_dst", 0))
 
 
+@functools.lru_cache(maxsize=65536)
 def _ipstr(v: int) -> str:
-    return str(ipaddress.IPv4Address(v & 0xFFFFFFFF))
+    """Dotted quad of an IPv4 address (as ipaddress prints it, without its object)."""
+    v &= 0xFFFFFFFF
+    return f"{v >> 24}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _ip(text: str) -> int:
     return int(ipaddress.IPv4Address(text))
 
@@ -798,7 +1179,7 @@ def _fmt_tuple(t: tuple) -> str:
 
 def _fmt(field: F.Field, value: int, sub: A.Subfield) -> str:
     if sub.width == field.bits and field.kind in ("ipv4", "mac", "ipv6"):
-        return F.format_value(field, value)
+        return _ipstr(value) if field.kind == "ipv4" else F.format_value(field, value)
     return hex(value)
 
 
