@@ -383,6 +383,15 @@ class FlowDump:
         matching flows in the same order, so a lookup gives the same answer either way.
         The same list comes back for the same table and value.
         """
+        # the answers given before (every lookup of a warm trace), without the checks
+        parsed = self._parsed.get(table)
+        if parsed is not None:
+            return parsed
+        index = self._indexes.get(table)
+        if index is not None:
+            found = index.cache.get(state.get(index.field.name, 0) if index.field else None)
+            if found is not None:
+                return found
         return self._checked(self._candidates, table, state)
 
     def _candidates(self, table: int | str, state: dict) -> list[Flow]:
