@@ -614,11 +614,18 @@ def _is_xt_line(text: str) -> bool:
 
 
 class _FileReader:
-    def __init__(self, text: str, name: str):
+    """Reads the whole text, or (``start``/``end``, character offsets at line starts) one
+    stretch of it that begins on line ``first_line``: one block read on first use
+    (traceflow.netfilter.nft_lazy). Offsets and line numbers stay those of the whole file."""
+
+    def __init__(self, text: str, name: str, start: int = 0, end: int | None = None,
+                 first_line: int = 1):
         self.text = text
         self.name = name
-        self.lines = text.split("\n")
-        self.toks, bad = _tokenize(text)
+        part = text if start == 0 and end is None else text[start:end]
+        self.lines = part.split("\n")
+        self.first_line = first_line
+        self.toks, bad = _tokenize(part, first_line, start)
         self.i = 0
         self.ruleset = NftRuleset(name)
         self.xt_rules = 0
@@ -628,7 +635,7 @@ class _FileReader:
     # -- helpers
 
     def source(self, line: int) -> Source:
-        return Source(self.name, line, self.lines[line - 1].rstrip("\r"))
+        return Source(self.name, line, self.lines[line - self.first_line].rstrip("\r"))
 
     def error(self, line: int, reason: str) -> None:
         found = self.ruleset.diagnostics

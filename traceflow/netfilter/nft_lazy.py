@@ -1,0 +1,379 @@
+"""nftables, read lazily: ``nft list ruleset`` text -> an ``NftRuleset`` whose chains, sets and
+maps are parsed when a walk first uses them (a jump, goto or vmap into a chain, an ``@set`` or
+``@map`` lookup). A node with 20,000 Services in kube-proxy's nftables mode lists ~500,000
+lines; a trace reads a dozen chains and a few maps of them.
+
+Opening (``open_nft_ruleset``) is one pass over the lines with plain string tests that finds
+the blocks (``table``, and in it ``chain``/``set``/``map`` and their line ranges), following
+braces outside strings and ``#`` comments. What the open pass finds, as the whole-text parser
+(``nft_parse.parse_nft_ruleset``) would, in the diagnostics ``raise_for_errors()`` raises:
+
+- everything about the structure: a line outside any table, a table or block header that is
+  not ``table [FAMILY] NAME {`` / ``chain|set|map NAME {``, unbalanced braces, an
+  unterminated string anywhere, the same table, chain or set listed twice. Any of these makes
+  the open pass hand the whole text to the whole-text parser, so the errors (and every other
+  diagnostic) are exactly its own;
+- table items other than chains, sets and maps (``comment``, ``flags``, flowtables,
+  counters... objects), which are parsed at open;
+- chains that hold a base-chain header (``type ... hook ...``), ``policy``, ``devices``, a
+  chain ``comment``, or a ``#`` comment other than ``# handle N`` (iptables-nft extensions):
+  those are parsed at open, so that ``base_chains`` and the iptables-nft caveat need no other
+  chain (a dozen chains in kube-proxy's table).
+
+Found only when the block is read (a located ``RuleSyntaxError``, exit 2, raised by the walk
+that reads it; also added to ``diagnostics``): a rule that is not nftables, a bad element,
+type or property of a set or map -- everything inside a regular chain, set or map.
+A block is read whole, with the whole-text parser's own code over its lines, so what it holds
+is identical to what the whole-text parser gives.
+
+``layout``/``from_layout``: where the blocks are (JSON), so that the next command on the same
+text (traceflow.bundleindex, keyed by the text's SHA-256) skips the pass over the lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from traceflow.errors import InputError, Source
+from traceflow.netfilter.iptables import RuleSyntaxError
+from traceflow.netfilter.nft_model import FAMILIES, NftChain, NftRuleset, NftSet, NftTable
+from traceflow.netfilter.nft_model import _strip_quotes
+from traceflow.netfilter.nft_parse import _FileReader, _tokenize, parse_nft_ruleset
+
+LAYOUT_FORMAT = "traceflow-nft-layout/1"
+
+_NAME = r'(?:"(?:[^"\\\n]|\\.)*"|[^\s{};,()"#]+)'
+_TABLE_HEAD = re.compile(rf"table\s+({_NAME})(?:\s+({_NAME}))?\s*{{\s*(?:#.*)?")
+_BLOCK_HEAD = re.compile(rf"(chain|set|map)\s+({_NAME})\s*{{\s*(?:#.*)?")
+# a statement of a chain that is not a rule: the chain is parsed at open (see the docstring)
+_HEADERISH = re.compile(r"(?:^|;)\s*(?:type|policy|comment|devices)\b")
+_HANDLE_TAIL = re.compile(r"\s#\s*handle\s+\d+\s*$")
+
+
+class _Fallback(Exception):
+    """The text is not laid out the way ``nft list`` prints it: read it whole instead."""
+
+
+@dataclass
+class LazyNftRuleset(NftRuleset):
+    """An NftRuleset whose regular chains, sets and maps are read on first use."""
+
+    blocks_read: list[str] = field(default_factory=list)     # "chain X", "map Y", in order
+    layout: dict | None = None                               # where the blocks are (JSON)
+    text: str = field(default="", repr=False)
+
+
+@dataclass
+class _Block:
+    kind: str          # chain | set | map
+    name: str
+    line: int          # the header's line
+    start: int         # offsets of the header's line start and of the end of the `}` line
+    end: int
+    table: NftTable
+    ruleset: LazyNftRuleset
+
+    def read(self):
+        rs = self.ruleset
+        reader = _FileReader(rs.text, rs.name, self.start, self.end, self.line)
+        scratch = NftTable(self.table.family, self.table.name, self.table.source)
+        if self.kind == "chain":
+            reader.chain(scratch)
+            found = scratch.chains
+        else:
+            reader.set(scratch, self.kind)
+            found = scratch.sets
+        reader.skip_blank(in_chain=self.kind == "chain")
+        if reader.peek() is not None or list(found) != [self.name]:
+            raise InputError(f"the stored layout of this file does not match line {self.line}: "
+                             "remove traceflow's index cache (or set TRACEFLOW_NO_INDEX=1)",
+                             rs.name)
+        diagnostics = reader.ruleset.diagnostics
+        rs.diagnostics.extend(diagnostics)
+        rs.blocks_read.append(f"{self.kind} {self.name}")
+        errors = [d for d in diagnostics if isinstance(d, RuleSyntaxError)]
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
+            raise RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
+        return found[self.name]
+
+
+def _on_first_use(key: str) -> property:
+    """A field read from the block the first time any such field is asked for (a property,
+    since the dataclass keeps a class-level default for most fields)."""
+    def get(self):
+        found = self.__dict__
+        if key not in found:
+            self._load()
+        return found[key]
+
+    def put(self, value) -> None:
+        self.__dict__[key] = value
+    return property(get, put)
+
+
+class LazyChain(NftChain):
+    """A regular chain (no hook, policy, device or comment: those chains are read at open)
+    whose rules are parsed on first use."""
+
+    rules = _on_first_use("rules")
+
+    def __init__(self, block: _Block, source: Source):
+        self.name = block.name
+        self.source = source
+        self.type = self.hook = self.priority = self.priority_text = None
+        self.policy = self.device = self.comment = None
+        self._block = block
+
+    def _load(self) -> None:
+        block = self._block
+        chain = block.read()
+        if (chain.hook, chain.type, chain.policy, chain.device, chain.comment) != (None,) * 5:
+            raise InputError(f"chain {chain.name} holds a chain header the open pass did not "
+                             "see", block.ruleset.name, block.line)
+        self.rules = chain.rules
+
+
+_SET_FIELDS = ("key_types", "data_type", "flags", "comment", "properties", "elements")
+
+
+class LazySet(NftSet):
+    """A set or map whose type, flags and elements are parsed on first use."""
+
+    key_types = _on_first_use("key_types")
+    data_type = _on_first_use("data_type")
+    flags = _on_first_use("flags")
+    comment = _on_first_use("comment")
+    properties = _on_first_use("properties")
+    elements = _on_first_use("elements")
+
+    def __init__(self, block: _Block, source: Source):
+        self.name = block.name
+        self.kind = block.kind
+        self.source = source
+        self._block = block
+
+    def _load(self) -> None:
+        found = self._block.read()
+        for key in _SET_FIELDS:
+            setattr(self, key, getattr(found, key))
+
+
+# ---------------------------------------------------------------------------------------------
+# The open pass
+
+
+def _shape(code: str) -> tuple[str, bool, bool]:
+    """(the line without strings and comments, whether it holds a `#` comment other than
+    ``# handle N``, whether a string is unterminated) -- for the rare line with `"` or `#`."""
+    toks, bad = _tokenize(code)
+    if bad:
+        return "", False, True
+    out, hashed = [], False
+    for tok in toks:
+        if tok.kind == "h":
+            hashed = hashed or not re.fullmatch(r"#\s*handle\s+\d+\s*", tok.text)
+        elif tok.kind == "s":
+            out.append('S')
+        else:
+            out.append(tok.text)
+    return " ".join(out), hashed, False
+
+
+def _scan(text: str) -> list:
+    """The tables and their entries, as ``layout()["tables"]``; raises _Fallback."""
+    tables: list = []
+    table_keys: set[str] = set()
+    entries: list = []
+    names: set[tuple[str, str]] = set()
+    depth = 0                 # 0 top, 1 in a table, 2 in a chain/set/map, 3 in a table item
+    nest = 0                  # braces open inside the block or item
+    entry: list | None = None
+    eager = False
+    pos = 0
+    number = 0
+    for number, line in enumerate(text.split("\n"), 1):
+        start, pos = pos, pos + len(line) + 1
+        code = line.strip()
+        hashed = False
+        if '"' in code or "#" in code:
+            tail = _HANDLE_TAIL.search(code) if '"' not in code else None
+            if tail is not None and "#" not in code[:tail.start()]:
+                code = code[:tail.start()].rstrip()
+            else:
+                code, hashed, bad = _shape(code)
+                if bad:
+                    raise _Fallback
+        if depth == 2:
+            if code == "}" and nest == 0:
+                entry[4] = pos
+                entries.append(entry)
+                if eager:
+                    entry[0], entry[1] = "item", ""
+                depth = 1
+                continue
+            nest += code.count("{") - code.count("}")
+            if nest < 0:
+                raise _Fallback
+            if entry[0] == "chain" and not eager and (hashed or _HEADERISH.search(code)):
+                eager = True
+            continue
+        if depth == 3:
+            nest += code.count("{") - code.count("}")
+            if nest < 0:
+                raise _Fallback
+            if nest == 0:
+                entry[4] = pos
+                entries.append(entry)
+                depth = 1
+            continue
+        if not code.strip("; \t"):
+            continue
+        if depth == 0:
+            found = _TABLE_HEAD.fullmatch(code)
+            if found is None:
+                raise _Fallback
+            if found[2] is None:
+                family, name = "ip", _strip_quotes(found[1])
+            elif found[1] in FAMILIES:
+                family, name = found[1], _strip_quotes(found[2])
+            else:
+                raise _Fallback
+            if f"{family} {name}" in table_keys:
+                raise _Fallback
+            table_keys.add(f"{family} {name}")
+            entries = []
+            names = set()
+            tables.append([family, name, number, start, entries])
+            depth = 1
+            continue
+        # depth 1: in a table
+        if code == "}":
+            depth = 0
+            continue
+        found = _BLOCK_HEAD.fullmatch(code)
+        if found is not None:
+            kind, name = found[1], _strip_quotes(found[2])
+            key = ("chain" if kind == "chain" else "set", name)
+            if key in names:
+                raise _Fallback
+            names.add(key)
+            entry = [kind, name, number, start, 0]
+            depth, nest, eager = 2, 0, False
+            continue
+        entry = ["item", "", number, start, 0]
+        nest = code.count("{") - code.count("}")
+        if nest < 0:
+            raise _Fallback
+        if nest == 0:
+            entry[4] = pos
+            entries.append(entry)
+        else:
+            depth = 3
+    if depth != 0:
+        raise _Fallback
+    return tables
+
+
+def open_nft_ruleset(text: str, name: str) -> NftRuleset:
+    """``nft list ruleset`` text, read lazily (see the module docstring); a text not laid out
+    the way nft prints it is read whole (``parse_nft_ruleset``)."""
+    try:
+        return _build(text, name, _scan(text))
+    except _Fallback:
+        return parse_nft_ruleset(text, name)
+
+
+def _build(text: str, name: str, tables: list) -> LazyNftRuleset:
+    rs = LazyNftRuleset(name, text=text)
+    xt_rules = 0
+    for family, table_name, line, start, entries in tables:
+        eol = text.find("\n", start)
+        head = text[start:eol if eol >= 0 else len(text)].rstrip("\r")
+        table = rs.tables[f"{family} {table_name}"] = NftTable(family, table_name,
+                                                               Source(name, line, head))
+        for kind, entry_name, eline, estart, eend in entries:
+            if kind == "item":           # parsed now, with the whole-text parser's own code
+                reader = _FileReader(text, name, estart, eend, eline)
+                reader.ruleset = rs
+                while True:
+                    reader.skip_blank()
+                    tok = reader.peek()
+                    if tok is None:
+                        break
+                    reader.table_item(table, tok)
+                xt_rules += reader.xt_rules
+                continue
+            eol = text.find("\n", estart)
+            source = Source(name, eline, text[estart:eol if eol >= 0 else len(text)]
+                            .rstrip("\r"))
+            block = _Block(kind, entry_name, eline, estart, eend, table, rs)
+            if entry_name in (table.chains if kind == "chain" else table.sets):
+                raise _Fallback            # also defined by a table item parsed above
+            if kind == "chain":
+                table.chains[entry_name] = LazyChain(block, source)
+            else:
+                table.sets[entry_name] = LazySet(block, source)
+    if xt_rules:
+        rs.caveats.append(
+            f"{xt_rules} rules use iptables extensions that nft shows only as "
+            "`# ...` comments (iptables-nft): `match-set` is read against the ipsets; the "
+            "others stop the trace as UNKNOWN")
+    rs.layout = {"format": LAYOUT_FORMAT, "size": len(text), "tables": tables}
+    return rs
+
+
+# ---------------------------------------------------------------------------------------------
+# The stored layout
+
+
+def from_layout(text: str, name: str, layout: dict) -> LazyNftRuleset:
+    """The lazily read ruleset of ``text`` from its stored ``layout``, without the pass over
+    the lines. A layout that does not fit the text (another text, a corrupt or hand-edited
+    index) raises ValueError (then read the text: ``open_nft_ruleset``)."""
+    if layout.get("format") != LAYOUT_FORMAT or layout.get("size") != len(text):
+        raise ValueError("not this text's layout")
+    tables = layout["tables"]
+    if not isinstance(tables, list):
+        raise ValueError("tables")
+    prev_line, prev_off = 1, 0
+    size = len(text)
+
+    def at(line, start, end=None):
+        nonlocal prev_line, prev_off
+        if not (type(line) is int and type(start) is int and line >= prev_line
+                and prev_off <= start < size and (start == 0 or text[start - 1] == "\n")
+                and (end is None or (type(end) is int and start < end <= size + 1))):
+            raise ValueError("offsets")
+        if text.count("\n", prev_off, start) != line - prev_line:
+            raise ValueError("line numbers")
+        prev_line, prev_off = line, start
+        eol = text.find("\n", start)
+        return text[start:eol if eol >= 0 else size].strip()
+
+    for family, table_name, line, start, entries in tables:
+        found = _TABLE_HEAD.fullmatch(at(line, start))
+        if found is None or [family, table_name] not in (
+                [found[1], _strip_quotes(found[2] or "")], ["ip", _strip_quotes(found[1])]):
+            raise ValueError("table header")
+        if not isinstance(entries, list):
+            raise ValueError("entries")
+        for kind, entry_name, eline, estart, eend in entries:
+            head = at(eline, estart, eend)
+            if kind != "item":
+                found = _BLOCK_HEAD.fullmatch(head)
+                if found is None or (found[1], _strip_quotes(found[2])) != (kind, entry_name):
+                    raise ValueError("block header")
+                last = text.rfind("\n", estart, eend - 1) + 1
+                if text[last:eend].strip() != "}":
+                    raise ValueError("block end")
+            elif entry_name != "":
+                raise ValueError("item")
+            prev_off = eend - 1 if eend > size else eend
+            prev_line = eline + text.count("\n", estart, prev_off)
+    try:
+        return _build(text, name, tables)
+    except _Fallback:
+        raise ValueError("not this text's layout") from None
