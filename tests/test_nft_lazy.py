@@ -236,7 +236,7 @@ def test_a_malformed_line_in_a_chain_never_entered_is_not_read():
 
 
 @pytest.mark.parametrize("change, reason", [
-    (lambda t: t.replace("\tchain services {", "\tchain services {{", 1), "never closed"),
+    (lambda t: t.replace("\tchain services {", "\tchain services {{", 1), "not an nftables rule"),
     (lambda t: t.replace("jump services", 'jump "services', 1), "unterminated string"),
     (lambda t: t.replace("\tchain services {", "\tchian services {", 1), "not a table item"),
     (lambda t: "garbage\n" + t, "not `nft list` output"),
