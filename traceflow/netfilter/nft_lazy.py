@@ -32,14 +32,17 @@ text (traceflow.bundleindex, keyed by the text's SHA-256) skips the pass over th
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from traceflow.errors import InputError, Source
 from traceflow.netfilter.iptables import RuleSyntaxError
-from traceflow.netfilter.nft_model import FAMILIES, NftChain, NftRuleset, NftSet, NftTable
-from traceflow.netfilter.nft_model import _strip_quotes
-from traceflow.netfilter.nft_parse import _FileReader, _tokenize, parse_nft_ruleset
+from traceflow.netfilter.nft_model import (FAMILIES, NftChain, NftElement, NftRuleset, NftSet,
+                                           NftTable, _strip_quotes)
+from traceflow.netfilter.nft_parse import (_FileReader, _read_element, _RuleReader, _tokenize,
+                                           parse_nft_ruleset)
 
 LAYOUT_FORMAT = "traceflow-nft-layout/1"
 
@@ -74,9 +77,20 @@ class _Block:
     table: NftTable
     ruleset: LazyNftRuleset
 
-    def read(self):
+    def read(self, leave_out: tuple[int, int, int] | None = None):
+        """The block parsed by the whole-text parser's code; ``leave_out`` (start offset, end
+        offset, first line after it) is a stretch of lines not read (a map's plain
+        elements, read one by one on demand: ``_PlainElements``)."""
         rs = self.ruleset
-        reader = _FileReader(rs.text, rs.name, self.start, self.end, self.line)
+        if leave_out is None:
+            reader = _FileReader(rs.text, rs.name, self.start, self.end, self.line)
+        else:
+            cut, resume, resume_line = leave_out
+            reader = _FileReader(rs.text, rs.name, self.start, cut, self.line)
+            rest = rs.text[resume:self.end]
+            reader.toks += _tokenize(rest, resume_line, resume)[0]
+            reader.lines += [""] * (resume_line - self.line - len(reader.lines))
+            reader.lines += rest.split("\n")
         scratch = NftTable(self.table.family, self.table.name, self.table.source)
         if self.kind == "chain":
             reader.chain(scratch)
@@ -156,9 +170,148 @@ class LazySet(NftSet):
         self._block = block
 
     def _load(self) -> None:
-        found = self._block.read()
+        plain = _plain_elements(self._block)
+        if plain is not None:
+            found, elements = plain
+            found.elements = elements
+        else:
+            found = self._block.read()
         for key in _SET_FIELDS:
             setattr(self, key, getattr(found, key))
+
+
+# A big map or set of kube-proxy's (service-ips: one element per Service port) is read element
+# by element when every element is a plain literal of this exact shape, one per line: such an
+# element is well formed (no syntax error can hide in it) and holds exactly the packets whose
+# key is its literal, so a lookup parses only the elements with the packet's key.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PLAIN_PART = {
+    "ipv4_addr": rf"({_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET})",
+    "inet_proto": r"(tcp|udp|sctp)",
+    "inet_service": (r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}"
+                     r"|655[0-2][0-9]|6553[0-5])"),
+}
+_PLAIN_PROTO = {"tcp": 6, "udp": 17, "sctp": 132}
+_PLAIN_DATA = r' : (?:(?:goto|jump) [^\s{};,()"#]+|drop|accept|return|continue)'
+_PLAIN_MIN = 64            # smaller sets are read whole: a lookup reads them all anyway
+_TYPE_LINE = re.compile(r"type ([a-z0-9_]+(?: \. [a-z0-9_]+)*)(?: : (verdict))?")
+
+
+def _plain_elements(block: _Block):
+    """(the set without its elements, _PlainElements) when every element of the block is a
+    plain literal one per line; None otherwise (then the block is read whole)."""
+    text = block.ruleset.text
+    body = text[block.start:block.end].split("\n")
+    if len(body) < _PLAIN_MIN:
+        return None
+    first = next((k for k, line in enumerate(body) if line.lstrip().startswith("elements = { ")),
+                 None)
+    if first is None:
+        return None
+    dtypes = data = None
+    for line in body[1:first]:
+        found = _TYPE_LINE.fullmatch(line.strip())
+        if found is not None:
+            dtypes, data = found[1].split(" . "), found[2]
+    if (dtypes is None or any(t not in _PLAIN_PART for t in dtypes)
+            or (data is not None) != (block.kind == "map")):
+        return None
+    last = len(body) - 1
+    while last > first and not body[last].strip():
+        last -= 1
+    if body[last].strip() != "}" or last - 1 < first:
+        return None
+    shape = re.compile(r" \. ".join(_PLAIN_PART[t] for t in dtypes) + r'(?: comment "[^"\\\n]*")?'
+                       + (_PLAIN_DATA if data else ""))
+    keys = []
+    for k in range(first, last):
+        item = body[k].strip()
+        if k == first:
+            item = item[len("elements = { "):]
+        item = item[:-2] if k == last - 1 and item.endswith(" }") else \
+            item[:-1] if k < last - 1 and item.endswith(",") else None
+        found = shape.fullmatch(item) if item is not None else None
+        if found is None:
+            return None
+        keys.append(tuple(_PLAIN_PROTO[v] if t == "inet_proto" else
+                          int(v) if t == "inet_service" else v
+                          for t, v in zip(dtypes, found.groups())))
+    offsets = [block.start]
+    for line in body[:last + 1]:
+        offsets.append(offsets[-1] + len(line) + 1)
+    found = block.read(leave_out=(offsets[first], offsets[last], block.line + last))
+    if list(found.key_types) != dtypes or found.data_type != data or found.elements:
+        return None                  # not what the type line said: read the block whole
+    lines = [(block.line + k, offsets[k]) for k in range(first, last)]
+    return found, _PlainElements(block.ruleset, tuple(dtypes), data, keys, lines)
+
+
+class _PlainElements(Sequence):
+    """A set's or map's plain elements (see above), each parsed by the whole-text parser's
+    element reader when first used; ``candidates`` gives the ones a key can be in."""
+
+    def __init__(self, ruleset: LazyNftRuleset, dtypes: tuple[str, ...], data: str | None,
+                 keys: list[tuple], lines: list[tuple[int, int]]):
+        self._rs = ruleset
+        self._dtypes = dtypes
+        self._data = data
+        self._keys = keys
+        self._lines = lines
+        self._parsed: list[NftElement | None] = [None] * len(keys)
+        self._index: dict[tuple, list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._element(k) for k in range(len(self))[i]]
+        return self._element(range(len(self))[i])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
+    def candidates(self, values: tuple) -> list[NftElement] | None:
+        """The elements (in file order) that may hold ``values`` -- exactly those whose literal
+        is the packet's key, since no other can --; None if ``values`` are not of the key's
+        kinds (then look through all)."""
+        if len(values) != len(self._dtypes):
+            return None
+        key = []
+        for value, dtype in zip(values, self._dtypes):
+            if dtype == "ipv4_addr":
+                if not isinstance(value, ipaddress.IPv4Address):
+                    return None
+                key.append(str(value))
+            elif type(value) is int:
+                key.append(value)
+            else:
+                return None
+        if self._index is None:
+            index: dict[tuple, list[int]] = {}
+            for k, found in enumerate(self._keys):
+                index.setdefault(found, []).append(k)
+            self._index = index
+        return [self._element(k) for k in self._index.get(tuple(key), ())]
+
+    def _element(self, k: int) -> NftElement:
+        element = self._parsed[k]
+        if element is None:
+            number, start = self._lines[k]
+            end = self._rs.text.find("\n", start)
+            toks = _tokenize(self._rs.text[start:end if end >= 0 else None], number, start)[0]
+            if toks and toks[0].text == "elements":
+                toks = toks[3:]                      # elements = {
+            toks = toks[:-1]                         # , or }
+            rd = _RuleReader(toks, self._rs.text, Source(self._rs.name, number, ""), [])
+            element = _read_element(rd, self._dtypes, self._data)
+            if rd.peek() is not None:
+                raise InputError("the stored layout of this file does not match line "
+                                 f"{number}: remove traceflow's index cache", self._rs.name)
+            self._parsed[k] = element
+        return element
 
 
 # ---------------------------------------------------------------------------------------------
