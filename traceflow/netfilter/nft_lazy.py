@@ -67,15 +67,22 @@ class LazyNftRuleset(NftRuleset):
     text: str = field(default="", repr=False)
 
 
-@dataclass
 class _Block:
-    kind: str          # chain | set | map
-    name: str
-    line: int          # the header's line
-    start: int         # offsets of the header's line start and of the end of the `}` line
-    end: int
-    table: NftTable
-    ruleset: LazyNftRuleset
+    """Where one chain, set or map is in the text (a plain class: 60,000 of them at open)."""
+
+    __slots__ = ("kind", "name", "line", "start", "end", "table", "ruleset")
+
+    def __init__(self, kind: str, name: str, line: int, start: int, end: int, table: NftTable,
+                 ruleset: LazyNftRuleset):
+        self.kind, self.name, self.line, self.start, self.end = kind, name, line, start, end
+        self.table, self.ruleset = table, ruleset
+
+    def source(self) -> Source:
+        """The header line, as the whole-text parser's ``Source``."""
+        text = self.ruleset.text
+        eol = text.find("\n", self.start)
+        return Source(self.ruleset.name, self.line,
+                      text[self.start:eol if eol >= 0 else len(text)].rstrip("\r"))
 
     def read(self, leave_out: tuple[int, int, int] | None = None):
         """The block parsed by the whole-text parser's code; ``leave_out`` (start offset, end
@@ -128,17 +135,26 @@ def _on_first_use(key: str) -> property:
     return property(get, put)
 
 
+def _header_source(self) -> Source:
+    found = self.__dict__.get("_source")
+    if found is None:
+        found = self.__dict__["_source"] = self._block.source()
+    return found
+
+
+def _set_source(self, value: Source) -> None:
+    self.__dict__["_source"] = value
+
+
 class LazyChain(NftChain):
-    """A regular chain (no hook, policy, device or comment: those chains are read at open)
-    whose rules are parsed on first use."""
+    """A regular chain (no hook, policy, device or comment: those chains are read at open;
+    the class defaults of NftChain say None for them) whose rules are parsed on first use."""
 
     rules = _on_first_use("rules")
+    source = property(_header_source, _set_source)
 
-    def __init__(self, block: _Block, source: Source):
+    def __init__(self, block: _Block):
         self.name = block.name
-        self.source = source
-        self.type = self.hook = self.priority = self.priority_text = None
-        self.policy = self.device = self.comment = None
         self._block = block
 
     def _load(self) -> None:
@@ -163,10 +179,11 @@ class LazySet(NftSet):
     properties = _on_first_use("properties")
     elements = _on_first_use("elements")
 
-    def __init__(self, block: _Block, source: Source):
+    source = property(_header_source, _set_source)
+
+    def __init__(self, block: _Block):
         self.name = block.name
         self.kind = block.kind
-        self.source = source
         self._block = block
 
     def _load(self) -> None:
@@ -459,16 +476,15 @@ def _build(text: str, name: str, tables: list) -> LazyNftRuleset:
                     reader.table_item(table, tok)
                 xt_rules += reader.xt_rules
                 continue
-            eol = text.find("\n", estart)
-            source = Source(name, eline, text[estart:eol if eol >= 0 else len(text)]
-                            .rstrip("\r"))
             block = _Block(kind, entry_name, eline, estart, eend, table, rs)
-            if entry_name in (table.chains if kind == "chain" else table.sets):
-                raise _Fallback            # also defined by a table item parsed above
             if kind == "chain":
-                table.chains[entry_name] = LazyChain(block, source)
+                if entry_name in table.chains:
+                    raise _Fallback        # also defined by a table item parsed above
+                table.chains[entry_name] = LazyChain(block)
             else:
-                table.sets[entry_name] = LazySet(block, source)
+                if entry_name in table.sets:
+                    raise _Fallback
+                table.sets[entry_name] = LazySet(block)
     if xt_rules:
         rs.caveats.append(
             f"{xt_rules} rules use iptables extensions that nft shows only as "
@@ -491,34 +507,42 @@ def from_layout(text: str, name: str, layout: dict) -> LazyNftRuleset:
     tables = layout["tables"]
     if not isinstance(tables, list):
         raise ValueError("tables")
-    prev_line, prev_off = 1, 0
     size = len(text)
-
-    def at(line, start, end=None):
-        nonlocal prev_line, prev_off
-        if not (type(line) is int and type(start) is int and line >= prev_line
-                and prev_off <= start < size and (start == 0 or text[start - 1] == "\n")
-                and (end is None or (type(end) is int and start < end <= size + 1))):
-            raise ValueError("offsets")
-        if text.count("\n", prev_off, start) != line - prev_line:
-            raise ValueError("line numbers")
-        prev_line, prev_off = line, start
-        eol = text.find("\n", start)
-        return text[start:eol if eol >= 0 else size].strip()
-
+    prev_line, prev_off = 1, 0
     for family, table_name, line, start, entries in tables:
-        found = _TABLE_HEAD.fullmatch(at(line, start))
-        if found is None or [family, table_name] not in (
-                [found[1], _strip_quotes(found[2] or "")], ["ip", _strip_quotes(found[1])]):
+        if not (type(line) is int and type(start) is int and prev_off <= start < size
+                and (start == 0 or text[start - 1] == "\n")
+                and text.count("\n", prev_off, start) == line - prev_line):
+            raise ValueError("table offsets")
+        eol = text.find("\n", start)
+        found = _TABLE_HEAD.fullmatch(text[start:eol if eol >= 0 else size].strip())
+        if found is None or [family, table_name] != (
+                ["ip", _strip_quotes(found[1])] if found[2] is None
+                else [found[1], _strip_quotes(found[2])]):
             raise ValueError("table header")
         if not isinstance(entries, list):
             raise ValueError("entries")
+        prev_line, prev_off = line, start
         for kind, entry_name, eline, estart, eend in entries:
-            head = at(eline, estart, eend)
+            # where it starts and ends, and its line number, fit the text
+            if not (type(eline) is int and type(estart) is int and type(eend) is int
+                    and prev_off <= estart < eend <= size + 1 and text[estart - 1] == "\n"
+                    and text.count("\n", prev_off, estart) == eline - prev_line):
+                raise ValueError("offsets")
             if kind != "item":
-                found = _BLOCK_HEAD.fullmatch(head)
-                if found is None or (found[1], _strip_quotes(found[2])) != (kind, entry_name):
-                    raise ValueError("block header")
+                # the header names this block: `chain NAME {`; the last line is `}`
+                head = estart
+                while text[head] in " \t":
+                    head += 1
+                after = head + len(kind) + 1 + len(entry_name)
+                if not (type(entry_name) is str and text.startswith(kind + " ", head)
+                        and text.startswith(entry_name, head + len(kind) + 1)
+                        and text[after:after + 1] in (" ", "{")):
+                    eol = text.find("\n", estart)
+                    found = _BLOCK_HEAD.fullmatch(text[estart:eol].strip())     # quoted name
+                    if found is None or (found[1], _strip_quotes(found[2])) != (kind,
+                                                                                 entry_name):
+                        raise ValueError("block header")
                 last = text.rfind("\n", estart, eend - 1) + 1
                 if text[last:eend].strip() != "}":
                     raise ValueError("block end")
