@@ -51,6 +51,7 @@ _TABLE_HEAD = re.compile(rf"table\s+({_NAME})(?:\s+({_NAME}))?\s*{{\s*(?:#.*)?")
 _BLOCK_HEAD = re.compile(rf"(chain|set|map)\s+({_NAME})\s*{{\s*(?:#.*)?")
 # a statement of a chain that is not a rule: the chain is parsed at open (see the docstring)
 _HEADERISH = re.compile(r"(?:^|;)\s*(?:type|policy|comment|devices)\b")
+_HEADER_WORDS = ("type", "policy", "comment", "devices")
 _HANDLE_TAIL = re.compile(r"\s#\s*handle\s+\d+\s*$")
 
 
@@ -361,7 +362,7 @@ def _scan(text: str) -> list:
     depth = 0                 # 0 top, 1 in a table, 2 in a chain/set/map, 3 in a table item
     nest = 0                  # braces open inside the block or item
     entry: list | None = None
-    eager = False
+    eager = in_chain = False
     pos = 0
     number = 0
     for number, line in enumerate(text.split("\n"), 1):
@@ -384,10 +385,13 @@ def _scan(text: str) -> list:
                     entry[0], entry[1] = "item", ""
                 depth = 1
                 continue
-            nest += code.count("{") - code.count("}")
-            if nest < 0:
-                raise _Fallback
-            if entry[0] == "chain" and not eager and (hashed or _HEADERISH.search(code)):
+            if "{" in code or "}" in code:
+                nest += code.count("{") - code.count("}")
+                if nest < 0:
+                    raise _Fallback
+            if (in_chain and not eager
+                    and (hashed or ((";" in code or code.startswith(_HEADER_WORDS))
+                                    and _HEADERISH.search(code)))):
                 eager = True
             continue
         if depth == 3:
@@ -431,7 +435,7 @@ def _scan(text: str) -> list:
                 raise _Fallback
             names.add(key)
             entry = [kind, name, number, start, 0]
-            depth, nest, eager = 2, 0, False
+            depth, nest, eager, in_chain = 2, 0, False, kind == "chain"
             continue
         entry = ["item", "", number, start, 0]
         nest = code.count("{") - code.count("}")
