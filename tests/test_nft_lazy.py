@@ -374,3 +374,112 @@ def test_layout_names_every_block_of_a_kube_proxy_table():
     assert lazy_names == ({("chain", c.name) for c in eager.chains.values()
                            if not (c.is_base or c.comment)}
                           | {(s.kind, s.name) for s in eager.sets.values()})
+
+
+# ---- big maps of plain elements: read element by element ---------------------------------------
+
+
+def test_every_map_read_element_by_element_gives_the_same_walks(monkeypatch):
+    """With the size threshold at 0, every map and set of the examples whose elements are all
+    plain literals takes the element-by-element path."""
+    monkeypatch.setattr(nft_lazy, "_PLAIN_MIN", 0)
+    for path in KP_NFT.glob("nodes/*/nft.txt"):
+        text = path.read_text()
+        eager = parse_nft_ruleset(text, "nft.txt")
+        lazy = open_nft_ruleset(text, "nft.txt")
+        kinds = {n: type(s.elements).__name__
+                 for n, s in lazy.table("ip", "kube-proxy").sets.items()}
+        assert kinds["service-ips"] == kinds["no-endpoint-services"] == "_PlainElements"
+        assert kinds["service-nodeports"] == "_PlainElements"
+        lazy = open_nft_ruleset(text, "nft.txt")
+        node_ip = NODE_IPS[path.parent.name]
+        ctx = NodeContext(node="n", local_addresses={node_ip})
+        for pkt, hook in _packets(eager, node_ip, 200, seed=7):
+            want = eager.evaluate_hook(hook, pkt.copy(), ctx)
+            assert _summary(lazy.evaluate_hook(hook, pkt.copy(), ctx)) == _summary(want)
+        assert _model(lazy) == _model(eager)
+
+
+def _generated(services: int) -> tuple[str, str, int]:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.nft_scale import ruleset_text
+    return ruleset_text(services)
+
+
+def test_a_big_generated_table_parses_only_the_packets_elements(monkeypatch):
+    text, vip, port = _generated(1500)
+    eager = parse_nft_ruleset(text, "nft.txt")
+    table = eager.table("ip", "kube-proxy")
+    assert len(table.sets["service-ips"].elements) > 1400
+    calls = []
+    real = nft_lazy._read_element
+
+    def read_element(rd, dtypes, data):
+        calls.append(rd.peek().line)
+        return real(rd, dtypes, data)
+    monkeypatch.setattr(nft_lazy, "_read_element", read_element)
+    lazy = open_nft_ruleset(text, "nft.txt")
+    ctx = NodeContext(node="node1", local_addresses={NODE_IPS["node1"], "10.244.1.1"})
+    pkt = Packet(nw_src="10.244.1.5", nw_dst=vip, nw_proto=6, tp_src=40000, tp_dst=port)
+    want = eager.evaluate_hook("PREROUTING", pkt.copy(), ctx)
+    got = lazy.evaluate_hook("PREROUTING", pkt.copy(), ctx)
+    assert _summary(got) == _summary(want)
+    assert want[0].packet.nw_dst != vip                  # DNATed to an endpoint
+    hit = next(e for e in table.sets["service-ips"].elements if e.key[0].text == vip)
+    assert calls == [hit.line]                           # one element of 1,500 parsed
+    assert len(lazy.blocks_read) <= 8
+    # NodePorts, other VIPs and misses: the same as the whole-text parser
+    for pkt, hook in _packets(eager, NODE_IPS["node1"], 150, seed=3):
+        want = eager.evaluate_hook(hook, pkt.copy(), ctx)
+        assert _summary(lazy.evaluate_hook(hook, pkt.copy(), ctx)) == _summary(want)
+
+
+def test_a_map_with_one_element_not_plain_is_read_whole_and_errors_are_located(monkeypatch):
+    monkeypatch.setattr(nft_lazy, "_PLAIN_MIN", 0)
+    text = (KP_NFT / "nodes/node1/nft.txt").read_text()
+    # the last element of service-ips with a data part that is not a verdict
+    last = text.index(" }", text.index("map service-ips {"))
+    start = text.rindex(": ", 0, last) + 2
+    bad = text[:start] + "frobnicate x" + text[last:]
+    number = bad[:start].count("\n") + 1
+    lazy = open_nft_ruleset(bad, "nft.txt")
+    pkt = Packet(nw_src="10.244.1.5", nw_dst="10.96.0.10", nw_proto=17, tp_src=4000, tp_dst=53)
+    with pytest.raises(RuleSyntaxError) as err:
+        lazy.evaluate_hook("PREROUTING", pkt, NodeContext(node="node1"))
+    assert err.value.line == number
+    assert [(d.line, d.reason) for d in parse_nft_ruleset(bad, "nft.txt").syntax_errors] == [
+        (number, err.value.reason)]
+
+
+def _with_handles(text: str) -> str:
+    """The listing as `nft -a list ruleset` prints it: `# handle N` after tables, chains, sets
+    and rules."""
+    out, handle, in_chain = [], 1, False
+    for line in text.split("\n"):
+        code = line.strip()
+        if code.startswith(("table ", "chain ", "set ", "map ")) and code.endswith("{"):
+            in_chain = code.startswith("chain ")
+            line += f" # handle {handle}"
+        elif code == "}":
+            in_chain = False
+        elif in_chain and code and not code.startswith(("type ", "comment ")):
+            line += f" # handle {handle}"
+        handle += 1
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_a_listing_with_handles_is_read_lazily_and_the_same():
+    text = _with_handles((KP_NFT / "nodes/node1/nft.txt").read_text())
+    assert text.count("# handle") > 1000
+    eager = parse_nft_ruleset(text, "nft.txt")
+    lazy = open_nft_ruleset(text, "nft.txt")
+    assert isinstance(lazy, LazyNftRuleset)
+    ctx = NodeContext(node="node1", local_addresses={NODE_IPS["node1"]})
+    for pkt, hook in _packets(eager, NODE_IPS["node1"], 150, seed=11):
+        want = eager.evaluate_hook(hook, pkt.copy(), ctx)
+        assert _summary(lazy.evaluate_hook(hook, pkt.copy(), ctx)) == _summary(want)
+    assert _model(lazy) == _model(eager)
+    assert any(r.handle for c in eager.table("ip", "kube-proxy").chains.values() for r in c.rules)
+    assert _model(from_layout(text, "nft.txt", json.loads(json.dumps(lazy.layout)))) == \
+        _model(eager)

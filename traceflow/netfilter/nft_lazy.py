@@ -23,8 +23,14 @@ braces outside strings and ``#`` comments. What the open pass finds, as the whol
 Found only when the block is read (a located ``RuleSyntaxError``, exit 2, raised by the walk
 that reads it; also added to ``diagnostics``): a rule that is not nftables, a bad element,
 type or property of a set or map -- everything inside a regular chain, set or map.
-A block is read whole, with the whole-text parser's own code over its lines, so what it holds
-is identical to what the whole-text parser gives.
+A block is read with the whole-text parser's own code over its lines, so what it holds is
+identical to what the whole-text parser gives. One exception to "read whole": a set or map of
+64 lines or more whose every element is a plain literal, one a line, of exactly the shape
+``10.96.0.10 . udp . 53 [comment "..."] : goto CHAIN,`` (kube-proxy's service-ips, one element
+per Service port) is read element by element: its header and type when first used, then only
+the elements whose literal is the packet's key. Such an element cannot hold a syntax error
+(the shape is checked for every element when the map is first used); a map with any other
+element is read whole.
 
 ``layout``/``from_layout``: where the blocks are (JSON), so that the next command on the same
 text (traceflow.bundleindex, keyed by the text's SHA-256) skips the pass over the lines.
