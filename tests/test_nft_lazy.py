@@ -204,6 +204,11 @@ def test_a_malformed_line_in_a_chain_the_walk_enters_is_a_located_error():
     assert (err.value.file, err.value.line) == ("nodes/node1/nft.txt", number)
     assert err.value.text.strip() == "frobnicate 10.0.0.1 accept"
     assert "not an nftables rule" in err.value.reason
+    # asked again: the same error, recorded once
+    with pytest.raises(RuleSyntaxError) as again:
+        lazy.evaluate_hook("PREROUTING", pkt, NodeContext(node="node1"))
+    assert str(again.value) == str(err.value)
+    assert [d.line for d in lazy.syntax_errors] == [number]
     # the whole-text parser finds the same error
     eager = parse_nft_ruleset(bad, "nodes/node1/nft.txt")
     assert [(d.line, d.reason) for d in eager.syntax_errors] == [(number, err.value.reason)]

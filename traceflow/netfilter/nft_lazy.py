@@ -77,12 +77,13 @@ class LazyNftRuleset(NftRuleset):
 class _Block:
     """Where one chain, set or map is in the text (a plain class: 60,000 of them at open)."""
 
-    __slots__ = ("kind", "name", "line", "start", "end", "table", "ruleset")
+    __slots__ = ("kind", "name", "line", "start", "end", "table", "ruleset", "error")
 
     def __init__(self, kind: str, name: str, line: int, start: int, end: int, table: NftTable,
                  ruleset: LazyNftRuleset):
         self.kind, self.name, self.line, self.start, self.end = kind, name, line, start, end
         self.table, self.ruleset = table, ruleset
+        self.error: InputError | None = None       # what reading it raised (raised again)
 
     def source(self) -> Source:
         """The header line, as the whole-text parser's ``Source``."""
@@ -92,9 +93,27 @@ class _Block:
                       text[self.start:eol if eol >= 0 else len(text)].rstrip("\r"))
 
     def read(self, leave_out: tuple[int, int, int] | None = None):
-        """The block parsed by the whole-text parser's code; ``leave_out`` (start offset, end
-        offset, first line after it) is a stretch of lines not read (a map's plain
-        elements, read one by one on demand: ``_PlainElements``)."""
+        """The block parsed by the whole-text parser's code (``parse``); its diagnostics added
+        to the ruleset's; its first syntax error raised (located: file, line, text)."""
+        if self.error is None:
+            return self.record(*self.parse(leave_out))
+        raise self.error
+
+    def record(self, found, diagnostics: list):
+        self.ruleset.diagnostics.extend(diagnostics)
+        self.ruleset.blocks_read.append(f"{self.kind} {self.name}")
+        errors = [d for d in diagnostics if isinstance(d, RuleSyntaxError)]
+        if not errors:
+            return found
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
+        self.error = RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
+        raise self.error
+
+    def parse(self, leave_out: tuple[int, int, int] | None = None):
+        """(the chain or set, its diagnostics); ``leave_out`` (start offset, end offset, first
+        line after it) is a stretch of lines not read (a map's plain elements, read one by one
+        on demand: ``_PlainElements``)."""
         rs = self.ruleset
         if leave_out is None:
             reader = _FileReader(rs.text, rs.name, self.start, self.end, self.line)
@@ -117,15 +136,7 @@ class _Block:
             raise InputError(f"the stored layout of this file does not match line {self.line}: "
                              "remove traceflow's index cache (or set TRACEFLOW_NO_INDEX=1)",
                              rs.name)
-        diagnostics = reader.ruleset.diagnostics
-        rs.diagnostics.extend(diagnostics)
-        rs.blocks_read.append(f"{self.kind} {self.name}")
-        errors = [d for d in diagnostics if isinstance(d, RuleSyntaxError)]
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more syntax errors)" if len(errors) > 1 else ""
-            raise RuleSyntaxError(first.reason + more, first.file, first.line, first.text)
-        return found[self.name]
+        return found[self.name], reader.ruleset.diagnostics
 
 
 def _on_first_use(key: str) -> property:
@@ -194,6 +205,8 @@ class LazySet(NftSet):
         self._block = block
 
     def _load(self) -> None:
+        if self._block.error is not None:
+            raise self._block.error
         plain = _plain_elements(self._block)
         if plain is not None:
             found, elements = plain
@@ -263,9 +276,10 @@ def _plain_elements(block: _Block):
     offsets = [block.start]
     for line in body[:last + 1]:
         offsets.append(offsets[-1] + len(line) + 1)
-    found = block.read(leave_out=(offsets[first], offsets[last], block.line + last))
+    found, diagnostics = block.parse((offsets[first], offsets[last], block.line + last))
     if list(found.key_types) != dtypes or found.data_type != data or found.elements:
         return None                  # not what the type line said: read the block whole
+    block.record(found, diagnostics)
     lines = [(block.line + k, offsets[k]) for k in range(first, last)]
     return found, _PlainElements(block.ruleset, tuple(dtypes), data, keys, lines)
 
@@ -360,7 +374,7 @@ def _shape(code: str) -> tuple[str, bool, bool]:
 
 
 def _scan(text: str) -> list:
-    """The tables and their entries, as ``layout()["tables"]``; raises _Fallback."""
+    """The tables and their entries, as ``layout["tables"]``; raises _Fallback."""
     tables: list = []
     table_keys: set[str] = set()
     entries: list = []
