@@ -488,3 +488,64 @@ def test_a_listing_with_handles_is_read_lazily_and_the_same():
     assert any(r.handle for c in eager.table("ip", "kube-proxy").chains.values() for r in c.rules)
     assert _model(from_layout(text, "nft.txt", json.loads(json.dumps(lazy.layout)))) == \
         _model(eager)
+
+
+# ---- damaged listings: the lazy reading is the whole-text parser's, or its located error -------
+
+
+def _mutated(text: str, rng: random.Random) -> str:
+    for _ in range(rng.randint(1, 3)):
+        p = rng.randrange(len(text))
+        roll = rng.random()
+        if roll < 0.3:
+            text = text[:p] + text[p + 1:]
+        elif roll < 0.6:
+            text = text[:p] + rng.choice(["{", "}", '"', "#", ";", "\n", "x ", "chain ",
+                                          " handle 3", "type ", 'comment "a"']) + text[p:]
+        else:
+            text = text[:p] + text[min(len(text), p + rng.randint(1, 40)):]
+    return text
+
+
+@pytest.mark.parametrize("plain_min", [0, 64])
+def test_damaged_listings_read_lazily_are_the_same_or_the_same_located_error(monkeypatch,
+                                                                            plain_min):
+    monkeypatch.setattr(nft_lazy, "_PLAIN_MIN", plain_min)
+    bases = [p.read_text() for p in sorted((ROOT / "tests/data/realworld/nft").glob("*"))]
+    rng = random.Random(plain_min)
+    outcomes = {"same": 0, "error": 0, "read whole": 0}
+    for _ in range(250):
+        text = _mutated(rng.choice(bases), rng)
+        eager = parse_nft_ruleset(text, "nft.txt")
+        lazy = open_nft_ruleset(text, "nft.txt")
+        if not isinstance(lazy, LazyNftRuleset):
+            outcomes["read whole"] += 1
+            continue
+        try:
+            model = _model(lazy)
+        except RuleSyntaxError as exc:     # the first error of the blocks, as located by both
+            assert any(d.line == exc.line and exc.reason.startswith(d.reason)
+                       for d in eager.syntax_errors), str(exc)
+            outcomes["error"] += 1
+            continue
+        assert model == _model(eager)
+        assert sorted(map(str, lazy.diagnostics)) == sorted(map(str, eager.diagnostics))
+        assert lazy.caveats == eager.caveats
+        outcomes["same"] += 1
+    assert min(outcomes.values()) > 10, outcomes
+
+
+def test_a_brace_closing_a_block_in_the_middle_of_a_line_is_read_like_nft_does():
+    text = (KP_NFT / "nodes/node1/nft.txt").read_text()
+    joined = text.replace("\n\t}\n\n\tchain services {", "\n\t}    chain services {", 1)
+    assert joined != text
+    lazy = open_nft_ruleset(joined, "nft.txt")
+    assert _model(lazy) == _model(parse_nft_ruleset(joined, "nft.txt"))
+    assert "services" in lazy.table("ip", "kube-proxy").chains
+
+
+def test_a_numgen_modulus_that_is_not_a_number_is_not_modelled_not_a_crash():
+    text = "table ip t {\n chain c {\n  numgen random mod o vmap { 0 : accept }\n }\n}\n"
+    for rs in (parse_nft_ruleset(text, "nft.txt"), open_nft_ruleset(text, "nft.txt")):
+        rule = rs.table("ip", "t").chains["c"].rules[0]
+        assert "expected a modulus, found `o`" in rule.exprs[0].reason

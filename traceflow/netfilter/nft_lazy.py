@@ -133,10 +133,18 @@ class _Block:
             found = scratch.sets
         reader.skip_blank(in_chain=self.kind == "chain")
         if reader.peek() is not None or list(found) != [self.name]:
-            raise InputError(f"the stored layout of this file does not match line {self.line}: "
-                             "remove traceflow's index cache (or set TRACEFLOW_NO_INDEX=1)",
-                             rs.name)
+            self._disagree()
         return found[self.name], reader.ruleset.diagnostics
+
+    def _disagree(self) -> None:
+        """The parser ends the block elsewhere than the open pass did (a `}` in the middle of
+        a line closes it early): the text's structure is broken, or the stored layout is
+        not this text's. Raise what the whole-text parser finds first."""
+        rs = self.ruleset
+        whole = parse_nft_ruleset(rs.text, rs.name)
+        whole.raise_for_errors()
+        raise InputError(f"the stored layout of this file does not match line {self.line}: "
+                         "remove traceflow's index cache (or set TRACEFLOW_NO_INDEX=1)", rs.name)
 
 
 def _on_first_use(key: str) -> property:
@@ -373,6 +381,19 @@ def _shape(code: str) -> tuple[str, bool, bool]:
     return " ".join(out), hashed, False
 
 
+_BRACE = re.compile(r"[{}]")
+
+
+def _braces(code: str, nest: int) -> int:
+    """The braces open after this line; _Fallback if a `}` closes more than were open (the
+    parser would end the block there, in the middle of the line)."""
+    for brace in _BRACE.findall(code):
+        nest += 1 if brace == "{" else -1
+        if nest < 0:
+            raise _Fallback
+    return nest
+
+
 def _scan(text: str) -> list:
     """The tables and their entries, as ``layout["tables"]``; raises _Fallback."""
     tables: list = []
@@ -406,18 +427,14 @@ def _scan(text: str) -> list:
                 depth = 1
                 continue
             if "{" in code or "}" in code:
-                nest += code.count("{") - code.count("}")
-                if nest < 0:
-                    raise _Fallback
+                nest = _braces(code, nest)
             if (in_chain and not eager
                     and (hashed or ((";" in code or code.startswith(_HEADER_WORDS))
                                     and _HEADERISH.search(code)))):
                 eager = True
             continue
         if depth == 3:
-            nest += code.count("{") - code.count("}")
-            if nest < 0:
-                raise _Fallback
+            nest = _braces(code, nest)
             if nest == 0:
                 entry[4] = pos
                 entries.append(entry)
@@ -458,9 +475,7 @@ def _scan(text: str) -> list:
             depth, nest, eager, in_chain = 2, 0, False, kind == "chain"
             continue
         entry = ["item", "", number, start, 0]
-        nest = code.count("{") - code.count("}")
-        if nest < 0:
-            raise _Fallback
+        nest = _braces(code, 0)
         if nest == 0:
             entry[4] = pos
             entries.append(entry)

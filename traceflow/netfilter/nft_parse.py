@@ -286,14 +286,21 @@ class _RuleReader:
         mode = self.take("numgen random|inc").text
         if self.take("`mod`").text != "mod":
             raise _Unparsed("numgen without `mod N`")
-        modulus = int(self.take("a modulus").text, 0)
+        modulus = self._number("a modulus")
         offset = 0
         if self.word() == "offset":
             self.i += 1
-            offset = int(self.take("an offset").text, 0)
+            offset = self._number("an offset")
         if mode not in ("random", "inc") or modulus < 1:
             raise _Unparsed(f"numgen {mode} mod {modulus}")
         return Selector(self.span(start), "integer", "numgen", (), modulus, offset)
+
+    def _number(self, what: str) -> int:
+        tok = self.take(what)
+        try:
+            return int(tok.text, 0)
+        except ValueError:
+            raise _Unparsed(f"expected {what}, found `{tok.text}`") from None
 
     def _skip_hash_args(self) -> None:
         while self.word() not in (None, "mod"):
