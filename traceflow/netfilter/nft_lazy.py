@@ -9,10 +9,11 @@ braces outside strings and ``#`` comments. What the open pass finds, as the whol
 (``nft_parse.parse_nft_ruleset``) would, in the diagnostics ``raise_for_errors()`` raises:
 
 - everything about the structure: a line outside any table, a table or block header that is
-  not ``table [FAMILY] NAME {`` / ``chain|set|map NAME {``, unbalanced braces, an
-  unterminated string anywhere, the same table, chain or set listed twice. Any of these makes
-  the open pass hand the whole text to the whole-text parser, so the errors (and every other
-  diagnostic) are exactly its own;
+  not ``table [FAMILY] NAME {`` / ``chain|set|map NAME {`` on a line of its own, unbalanced
+  braces, a ``}`` that closes a block in the middle of a line, an unterminated string
+  anywhere, the same table, chain or set listed twice. Any of these makes the open pass hand
+  the whole text to the whole-text parser, so the errors (and every other diagnostic) are
+  exactly its own;
 - table items other than chains, sets and maps (``comment``, ``flags``, flowtables,
   counters... objects), which are parsed at open;
 - chains that hold a base-chain header (``type ... hook ...``), ``policy``, ``devices``, a
