@@ -102,6 +102,11 @@ def test_lazy_and_eager_give_the_same_walks(path):
     eager = parse_nft_ruleset(text, name)
     lazy = open_nft_ruleset(text, name)
     assert isinstance(lazy, LazyNftRuleset)          # every listing here is nft's own layout
+    for hook in HOOKS:
+        for family in ("ip", "ip6", "bridge"):
+            assert ([(t.label, c.name) for t, c in lazy.base_chains(hook, family)]
+                    == [(t.label, c.name) for t, c in eager.base_chains(hook, family)])
+    assert lazy.blocks_read == []
     node_ip = NODE_IPS.get(path.parent.name, "192.168.10.11")
     ctx = NodeContext(node="n", local_addresses={node_ip, "10.244.1.1", "127.0.0.1"})
     walks = 0

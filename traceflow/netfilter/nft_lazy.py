@@ -73,6 +73,12 @@ class LazyNftRuleset(NftRuleset):
     blocks_read: list[str] = field(default_factory=list)     # "chain X", "map Y", in order
     layout: dict | None = None                               # where the blocks are (JSON)
     text: str = field(default="", repr=False)
+    headed: list = field(default_factory=list, repr=False)   # the chains read at open
+
+    def hooked_chains(self):
+        """Only the chains read at open can be base chains (a lazy chain has no hook): a
+        hook's walk does not look through 60,000 chains for them."""
+        return self.headed
 
 
 class _Block:
@@ -525,6 +531,8 @@ def _build(text: str, name: str, tables: list) -> LazyNftRuleset:
                 if entry_name in table.sets:
                     raise _Fallback
                 table.sets[entry_name] = LazySet(block)
+    rs.headed = [(t, c) for t in rs.tables.values() for c in t.chains.values()
+                 if not isinstance(c, LazyChain)]
     if xt_rules:
         rs.caveats.append(
             f"{xt_rules} rules use iptables extensions that nft shows only as "
