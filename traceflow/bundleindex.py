@@ -12,7 +12,8 @@ when a hostile file is read (pickle would).
   Keyed by the content hash of ``k8s/`` (``Bundle.content_hash("k8s/")``: SHA-256 of every
   file's name, size and bytes, streamed; 0.1 s for 60 MB): same bytes, same index; node
   files are not part of it (a 100-node bundle costs no more to key than a 2-node one).
-- Node files (iptables-save, flow dumps): each file's layout keyed by the SHA-256 of its text.
+- Node files (iptables-save, nft list ruleset, flow dumps): each file's layout keyed by the
+  SHA-256 of its text.
 - Where: ``$TRACEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/traceflow``, else
   ``~/.cache/traceflow``; ``TRACEFLOW_NO_INDEX=1`` turns it off. At most
   ``TRACEFLOW_CACHE_MB`` (default 1024) MB: the least recently used files are removed.
@@ -212,6 +213,28 @@ def parse_iptables_save(text: str, name: str):
     layout = save_layout(ruleset)
     if layout is not None:
         store_blob("iptables-save", digest, layout)
+    return ruleset
+
+
+def parse_nft_ruleset(text: str, name: str):
+    """A node's ``nft list ruleset``, read lazily (netfilter.nft_lazy): the first time, one
+    pass over the lines finds where each table, chain, set and map is, and that layout is
+    stored keyed by the SHA-256 of the text; later commands take it from the index (checked
+    against the text: a layout that does not fit is ignored and the text read again)."""
+    from traceflow.netfilter.nft_lazy import from_layout, open_nft_ruleset
+    if not enabled():
+        return open_nft_ruleset(text, name)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    layout = load_blob("nft-layout", digest)
+    if isinstance(layout, dict):
+        try:
+            return from_layout(text, name, layout)
+        except (ValueError, TypeError, KeyError, IndexError):
+            pass                       # a layout that does not fit: read the file
+    ruleset = open_nft_ruleset(text, name)
+    layout = getattr(ruleset, "layout", None)
+    if layout is not None and not ruleset.syntax_errors:
+        store_blob("nft-layout", digest, layout)
     return ruleset
 
 

@@ -139,7 +139,7 @@ def node_packet_filter(snap: Snapshot, model) -> tuple[object, str, object]:
     rs = model.netfilter
     if rs is None and model._file("nft.txt") is not None:
         # an nftables-only node whatever the manifest says: the file is what the kernel has
-        from traceflow.netfilter.nft import parse_nft_ruleset
+        from traceflow.bundleindex import parse_nft_ruleset   # lazily, like Node.netfilter
         rs = parse_nft_ruleset(*model._file("nft.txt"))
         rs.raise_for_errors()
     if rs is None:

@@ -100,8 +100,11 @@ class NodeModel:
         nft = self._file("nft.txt")
         ipt = self._file("iptables-save.txt") or self._file("iptables-nat-list.txt")
         if nft is not None and self.snapshot.kube_proxy == "nftables":
-            from traceflow.netfilter.nft import parse_nft_ruleset
-            rs = parse_nft_ruleset(*nft)
+            # chains, sets and maps are parsed when the walk first uses them (20k Services list
+            # 500k lines); a bad rule is then a located error when the walk reads its chain
+            from traceflow.bundleindex import parse_nft_ruleset as read_nft
+            with paused():
+                rs = read_nft(*nft)
             rs.raise_for_errors()
             if ipt is not None:   # both apply in the kernel; only one is traced: say so
                 rs.caveats.append(f"{ipt[1]} is in the bundle but not traced (kube_proxy: "

@@ -19,6 +19,8 @@ outcome, forking only at ``numgen`` (kube-proxy's endpoint choice), weights mult
 
 The code lives in three modules: ``nft_model`` (what a ruleset is), ``nft_parse`` (reading
 it) and ``nft_sim`` (running a packet through it); this module gathers their public names.
+``nft_lazy`` reads a listing lazily (chains, sets and maps parsed on first use, with
+``nft_parse``'s code): what a trace uses (``traceflow.bundleindex.parse_nft_ruleset``).
 """
 
 from __future__ import annotations

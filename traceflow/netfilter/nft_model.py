@@ -493,11 +493,15 @@ class NftRuleset(Diagnosed):
             for rule in chain.rules:
                 yield table, chain, rule
 
+    def hooked_chains(self):
+        """The chains that may be base chains, in file order (all of them here)."""
+        return self.chains()
+
     def base_chains(self, hook: str, family: str = "ip") -> list[tuple[NftTable, NftChain]]:
         """Base chains a packet of ``family`` meets at ``hook``, in the order they run."""
         hook = _hook_name(hook)
         families = _IP_FAMILIES.get(family, (family,))
-        found = [(t, c) for t, c in self.chains()
+        found = [(t, c) for t, c in self.hooked_chains()
                  if c.hook == hook and t.family in families and c.priority is not None]
         return sorted(found, key=lambda tc: tc[1].priority)    # stable: file order on ties
 

@@ -286,14 +286,21 @@ class _RuleReader:
         mode = self.take("numgen random|inc").text
         if self.take("`mod`").text != "mod":
             raise _Unparsed("numgen without `mod N`")
-        modulus = int(self.take("a modulus").text, 0)
+        modulus = self._number("a modulus")
         offset = 0
         if self.word() == "offset":
             self.i += 1
-            offset = int(self.take("an offset").text, 0)
+            offset = self._number("an offset")
         if mode not in ("random", "inc") or modulus < 1:
             raise _Unparsed(f"numgen {mode} mod {modulus}")
         return Selector(self.span(start), "integer", "numgen", (), modulus, offset)
+
+    def _number(self, what: str) -> int:
+        tok = self.take(what)
+        try:
+            return int(tok.text, 0)
+        except ValueError:
+            raise _Unparsed(f"expected {what}, found `{tok.text}`") from None
 
     def _skip_hash_args(self) -> None:
         while self.word() not in (None, "mod"):
@@ -614,11 +621,18 @@ def _is_xt_line(text: str) -> bool:
 
 
 class _FileReader:
-    def __init__(self, text: str, name: str):
+    """Reads the whole text, or (``start``/``end``, character offsets at line starts) one
+    stretch of it that begins on line ``first_line``: one block read on first use
+    (traceflow.netfilter.nft_lazy). Offsets and line numbers stay those of the whole file."""
+
+    def __init__(self, text: str, name: str, start: int = 0, end: int | None = None,
+                 first_line: int = 1):
         self.text = text
         self.name = name
-        self.lines = text.split("\n")
-        self.toks, bad = _tokenize(text)
+        part = text if start == 0 and end is None else text[start:end]
+        self.lines = part.split("\n")
+        self.first_line = first_line
+        self.toks, bad = _tokenize(part, first_line, start)
         self.i = 0
         self.ruleset = NftRuleset(name)
         self.xt_rules = 0
@@ -628,7 +642,7 @@ class _FileReader:
     # -- helpers
 
     def source(self, line: int) -> Source:
-        return Source(self.name, line, self.lines[line - 1].rstrip("\r"))
+        return Source(self.name, line, self.lines[line - self.first_line].rstrip("\r"))
 
     def error(self, line: int, reason: str) -> None:
         found = self.ruleset.diagnostics

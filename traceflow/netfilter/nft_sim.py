@@ -553,6 +553,10 @@ class _Simulator:
 
 def _lookup(items, values) -> tuple[NftElement | None, str]:
     """The first element holding ``values``; else (None, why) if some element is undecidable."""
+    narrow = getattr(items, "candidates", None)     # a big map read lazily (nft_lazy)
+    if narrow is not None:
+        found = narrow(values)
+        items = found if found is not None else items
     if len(items) > 16 and len(values) == 1 and isinstance(values[0], int):
         exact = _exact_index(items)
         if exact is not None:
