@@ -169,7 +169,19 @@ def load_blob(kind: str, digest: str):
 def store_blob(kind: str, digest: str, value) -> None:
     """Store a JSON value for ``kind`` and this content hash (atomically; silently not when
     the cache cannot be written)."""
-    folder = cache_dir()
+    def fill(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                         [("schema", SCHEMA), ("bundle", f"{kind}:{digest}"),
+                          ("value", json.dumps(value, separators=(",", ":")))])
+    _write_sqlite(_blob_path(kind, digest), fill)
+
+
+def _write_sqlite(path: Path, fill) -> None:
+    """A SQLite file at ``path``, written whole or not at all: ``fill(conn)`` into a
+    temporary file beside it, renamed into place (so a reader sees the old file, no file, or
+    the complete new one); nothing when the cache cannot be written."""
+    folder = path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
@@ -179,15 +191,12 @@ def store_blob(kind: str, digest: str, value) -> None:
     try:
         conn = sqlite3.connect(tmp)
         conn.execute("PRAGMA journal_mode = OFF")
-        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-        conn.executemany("INSERT INTO meta VALUES (?, ?)",
-                         [("schema", SCHEMA), ("bundle", f"{kind}:{digest}"),
-                          ("value", json.dumps(value, separators=(",", ":")))])
+        conn.execute("PRAGMA synchronous = OFF")
+        fill(conn)
         conn.commit()
         conn.close()
-        path = _blob_path(kind, digest)
         os.replace(tmp, path)
-    except (sqlite3.Error, OSError, TypeError, ValueError):
+    except (sqlite3.Error, OSError, TypeError, ValueError, OverflowError):
         _remove(Path(tmp))
         return
     _prune(folder, keep=path)
@@ -202,7 +211,7 @@ def parse_iptables_save(text: str, name: str):
     from traceflow.netfilter.iptables_parse import save_layout
     if not enabled():
         return parse(text, name, lazy=True)
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = _text_digest(text)
     layout = load_blob("iptables-save", digest)
     if layout is not None:
         try:
@@ -224,7 +233,7 @@ def parse_nft_ruleset(text: str, name: str):
     from traceflow.netfilter.nft_lazy import from_layout, open_nft_ruleset
     if not enabled():
         return open_nft_ruleset(text, name)
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = _text_digest(text)
     layout = load_blob("nft-layout", digest)
     if isinstance(layout, dict):
         try:
@@ -254,7 +263,6 @@ _VALUES = "Q"           # indexed values: 64-bit unsigned, or two arrays for wid
 def _text_digest(text: str) -> str:
     """SHA-256 of the text as UTF-8, encoded a megabyte at a time (no second copy of a
     14 MB dump in memory)."""
-    import hashlib
     digest = hashlib.sha256()
     step = 1 << 20
     for start in range(0, len(text), step):
@@ -316,7 +324,6 @@ def _store_flow_layout(path: Path, digest: str, layout: dict) -> None:
     when a number does not fit 64 bits)."""
     import sys
     from array import array
-    folder = cache_dir()
     try:
         rows = []
         for seq, (table, numbers, index) in enumerate(layout["tables"]):
@@ -333,16 +340,8 @@ def _store_flow_layout(path: Path, digest: str, layout: dict) -> None:
         skipped = array(_NUMBERS, layout["skipped"]).tobytes()
     except (OverflowError, TypeError, ValueError):
         return
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
-        os.close(fd)
-    except OSError:
-        return
-    try:
-        conn = sqlite3.connect(tmp)
-        conn.execute("PRAGMA journal_mode = OFF")
-        conn.execute("PRAGMA synchronous = OFF")
+
+    def fill(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
         conn.execute("CREATE TABLE tables (seq INTEGER, name TEXT, numbers BLOB, field TEXT, "
                      "values_low BLOB, values_high BLOB, prios BLOB, indexed BLOB, "
@@ -352,13 +351,7 @@ def _store_flow_layout(path: Path, digest: str, layout: dict) -> None:
                          [("schema", SCHEMA), ("bundle", f"{_FLOWS_KIND}:{digest}"),
                           ("byteorder", sys.byteorder), ("lines", layout["lines"]),
                           ("skipped", skipped)])
-        conn.commit()
-        conn.close()
-        os.replace(tmp, path)
-    except (sqlite3.Error, OSError, TypeError, ValueError, OverflowError):
-        _remove(Path(tmp))
-        return
-    _prune(folder, keep=path)
+    _write_sqlite(path, fill)
 
 
 def _load_flow_layout(path: Path, digest: str) -> dict | None:
