@@ -352,9 +352,8 @@ class FileCatalog:
 
 def _parse_yaml_item(cat: FileCatalog, i: int) -> dict:
     from traceflow import fastyaml
-    from traceflow.validate import K8S_SHAPES, check
-    from traceflow.validate import _check_depth
-    start, end, _ = cat.items[i]
+    from traceflow.validate import K8S_SHAPES, _check_depth
+    start, end, first_line = cat.items[i]
     chunk = cat.text[start:end]
     try:
         _check_depth(chunk, cat.name)     # libyaml recurses in C: bound the depth first
@@ -373,8 +372,16 @@ def _parse_yaml_item(cat: FileCatalog, i: int) -> dict:
         return cat._whole[i] if i < len(cat._whole) else {}
     item = doc[0]
     shape = K8S_SHAPES.get(cat.name)
-    if shape is not None:
-        check(item, shape, cat.text, cat.name, ("items", i))
+    found = shape(item, ("items", i)) if shape is not None else None
+    if found:
+        # located in the item's own text (composing a 25 MB file to find one line takes
+        # seconds), as the whole-file check names it
+        from traceflow.validate import _line, locate, path_text
+        path, reason = found
+        line = locate(chunk, (0,) + tuple(path[2:]))
+        line = first_line + line - 1 if line else first_line
+        raise InputError(f"{path_text(path)}: {reason}", cat.name, line,
+                         excerpt(_line(cat.text, line)))
     return item
 
 
