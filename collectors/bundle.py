@@ -170,24 +170,36 @@ class FolderFiles(Mapping):
         self.root = root.resolve()
         self.notes: list[str] = []
         self._paths: dict[str, Path] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
-            here = Path(dirpath)
-            for d in list(dirnames):
-                if (here / d).is_symlink():
-                    dirnames.remove(d)
-                    self.notes.append(f"{(here / d).relative_to(self.root).as_posix()}: a "
-                                      "symlinked folder; ignored")
-            for f in filenames:
-                full = here / f
-                rel = full.relative_to(self.root).as_posix()
-                target = full.resolve() if full.is_symlink() else full
-                if full.is_symlink() and not _inside(target, self.root):
+        self._scan(str(self.root), "")
+
+    def _scan(self, folder: str, prefix: str) -> None:
+        # os.scandir: the entry types come with the listing (no stat per file), so opening a
+        # 100-node bundle costs little more than a 2-node one
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            self.notes.append(f"{prefix or '.'}: cannot be listed ({exc.strerror or exc}); "
+                              "ignored")
+            return
+        for e in entries:
+            rel = prefix + e.name
+            if e.is_symlink():
+                target = Path(e.path).resolve()
+                if target.is_dir():
+                    self.notes.append(f"{rel}: a symlinked folder; ignored")
+                elif not _inside(target, self.root):
                     self.notes.append(f"{rel}: a symlink pointing outside the bundle; ignored")
-                    continue
-                if not target.is_file():
+                elif not target.is_file():
                     self.notes.append(f"{rel}: not a regular file; ignored")
-                    continue
-                self._paths[rel] = target
+                else:
+                    self._paths[rel] = target
+            elif e.is_dir(follow_symlinks=False):
+                self._scan(e.path, rel + "/")
+            elif e.is_file(follow_symlinks=False):
+                self._paths[rel] = Path(e.path)
+            else:
+                self.notes.append(f"{rel}: not a regular file; ignored")
 
     def digest(self, h, under: str = "") -> None:
         """Feed the name, size and bytes of every file under ``under`` to hash ``h``, 1 MB at
