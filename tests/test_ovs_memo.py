@@ -18,6 +18,7 @@ import pytest
 from traceflow.conntrack import Conntrack
 from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.ovs.flows import FlowDump
+from traceflow.ovs.memo import MAX_ANSWERS
 from traceflow.ovs.pipeline import Annotator, Bridge, _Runner, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,14 +193,13 @@ def test_bridges_with_different_flows_in_a_table_do_not_share_answers():
 
 
 def test_the_memo_stays_bounded():
-    from traceflow.ovs import pipeline as P
     bridge = Bridge("n", FlowDump("table=0, priority=100,tp_src=7 actions=drop\n"
                                   "table=0, priority=0 actions=drop\n", "f"))
     runner = _Runner(bridge, Annotator(), Conntrack(), {})
-    for port in range(P._MAX_ANSWERS + 10):
+    for port in range(MAX_ANSWERS + 10):
         flow, _ = runner.memo_lookup({"tp_src": port}, 0)
         assert flow.priority == (100 if port == 7 else 0)
-    assert all(len(m.answers) <= P._MAX_ANSWERS for m in bridge._memos.values())
+    assert all(len(m.answers) <= MAX_ANSWERS for m in bridge._memos.values())
     bridge.forget_lookups()
     assert not bridge._memos
     assert runner.memo_lookup({"tp_src": 7}, 0)[0].priority == 100

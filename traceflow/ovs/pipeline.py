@@ -8,25 +8,26 @@ explored and returned as its own ``OvsRun`` with its weight, like a load balance
 Anything not modelled ends the run as ``unknown`` with the flow's text and line.
 
 Speed (a Service's 100 buckets walk the same tables): each table's lookups are remembered,
-keyed by every field its candidate flows read (``_LookupMemo``, as OVS's megaflow cache); a
+keyed by every field its candidate flows read (``LookupMemo``, as OVS's megaflow cache); a
 bucket goes on from the group that forked it when nothing else was left to do in that pass
-(``_Midpass``); a flow's last resubmit loops instead of recursing.
+(``Midpass``); a flow's last resubmit loops instead of recursing.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 
-from traceflow.conntrack import Conntrack, CtEntry
+from traceflow.conntrack import Conntrack
 from traceflow.lowgc import paused
 from traceflow.ovs import actions as A
 from traceflow.ovs import fields as F
 from traceflow.ovs.bridge import Group, Port
 from traceflow.ovs.flows import Flow, FlowDump
+from traceflow.ovs.forks import Checkpoint, Midpass
+from traceflow.ovs.memo import LookupMemo
 
 # OVS's limits per translation (ofproto-dpif-xlate.c): MAX_DEPTH counts only resubmits to the
 # same or an earlier table (a chain moving forward through the tables does not deepen), and
@@ -85,8 +86,8 @@ class Bridge:
         self.local_name = local.name if local else None
         if local is not None:
             self.port_by_number[F.LOCAL_PORT] = local
-        # id(candidate list) -> _LookupMemo: lookups answered before, see lookup_memo
-        self._memos: dict[int, _LookupMemo] = {}
+        # id(candidate list) -> LookupMemo: lookups answered before, see lookup_memo
+        self._memos: dict[int, LookupMemo] = {}
         self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
 
     def forget_lookups(self) -> None:
@@ -94,7 +95,7 @@ class Bridge:
         self._memos.clear()
         self._answers = 0
 
-    def lookup_memo(self, flows: list) -> "_LookupMemo":
+    def lookup_memo(self, flows: list) -> "LookupMemo":
         """The memo of lookups among ``flows``, one candidate list of a table.
 
         Keyed by the list itself (FlowDump hands out the same list for the same table and
@@ -104,7 +105,7 @@ class Bridge:
         if memo is None or memo.flows is not flows or memo.size != len(flows):
             if len(self._memos) >= _MAX_MEMOS:
                 self._memos.clear()
-            memo = self._memos[id(flows)] = _LookupMemo(flows)
+            memo = self._memos[id(flows)] = LookupMemo(flows)
         return memo
 
     def port_number(self, name_or_number: str) -> int | None:
@@ -127,45 +128,7 @@ class Bridge:
 
 
 _MAX_MEMOS = 4096          # candidate lists remembered per bridge
-_MAX_ANSWERS = 4096        # answers remembered per candidate list
 _MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
-
-
-class _LookupMemo:
-    """Lookups in one candidate list, keyed by the values of every field its flows read.
-
-    As OVS's megaflow cache: a lookup reads only the fields the candidate flows match on
-    (masked or not: registers, ct_state/ct_mark/ct_label, metadata, in_port, tunnel fields
-    ...), and conjunctions are decided among the same flows, so two packets that agree on all
-    of those fields get the same hit, the same conjunction and the same ambiguity notes.
-    The key takes each field's raw value (a missing field is None, not 0), so it is never
-    coarser than what the lookup reads.
-    """
-
-    __slots__ = ("flows", "size", "fields", "answers", "present")
-
-    def __init__(self, flows: list):
-        self.flows = flows
-        self.size = len(flows)
-        self.fields = tuple(sorted({m.field.name for f in flows for m in f.matches}))
-        self.answers: dict[tuple, tuple] = {}
-        # the key when every field is in the packet (the common case), in one C call
-        n = len(self.fields)
-        self.present = (operator.itemgetter(*self.fields) if n > 1 else
-                         (lambda state, name=self.fields[0]: (state[name],)) if n == 1 else
-                         (lambda state: ()))
-
-    def key(self, state: dict) -> tuple:
-        try:
-            return self.present(state)
-        except KeyError:       # a field the packet does not have: None in the key
-            return tuple(map(state.get, self.fields))
-
-    def remember(self, key: tuple, answer: tuple) -> tuple:
-        if len(self.answers) >= _MAX_ANSWERS:
-            self.answers.clear()       # a bound, not a policy: a long audit stays small
-        self.answers[key] = answer
-        return answer
 
 
 @dataclass(slots=True)
@@ -260,7 +223,7 @@ def _explore(first: "_Runner") -> list[OvsRun]:
         if fork is not None:
             # A select group with several buckets: each bucket goes on from a copy of the
             # runner as it was where it met the group, when nothing was left to do in that
-            # pass (_Midpass); else from where the runner itself began (its origin: a run is
+            # pass (Midpass); else from where the runner itself began (its origin: a run is
             # a deterministic function of its start and its choices), walking again the
             # passes between. The passes before a runner's start are never walked again.
             group, origin = fork
@@ -276,104 +239,6 @@ def _explore(first: "_Runner") -> list[OvsRun]:
         runs.append(OvsRun(runner.hits, runner.outputs, weight, chosen + explicit, runner.ct,
                            runner.unknown, runner.dropped_by, runner.finals))
     return runs
-
-
-class _Checkpoint:
-    """A runner as it is between two passes (before its first), taken cheaply; ``runner()``
-    makes independent runners that go on from there (one per bucket of a select group).
-
-    A pass only appends to the runner's hits, outputs, choice log and finals (the lists are
-    shared, their lengths kept), pops its own packet from the queue (copied) and changes
-    conntrack: it commits entries (their number is kept) and sets an entry's mark, label and
-    seen_reply in place (those are kept per entry).
-    """
-
-    __slots__ = ("source", "lengths", "recirc", "ct_entries", "ct_assoc", "ct_next", "scalars")
-
-    def __init__(self, runner: "_Runner"):
-        self.source = runner
-        self.lengths = (len(runner.hits), len(runner.outputs), len(runner.choice_log),
-                        len(runner.finals))
-        self.recirc = [(table, dict(st)) for table, st in runner.recirc]
-        self.ct_entries = [(e, e.mark, e.label, e.seen_reply) for e in runner.ct.entries]
-        self.ct_assoc = dict(runner.ct_assoc)
-        self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
-        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
-
-    def runner(self, choices: dict) -> "_Runner":
-        src = self.source
-        entries = [CtEntry(e.zone, e.orig, e.reply, mark, label, e.nat, seen, e.where)
-                   for e, mark, label, seen in self.ct_entries]
-        mapping = {id(old[0]): new for old, new in zip(self.ct_entries, entries)}
-        other = _Runner(src.bridge, src.annotator, Conntrack(entries), choices,
-                        None if self.ct_next is None else list(self.ct_next), src.shared)
-        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
-                          for zone, (entry, is_reply) in self.ct_assoc.items()}
-        n_hits, n_outputs, n_choices, n_finals = self.lengths
-        other.hits = src.hits[:n_hits]
-        other.outputs = src.outputs[:n_outputs]
-        other.choice_log = src.choice_log[:n_choices]
-        other.finals = src.finals[:n_finals]
-        other.recirc = [(table, dict(st)) for table, st in self.recirc]
-        other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
-        other.origin = self
-        return other
-
-
-class _Midpass:
-    """A runner stopped at a select group with nothing left to do in the pass after it;
-    ``runner()`` makes independent runners that apply one bucket there and go on.
-
-    The runner is not used again, so its lists are copied, not saved. Hits of the pass up to
-    the group's are final (their flows' actions are done); the group's hit, and any after
-    it, get the bucket's effects: each runner has its own copies.
-    """
-
-    __slots__ = ("source", "group", "resume", "st", "sent", "final_hits", "open_hits")
-
-    def __init__(self, runner: "_Runner", fork: _Fork, st: dict, sent: int):
-        self.source = runner
-        self.group = fork.group
-        self.resume = fork.resume
-        self.st = st
-        self.sent = sent
-        hits, hit = runner.hits, fork.resume[1]
-        at = len(hits) - 1
-        while at > 0 and hits[at] is not hit:
-            at -= 1
-        at = max(at, 0)
-        self.final_hits = hits[:at]       # shared by every bucket's runner
-        self.open_hits = hits[at:]        # copied for each: the group's hit and any after it
-
-    def runner(self, choices: dict) -> "_Runner":
-        src = self.source
-        state, hit, depth, flow = self.resume
-        other = _Runner(src.bridge, src.annotator, None, choices,
-                        None if src.ct_next is None else list(src.ct_next), src.shared)
-        other.ct, mapping = src.ct.copy_mapped()
-        other.ct_assoc = {zone: (mapping.get(id(entry), entry), is_reply)
-                          for zone, (entry, is_reply) in src.ct_assoc.items()}
-        copies = {id(h): _copy_hit(h) for h in self.open_hits}
-        other.hits = self.final_hits + list(copies.values())
-        other.outputs = list(src.outputs)
-        other.choice_log = list(src.choice_log)
-        other.finals = list(src.finals)
-        other.recirc = [(table, dict(st)) for table, st in src.recirc]
-        other.unknown, other.visits, other.stage = src.unknown, src.visits, src.stage
-        dropped = src.dropped_by
-        other.dropped_by = copies.get(id(dropped), dropped) if dropped is not None else None
-        own_hit = copies.get(id(hit)) or _copy_hit(hit)
-        # the packet and the pass's start are only read from here on (a bucket works on a
-        # copy), so the runners share them
-        other.resumed = (self.group, choices[self.group.group_id], state, own_hit, depth,
-                         flow, self.st, self.sent)
-        other.origin = self
-        return other
-
-
-def _copy_hit(hit: TableHit) -> TableHit:
-    return TableHit(hit.table, hit.flow, list(hit.effects), list(hit.notes), hit.state_after,
-                    hit.unknown, hit.stage)
 
 
 class _Shared:
@@ -423,17 +288,17 @@ class _Runner:
         # the NAT-ed headers no longer equal either of the connection's tuples.
         self.ct_assoc: dict = {}
         self.finals: list[dict] = []
-        self.resumed: tuple | None = None    # a bucket to apply first (_Midpass.runner)
-        # what this runner began from (_Checkpoint, _Midpass): a fork that cannot go on
+        self.resumed: tuple | None = None    # a bucket to apply first (Midpass.runner)
+        # what this runner began from (Checkpoint, Midpass): a fork that cannot go on
         # from where it met its group makes runners from there
-        self.origin: _Checkpoint | _Midpass | None = None
+        self.origin: Checkpoint | Midpass | None = None
 
     # ---- driver ---------------------------------------------------------------------
-    def run(self) -> tuple[Group, "_Checkpoint | _Midpass"] | None:
+    def run(self) -> tuple[Group, "Checkpoint | Midpass"] | None:
         """Run the queued passes. A select group met with no choice made for it stops the
         run: (the group, where each of its buckets goes on from)."""
         if self.origin is None:
-            self.origin = _Checkpoint(self)
+            self.origin = Checkpoint(self)
         if self.resumed is not None:
             # a bucket of a group met at the end of a pass: apply it, then end that pass
             group, chosen, state, hit, depth, flow, st, sent = self.resumed
@@ -460,7 +325,7 @@ class _Runner:
             step(*args)
         except _Fork as fork:
             if fork.resume is not None:
-                return fork.group, _Midpass(self, fork, st, sent)
+                return fork.group, Midpass(self, fork, st, sent)
             return fork.group, self.origin
         except _Stop as stop:
             self.unknown = stop.reason
@@ -602,7 +467,7 @@ class _Runner:
         return known[1]
 
     def memo_lookup(self, state: dict, table: int) -> tuple[Flow | None, tuple]:
-        """``lookup`` and ``_ambiguity`` of ``state`` in ``table``, remembered (_LookupMemo):
+        """``lookup`` and ``_ambiguity`` of ``state`` in ``table``, remembered (LookupMemo):
         a select group's buckets walk the same tables with packets that differ in a few
         fields. (hit or None, the conjunction and ambiguity notes)."""
         flows = self.bridge.flows.candidates(table, state)
@@ -613,7 +478,7 @@ class _Runner:
             answer = self._fresh_answer(memo, key, state, table, flows)
         return answer[0], answer[1]
 
-    def _fresh_answer(self, memo: _LookupMemo, key: tuple, state: dict, table: int,
+    def _fresh_answer(self, memo: LookupMemo, key: tuple, state: dict, table: int,
                       flows: list) -> tuple:
         if self.bridge._answers >= _MAX_ANSWERS_ALL:
             self.bridge.forget_lookups()
@@ -724,7 +589,7 @@ class _Runner:
         ``tail``: once these actions are done, nothing else happens in the pass (every
         caller is at its last action, or a goto, and only a flow's actions, reached by
         resubmit or goto, or a select group's bucket hold them). A select group met by the
-        last of them then forks the run right there (_Midpass), instead of walking the pass
+        last of them then forks the run right there (Midpass), instead of walking the pass
         again from its start for every bucket.
 
         True when every action ran; False when a goto or an expired TTL ended them early.
