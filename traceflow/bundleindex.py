@@ -144,23 +144,31 @@ def _blob_path(kind: str, digest: str) -> Path:
 def load_blob(kind: str, digest: str):
     """The JSON value stored for ``kind`` and this content hash, or None (absent, foreign,
     corrupt: then removed, to be rebuilt)."""
-    path = _blob_path(kind, digest)
+    def read(conn: sqlite3.Connection):
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{kind}:{digest}":
+            raise ValueError("not this file's index")
+        return json.loads(meta["value"])
+    return _read_sqlite(_blob_path(kind, digest), read)
+
+
+def _read_sqlite(path: Path, read):
+    """``read(conn)`` of the SQLite file at ``path`` opened read-only, or None when there is
+    no file or ``read`` finds it is not what it should be (another schema, bundle or
+    machine; corrupt): then the file is removed, to be written again."""
     if not path.is_file():
         return None
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
+            value = read(conn)
         finally:
             conn.close()
-        if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{kind}:{digest}":
-            raise sqlite3.DatabaseError("not this file's index")
-        value = json.loads(meta["value"])
-    except (sqlite3.Error, KeyError, ValueError):
+    except (sqlite3.Error, KeyError, ValueError, TypeError):
         _remove(path)
         return None
     try:
-        os.utime(path)
+        os.utime(path)             # least recently used goes first when the cache is full
     except OSError:
         pass
     return value
@@ -358,30 +366,18 @@ def _load_flow_layout(path: Path, digest: str) -> dict | None:
     """The stored layout of the dump with this digest, or None (absent; foreign, corrupt or
     from a machine of another byte order: then removed, to be rebuilt)."""
     import sys
-    if not path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
-            if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{_FLOWS_KIND}:{digest}" \
-                    or meta.get("byteorder") != sys.byteorder or type(meta.get("lines")) is not int:
-                raise ValueError("not this dump's layout")
-            rows = conn.execute("SELECT name, numbers, field, values_low, values_high, prios, "
-                                "indexed, rest_prios, rest_numbers FROM tables ORDER BY seq")
-            tables = [_table_from_row(*row) for row in rows]
-        finally:
-            conn.close()
-        layout = {"lines": meta["lines"], "skipped": _unpack(meta["skipped"], _NUMBERS),
-                  "tables": tables}
-    except (sqlite3.Error, KeyError, ValueError, TypeError):
-        _remove(path)
-        return None
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-    return layout
+
+    def read(conn: sqlite3.Connection) -> dict:
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{_FLOWS_KIND}:{digest}" \
+                or meta.get("byteorder") != sys.byteorder or type(meta.get("lines")) is not int:
+            raise ValueError("not this dump's layout")
+        rows = conn.execute("SELECT name, numbers, field, values_low, values_high, prios, "
+                            "indexed, rest_prios, rest_numbers FROM tables ORDER BY seq")
+        tables = [_table_from_row(*row) for row in rows]
+        return {"lines": meta["lines"], "skipped": _unpack(meta["skipped"], _NUMBERS),
+                "tables": tables}
+    return _read_sqlite(path, read)
 
 
 def _table_from_row(name, numbers, field, low, high, prios, indexed, rest_prios, rest_numbers):
