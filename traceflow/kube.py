@@ -320,17 +320,12 @@ def load_cluster(read, items=None) -> Cluster:
     from ``read(name)`` (YAML), or from ``k8s/<kind>.jsonl`` when the bundle stores the
     objects as JSON lines instead."""
     get = items or (lambda name: k8s_items(read, name))
-    with _shape(PODS):
-        pods = [_pod_from(i) for i in get(PODS)]
-    with _shape(SERVICES):
-        services = [_service_from(i) for i in get(SERVICES)]
-    c = Cluster(pods=pods, services=services)
+    c = Cluster(pods=[_pod_from(i) for i in get(PODS)],
+                services=[_service_from(i) for i in get(SERVICES)])
     _load_small(c, get)
-    with _shape("k8s/endpointslices.yaml or k8s/endpoints.yaml"):
-        slices = get(SLICES)
-        rows = _endpoint_rows(slices, () if slices else get(ENDPOINTS))
-        for key, addr, pod, node in rows:
-            c.endpoints.setdefault(key, []).append((addr, pod, node))
+    slices = get(SLICES)
+    for key, addr, pod, node in _endpoint_rows(slices, () if slices else get(ENDPOINTS)):
+        c.endpoints.setdefault(key, []).append((addr, pod, node))
     return c
 
 

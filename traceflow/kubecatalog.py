@@ -99,7 +99,7 @@ def scan_yaml(text: str, name: str) -> tuple[list[tuple[int, int, int]], list[di
         if not wanted:
             keys.append({})
         elif _content_at_2(text, s, e):
-            keys.append(_keys(text, s, e, wanted))
+            keys.append(_READERS[name](text, s, e))
         else:                                      # ``-   key:``: another indentation
             keys.append(dict.fromkeys(wanted, UNKEYED))
         line += text.count("\n", s, e)
@@ -238,9 +238,6 @@ def _indented(text: str, lo: int, hi: int, depth: int) -> bool:
     return lo >= hi or _FIRST_KEY[depth].match(text, lo, hi) is not None
 
 
-_READERS: dict = {}
-
-
 def _content_at_2(text: str, start: int, end: int) -> bool:
     """Whether the item's mapping starts at column 2 (``- key:``, or ``-`` then ``  key:``)."""
     if text.startswith("- ", start):
@@ -248,19 +245,14 @@ def _content_at_2(text: str, start: int, end: int) -> bool:
     return text.startswith("-\n  ", start) and start + 4 < end and text[start + 4] not in " \n"
 
 
-def _keys(text: str, start: int, end: int, wanted: dict) -> dict:
-    reader = _READERS.get(id(wanted))
-    if reader is None:
-        reader = _READERS[id(wanted)] = _KeyReader(wanted)
-    return reader(text, start, end)
-
-
+_READERS = {name: _KeyReader(wanted) for name, wanted in KEYS.items()}
 _WHOLE_AFTER = 256      # unparsed candidates of one lookup beyond which the file is read whole
 
 
 class FileCatalog:
-    """One ``k8s/*`` file's items, located, parsed on demand. ``keys[i]`` holds item i's
-    lookup keys (UNKEYED where unsure); ``get(i)`` the parsed, checked item."""
+    """One ``k8s/*`` file's items, located, parsed on demand. ``columns[key][i]`` is item i's
+    lookup key (UNKEYED where unsure, None where absent); ``get(i)`` the parsed, checked
+    item."""
 
     def __init__(self, name: str, text: str, items: list, keys: list | dict, parse,
                  whole=None):
@@ -296,31 +288,29 @@ class FileCatalog:
     def lookup(self, key: str, value) -> list[dict]:
         """The parsed items whose ``key`` may be ``value``, in file order: a superset that
         the caller narrows by the parsed values."""
-        while True:
-            located = self._whole is None
-            found = self.find(key, value)
-            if located and len(found) > _WHOLE_AFTER and \
-                    sum(i not in self._parsed for i in found) > _WHOLE_AFTER:
-                # many items whose keys could not be read (a file written another way):
-                # one parse of the file costs less than one per item
-                self._whole = _read_whole(self)
-                continue
-            out = [self.get(i) for i in found]
-            if (self._whole is None) == located:   # not switched to whole-file reading
-                return out
+        return self._parsed_items(lambda: self.find(key, value))
 
     def lookup_prefix(self, key: str, prefix: str) -> list[dict]:
         """The parsed items whose ``key`` may start with ``prefix`` (a superset, in file
         order)."""
+        def find() -> list[int]:
+            column = self.columns.get(key) if self._whole is None else None
+            if column is None:
+                return list(range(len(self)))
+            return [i for i, v in enumerate(column)
+                    if v is UNKEYED or (isinstance(v, str) and v.startswith(prefix))]
+        return self._parsed_items(find)
+
+    def _parsed_items(self, find) -> list[dict]:
+        """The items at the indexes ``find()`` gives, parsed; found again if reading them
+        made the file switch to whole-file reading (an item that did not stand alone)."""
         while True:
             located = self._whole is None
-            column = self.columns.get(key) if located else None
-            if column is None:
-                found = list(range(len(self)))
-            else:
-                found = [i for i, v in enumerate(column)
-                         if v is UNKEYED or (isinstance(v, str) and v.startswith(prefix))]
-            if located and sum(i not in self._parsed for i in found) > _WHOLE_AFTER:
+            found = find()
+            if located and len(found) > _WHOLE_AFTER and \
+                    sum(i not in self._parsed for i in found) > _WHOLE_AFTER:
+                # many items whose keys could not be read (a file written another way):
+                # one parse of the file costs less than one per item
                 self._whole = _read_whole(self)
                 continue
             out = [self.get(i) for i in found]
