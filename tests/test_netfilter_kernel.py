@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -300,7 +301,9 @@ print(json.dumps(out))
 def _send(ns: str, batch: list[Probe]) -> dict[str, str]:
     if not batch:
         return {}
-    done = _run("python3", "-c", _SENDER, ns=ns, timeout=120,
+    # the interpreter running this suite (the project's venv, which has scapy), never whichever
+    # python3 is first on PATH inside the namespace: the system Python has no scapy
+    done = _run(sys.executable, "-c", _SENDER, ns=ns, timeout=120,
                 stdin=json.dumps([[dataclasses.asdict(p) for p in batch], REPLY_WAIT]))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
