@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceflow.errors import CollectionError, InputError
+from traceflow.model.errors import CollectionError, InputError
 
 # ---- names ------------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ from typing import Callable
 import yaml
 
 from collectors import agents as A
-from collectors.bundle import FORMAT, Bundle
-from traceflow.errors import CollectionError, InputError
+from traceflow.bundle.reader import FORMAT, Bundle
+from traceflow.model.errors import CollectionError, InputError
 
 VIAS = ("auto", "exec", "ssh")
 

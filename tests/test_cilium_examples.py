@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.bundle import Bundle
-from traceflow.cni.cilium import CiliumNode
-from traceflow.snapshot import Snapshot
+from traceflow.bundle.reader import Bundle
+from traceflow.cni.cilium.node import CiliumNode
+from traceflow.bundle.snapshot import Snapshot
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "traceflow" / "examples"
 NAMES = ["cilium-kpr-native", "cilium-eni", "cilium-vxlan-policy"]

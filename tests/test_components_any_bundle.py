@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collectors.bundle import Bundle
-from traceflow.cli import app
-from traceflow.components import nf_component_trace
+from traceflow.bundle.reader import Bundle
+from traceflow.cli.app import app
+from traceflow.questions.components import nf_component_trace
 from traceflow.examples import generate_kube_proxy as gen
-from traceflow.snapshot import Snapshot
+from traceflow.bundle.snapshot import Snapshot
 
 EXAMPLES = Path(gen.__file__).resolve().parent
 CLIENT = "192.168.50.7"
@@ -197,7 +197,7 @@ def test_nf_trace_without_rules_names_the_files_it_needs(tmp_path):
 
 
 def test_ovs_trace_bad_ct_next_is_refused(tmp_path):
-    from traceflow.cli import example_path
+    from traceflow.cli.app import example_path
     r = runner.invoke(app, ["ovs-trace", "worker1", "in_port=1,ip", "--ct-next", "trk,bogus",
                             "--bundle", str(example_path())])
     assert r.exit_code == 2 and "--ct-next" in r.stderr and "bogus" in r.stderr

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from traceflow.examples import generate_kube_proxy as gen
-from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
-from traceflow.netfilter.ipset import parse_ipset_list
-from traceflow.netfilter.iptables import NotModelled, RuleSyntaxError
-from traceflow.packet import PROTO_NUMBERS, Packet
+from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+from traceflow.engines.netfilter.ipset import parse_ipset_list
+from traceflow.engines.netfilter.iptables import NotModelled, RuleSyntaxError
+from traceflow.model.packet import PROTO_NUMBERS, Packet
 
 EXAMPLES = Path(gen.__file__).resolve().parent
 BUNDLES = {mode: EXAMPLES / f"kube-proxy-{mode}" for mode in gen.MODES}
@@ -143,14 +143,14 @@ def test_iptables_save_parses_with_zero_diagnostics(node):
 
 @pytest.mark.parametrize("node", [n.name for n in gen.NODES])
 def test_nft_and_host_files_parse(node):
-    nft = pytest.importorskip("traceflow.netfilter.nft")
+    from traceflow.engines.netfilter import nft
     path = BUNDLES["nftables"] / "nodes" / node / "nft.txt"
     rs = nft.parse_nft_ruleset(path.read_text(), f"nodes/{node}/nft.txt")
     assert rs.diagnostics == []
     sets = parse_ipset_list((BUNDLES["ipvs"] / "nodes" / node / "ipset.txt").read_text(),
                             f"nodes/{node}/ipset.txt")
     assert sets["KUBE-CLUSTER-IP"] and sets["KUBE-IPVS-IPS"]
-    routing = pytest.importorskip("traceflow.routing")
+    from traceflow.engines import routing
     for mode in gen.MODES:
         root = BUNDLES[mode] / "nodes" / node
         routing.parse_ip_addr((root / "ip-addr.txt").read_text(), "ip-addr.txt")
@@ -293,7 +293,7 @@ def test_ipvs_mode_rules_mark_outside_traffic_to_cluster_ips_and_accept_it():
 def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
     """The IPVS bundle, read by traceflow's ipvsadm reader (when present): round robin over
     every ready endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
-    ipvs = pytest.importorskip("traceflow.netfilter.ipvs")
+    from traceflow.engines.netfilter import ipvs
     tables = {}
     for v in sampled_views():
         if v.node not in tables:
@@ -315,7 +315,7 @@ def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
 def test_nftables_mode_gives_the_same_endpoints_as_iptables_mode():
     """The same cluster in kube-proxy's nftables mode: traceflow's nft engine must send every
     sampled port to the same endpoints, in equal shares, as the iptables mode does."""
-    from traceflow.netfilter.nft import parse_nft_ruleset
+    from traceflow.engines.netfilter.nft import parse_nft_ruleset
     rulesets = {}
     for v in sampled_views():
         if v.node not in rulesets:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.netfilter.iptables import (AddrMatch, AddrTypeMatch, CommentMatch, ConnmarkOp,
+from traceflow.model.errors import InputError
+from traceflow.engines.netfilter.iptables import (AddrMatch, AddrTypeMatch, CommentMatch, ConnmarkOp,
                                           CtStateMatch, IfaceMatch, LimitMatch, MarkMatch,
                                           NatTo, NotModelled, PortMatch, PortRange, ProtoMatch,
                                           RuleSyntaxError, SetMatch, StatisticMatch, UnknownMatch,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.netfilter.engine import NodeContext
-from traceflow.netfilter.iptables import NotModelled, RuleSyntaxError
-from traceflow.netfilter.nft import (
+from traceflow.model.errors import InputError
+from traceflow.engines.netfilter.engine import NodeContext
+from traceflow.engines.netfilter.iptables import NotModelled, RuleSyntaxError
+from traceflow.engines.netfilter.nft import (
     AddrPattern,
     Cmp,
     IntPattern,
@@ -29,7 +29,7 @@ from traceflow.netfilter.nft import (
     XtMatch,
     parse_nft_ruleset,
 )
-from traceflow.packet import Packet
+from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 NFT_DIR = DATA / "realworld" / "nft"

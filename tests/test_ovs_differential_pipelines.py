@@ -78,12 +78,12 @@ from test_ovs_differential import (
     weighted,
 )
 
-from traceflow.conntrack import Conntrack
-from traceflow.ovs import actions as A
-from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import Group, parse_groups, parse_show, parse_tables
-from traceflow.ovs.flows import Flow, FlowDump, MatchField
-from traceflow.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.bridge import Group, parse_groups, parse_show, parse_tables
+from traceflow.engines.ovs.flows import Flow, FlowDump, MatchField
+from traceflow.engines.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 BUNDLES = ("antrea-proxy-v1", "antrea-v2")

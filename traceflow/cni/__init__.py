@@ -6,7 +6,7 @@ that CNI is traced.
 
 from __future__ import annotations
 
-from traceflow.errors import InputError
+from traceflow.model.errors import InputError
 
 SUPPORTED = ("antrea", "cilium")
 
@@ -14,10 +14,10 @@ SUPPORTED = ("antrea", "cilium")
 def datapath_for(snapshot):
     """The Datapath class for a snapshot's CNI."""
     if snapshot.cni == "antrea":
-        from traceflow.cni.antrea_datapath import AntreaDatapath
+        from traceflow.cni.antrea.datapath import AntreaDatapath
         return AntreaDatapath
     if snapshot.cni == "cilium":
-        from traceflow.cni.cilium_datapath import CiliumDatapath
+        from traceflow.cni.cilium.datapath import CiliumDatapath
         return CiliumDatapath
     raise InputError(f"cni {snapshot.cni!r}: traceflow traces Antrea and Cilium bundles",
                      "manifest.yaml")

@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from traceflow import kube
+from traceflow.bundle import kube
 from traceflow.questions.backends import (Balanced, CiliumLbReader, IpvsReader,
                                           NetfilterReader, OvsGroupReader)
 from traceflow.questions.check import describe_path, policy_of
 from traceflow.questions.runner import SCOPE_SERVICE, Progress, Tracer
 from traceflow.questions.select import Destination
-from traceflow.snapshot import Missing
-from traceflow.trace import Verdict
+from traceflow.bundle.snapshot import Missing
+from traceflow.model.trace import Verdict
 
 WEIGHT_TOLERANCE = 0.01
 
@@ -398,7 +398,7 @@ def _compare(subject: str, datapath: str, want: dict, got: list[Balanced],
 
 # ---- (c) routes and tunnel flows to peers' pod CIDRs ---------------------------------------------
 def peer_route_drift(snap) -> list[Finding]:
-    from traceflow.routing.lookup import route_lookup
+    from traceflow.engines.routing.lookup import route_lookup
     cluster = snap.cluster
     out = []
     for name in snap.bundle.node_names():
@@ -459,8 +459,8 @@ def _has_tunnel_flow(text: str, cidr: str) -> bool:
 
 # ---- (d) a pod's own route and ARP vs the CNI's gateway ---------------------------------------
 def pod_gateway_drift(snap) -> list[Finding]:
-    from traceflow.neigh import parse_ip_neigh
-    from traceflow.routing.parse import parse_ip_routes
+    from traceflow.engines.neigh import parse_ip_neigh
+    from traceflow.engines.routing.parse import parse_ip_routes
     cluster = snap.cluster
     out = []
     for pod in cluster.pods:

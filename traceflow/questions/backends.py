@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from traceflow.errors import Source
-from traceflow.packet import PROTO_NUMBERS, Packet
+from traceflow.model.errors import Source
+from traceflow.model.packet import PROTO_NUMBERS, Packet
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class NetfilterReader:
         return node.netfilter is not None
 
     def balanced(self, node, client_ip: str, vip: str, port: int, proto: str):
-        from traceflow.netfilter.engine import NodeContext, evaluate_hook
+        from traceflow.engines.netfilter.engine import NodeContext, evaluate_hook
         rs = node.netfilter
         pkt = Packet(nw_src=client_ip, nw_dst=vip, nw_proto=PROTO_NUMBERS[proto.lower()],
                      tp_src=54321, tp_dst=port)
@@ -173,8 +173,8 @@ class CiliumLbReader:
         return self.snap.cni == "cilium"
 
     def balanced(self, node, client_ip: str, vip: str, port: int, proto: str):
-        from traceflow.cilium.lookup import service_lookup
-        from traceflow.cni.cilium import CiliumNode
+        from traceflow.engines.cilium.lookup import service_lookup
+        from traceflow.cni.cilium.node import CiliumNode
         cn = self._nodes.get(node.name)
         if cn is None:
             cn = self._nodes[node.name] = CiliumNode(self.snap, node)

@@ -7,11 +7,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from traceflow.errors import InputError
+from traceflow.model.errors import InputError
 from traceflow.questions.runner import Progress, Tracer
 from traceflow.questions.select import Resolver
 from traceflow.questions.suite import Expectation, Suite
-from traceflow.trace import Drop, Path, Trace, Verdict
+from traceflow.model.trace import Drop, Path, Trace, Verdict
 
 _POLICY_NAMES = re.compile(r"NetworkPolicy ((?:[\w.-]+/[\w.-]+)(?:, [\w.-]+/[\w.-]+)*)")
 

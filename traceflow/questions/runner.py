@@ -14,11 +14,11 @@ import re
 import sys
 import time
 
-from traceflow.kube import Pod
-from traceflow.packet import PROTO_NUMBERS, Packet
+from traceflow.bundle.kube import Pod
+from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.questions.select import Destination
-from traceflow.snapshot import Missing, Snapshot
-from traceflow.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.bundle.snapshot import Missing, Snapshot
+from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
 
 SCOPE_FULL = "end-to-end"
 SCOPE_SERVICE = "service-translation"
@@ -28,7 +28,7 @@ class Tracer:
     """Answers (source pod, destination) questions over one Snapshot, each once."""
 
     def __init__(self, snapshot: Snapshot):
-        from traceflow.solver import Solver
+        from traceflow.questions.solver import Solver
         self.snap = snapshot
         self.solver = Solver(snapshot)
         self._cache: dict[tuple, Trace] = {}
@@ -81,7 +81,7 @@ class Tracer:
         return got
 
     def _trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
-        from traceflow.solver import Query
+        from traceflow.questions.solver import Query
         problem = _unusable(pod)
         if problem:
             return _unknown_trace(pod, dst, problem)
@@ -142,7 +142,7 @@ def _query(pod: Pod, dst: Destination, src_port: int, scope: str) -> dict:
 def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int) -> Trace:
     """The Service translation the client's node does (PREROUTING: iptables or nft, then
     IPVS): delivered = sent on to a backend, dropped = rejected/dropped (e.g. no endpoints)."""
-    from traceflow.netfilter.engine import NodeContext, evaluate_hook
+    from traceflow.engines.netfilter.engine import NodeContext, evaluate_hook
     trace = Trace(_query(pod, dst, src_port, SCOPE_SERVICE))
     trace.warnings.append(f"nodes/{pod.node} has no OVS flows (host-only bundle): only the "
                           f"Service translation on {pod.node} is traced, not the pod-to-pod "
@@ -164,7 +164,7 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
     else:
         branches, component = evaluate_hook(rs, "PREROUTING", pkt, ctx), "iptables"
     if not branches:
-        from traceflow.netfilter.engine import Branch
+        from traceflow.engines.netfilter.engine import Branch
         branches = [Branch(1.0, pkt.copy(), "ACCEPT", [])]
     def forward(pkt):
         """The filter FORWARD hook (kube-proxy rejects Services without endpoints there)."""

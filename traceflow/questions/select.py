@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 
-from traceflow.errors import InputError
-from traceflow.kube import Cluster, Pod, Service
+from traceflow.model.errors import InputError
+from traceflow.bundle.kube import Cluster, Pod, Service
 
 _SELECTOR_TERM = re.compile(r"^\s*(!)?\s*([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*))?\s*$")
 
@@ -92,7 +92,7 @@ class Resolver:
         return [self.cluster.pod(ref.removeprefix("pod/"), namespace)]
 
     def _select(self, selector: dict, namespace: str) -> list[Pod]:
-        from traceflow.kube import selects
+        from traceflow.bundle.kube import selects
         return sorted((p for p in self.cluster.pods if p.namespace == namespace
                        and not p.host_network and p.phase == "Running" and p.ip
                        and selects(selector, p.labels)), key=lambda p: p.key)
@@ -101,7 +101,7 @@ class Resolver:
         """The Deployment's pods by their ReplicaSet owner; a pod whose object carries no
         ownerReferences (a hand-written or generated bundle) by the Deployment controller's
         naming, <deployment>-<template hash>-<5 characters>."""
-        from traceflow.resolve import _deployment_pods
+        from traceflow.cli.resolve import _deployment_pods
         owned = {p.key for p in _deployment_pods(self.cluster, name, namespace)}
         pods = sorted((p for p in self.cluster.pods if p.namespace == namespace
                        and p.phase == "Running"
@@ -149,7 +149,7 @@ class Resolver:
     def _service(self, svc: Service, port, protocol, where) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", where)
-        from traceflow.resolve import service_port
+        from traceflow.cli.resolve import service_port
         try:   # the CLI's rules: a number served over TCP and UDP (DNS) is never guessed
             sp = service_port(svc, None if port in (None, "") else str(port), protocol)
         except InputError as err:

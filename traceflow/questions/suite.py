@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from traceflow.errors import InputError
+from traceflow.model.errors import InputError
 
 EXPECTS = ("delivered", "dropped", "dropped-by-policy", "unknown")
 TOP_KEYS = {"suite", "namespace", "expectations"}

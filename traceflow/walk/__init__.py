@@ -6,8 +6,8 @@
 - ``host``: the kernel host stack every CNI shares (conntrack, netfilter, routing, IPVS,
   neighbours).
 - ``pod``: a pod's own routes and neighbours (the first hop out of eth0).
-- ``datapath``: what a CNI provides (``traceflow.cni.antrea_datapath``,
-  ``traceflow.cni.cilium_datapath``): how a packet leaves a pod, the components of its own
+- ``datapath``: what a CNI provides (``traceflow.cni.antrea.datapath``,
+  ``traceflow.cni.cilium.datapath``): how a packet leaves a pod, the components of its own
   places (an OVS bridge, BPF programs on hooks), and where a device the host stack sends to
   leads.
 """

@@ -11,11 +11,11 @@ committed and NAT is undone where the real datapath undoes it.
 
 from __future__ import annotations
 
-from traceflow import kube
-from traceflow.errors import InputError
-from traceflow.packet import PROTO_NUMBERS, Packet
-from traceflow.snapshot import Missing, Snapshot
-from traceflow.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.bundle import kube
+from traceflow.model.errors import InputError
+from traceflow.model.packet import PROTO_NUMBERS, Packet
+from traceflow.bundle.snapshot import Missing, Snapshot
+from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
 from traceflow.walk.host import HostStack
 from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
 
@@ -55,7 +55,7 @@ class Solver:
                 raise InputError(f"no path reaches endpoint {q.endpoint!r}", "--endpoint")
         trace.paths = paths
         # a path the datapath delivered that the NetworkPolicies as written deny is called out
-        from traceflow.policycheck import note_disagreements
+        from traceflow.walk.intent import note_disagreements
         note_disagreements(self.cluster, q.source, q.protocol.upper(), trace)
         trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
         return trace

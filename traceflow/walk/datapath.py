@@ -1,8 +1,8 @@
 """What a CNI provides to the walk: the Datapath interface.
 
 A Datapath knows its CNI's places and conventions; the solver core and the host stack know
-only this interface. Antrea's is ``traceflow.cni.antrea_datapath`` (an OVS bridge with a
-gateway and a tunnel port), Cilium's ``traceflow.cni.cilium_datapath`` (BPF programs on
+only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
+gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
 the hooks of lxc, native and overlay devices).
 """
 

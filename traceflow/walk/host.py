@@ -5,10 +5,10 @@ that device leads (back into a CNI's datapath, out of the node) the CNI's Datapa
 
 from __future__ import annotations
 
-from traceflow.conntrack import reverse
-from traceflow.packet import Packet
-from traceflow.snapshot import NodeModel
-from traceflow.trace import Drop, Hop, Verdict
+from traceflow.model.conntrack import reverse
+from traceflow.model.packet import Packet
+from traceflow.bundle.snapshot import NodeModel
+from traceflow.model.trace import Drop, Hop, Verdict
 from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, fmt as _fmt, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
 
@@ -31,7 +31,7 @@ class HostStack:
         return self._host(b, loc, q)
 
     def _host(self, b: Branch, loc: AtHost, q: Query) -> list:
-        from traceflow.netfilter.engine import NodeContext
+        from traceflow.engines.netfilter.engine import NodeContext
         node = self.snap.node(loc.node)
         pkt = loc.packet.copy()
         ct = b.ct(loc.node)
@@ -79,7 +79,7 @@ class HostStack:
         if hasattr(rs, "evaluate_hook"):          # nftables
             branches, component = rs.evaluate_hook(hook, pkt, ctx), "nft"
         else:
-            from traceflow.netfilter.engine import evaluate_hook
+            from traceflow.engines.netfilter.engine import evaluate_hook
             branches, component = evaluate_hook(rs, hook, pkt, ctx), "iptables"
         out = []
         for nf in branches:
@@ -143,7 +143,7 @@ class HostStack:
 
     def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
                use_src: bool = True):
-        from traceflow.routing.lookup import route_lookup
+        from traceflow.engines.routing.lookup import route_lookup
         dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst,
                            src=pkt.nw_src if use_src else None, iif=iif,
                            mark=pkt.mark, local_addresses=node.local_addresses,
@@ -225,7 +225,7 @@ class HostStack:
         return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
-        from traceflow.neigh import ethernet_mac, resolve
+        from traceflow.engines.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
         iface = node.interface(dec.dev)
         before = pkt.copy()

@@ -13,8 +13,8 @@ functions only chain its steps in the kernel's order for a locally sent or recei
 
 from __future__ import annotations
 
-from traceflow.errors import InputError
-from traceflow.trace import Hop, Verdict
+from traceflow.model.errors import InputError
+from traceflow.model.trace import Hop, Verdict
 
 NEEDED = ("ip-route.txt", "ip-addr.txt")
 
@@ -32,7 +32,7 @@ def check_source(snap, pod) -> None:
 
 def send(host, branch, pod, packet, at_host):
     """[(branch, next location or None)] for ``packet`` sent by hostNetwork ``pod``."""
-    from traceflow.netfilter.engine import NodeContext
+    from traceflow.engines.netfilter.engine import NodeContext
     node_name = pod.node
     node = host.snap.node(node_name)
     loc = at_host(node_name, None, packet)
@@ -78,7 +78,7 @@ def send(host, branch, pod, packet, at_host):
         outcomes.extend(host._postrouting(ob, node_name, node, opkt, ctx, odec))
     tup = (orig.nw_proto, orig.nw_src, orig.tp_src, orig.nw_dst, orig.tp_dst)
     # one outcome at a time: a file one branch lacks must not end the other branches
-    from traceflow.snapshot import Missing
+    from traceflow.bundle.snapshot import Missing
     results = []
     for outcome in outcomes:
         try:
@@ -91,7 +91,7 @@ def send(host, branch, pod, packet, at_host):
 def _over_loopback(b, node_name: str, pkt, dec):
     """A locally sent packet for one of the node's own addresses goes over `lo` to a local
     socket: whether something listens there is not in the bundle."""
-    from traceflow.trace import Drop
+    from traceflow.model.trace import Drop
     return b.finish(Verdict.UNKNOWN, Drop(
         node_name, "route", dec.table, dec.route.text if dec.route is not None else None,
         f"{pkt.nw_dst} is {node_name}'s own address: the packet goes over lo to a local socket "

@@ -1,0 +1,242 @@
+"""A bundle parsed into the vendor-independent model: the cluster plus one NodeModel per node.
+
+Each node's files are parsed the first time a trace needs them, so a trace touching two
+nodes of a fifty-node bundle reads two nodes' files. A file a trace needs but the bundle
+lacks is reported by name (``needs nodes/worker2/ip-route.txt``) via ``Missing``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from traceflow.cni.antrea import conventions as antrea
+from traceflow.model.errors import InputError
+from traceflow.bundle.kube import Cluster
+from traceflow.model.lowgc import paused
+from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
+from traceflow.engines.ovs.pipeline import Annotator, Bridge
+
+
+class Missing(Exception):
+    """A file the trace needs is not in the bundle."""
+
+    def __init__(self, name: str, why: str = ""):
+        self.name = name
+        super().__init__(f"needs {name}" + (f" ({why})" if why else ""))
+
+
+class NodeModel:
+    def __init__(self, snapshot: "Snapshot", name: str):
+        self.snapshot = snapshot
+        self.name = name
+        self._bundle = snapshot.bundle
+
+    def _file(self, filename: str) -> tuple[str, str] | None:
+        return self._bundle.node_file(self.name, filename)
+
+    def _need(self, filename: str, why: str = "") -> tuple[str, str]:
+        got = self._file(filename)
+        if got is None:
+            raise Missing(f"nodes/{self.name}/{filename}", why)
+        return got
+
+    # ---- OVS --------------------------------------------------------------------------
+    @cached_property
+    def bridge(self) -> Bridge:
+        with paused():
+            return self._bridge()
+
+    def _bridge(self) -> Bridge:
+        text, name = self._need("ovs-flows.txt", "OVS flows")
+        ports = parse_show(*self._need("ovs-show.txt", "OVS port numbers"))
+        groups = parse_groups(*self._file("ovs-groups.txt")) if self._file("ovs-groups.txt") else {}
+        tables = parse_tables(*self._file("ovs-tables.txt")) if self._file("ovs-tables.txt") else {}
+        self.flow_text = text
+        from traceflow.bundle.index import load_flow_dump
+        bridge = Bridge(self.name, load_flow_dump(text, name), groups, ports, tables)
+        # `ovs-ofctl show` gives no port types: the CNI knows its tunnel port, and output to it
+        # without a tunnel destination sends nothing (as OVS does)
+        tun = self.snapshot.conventions.tunnel_port(ports)
+        if tun and bridge.port_number(tun) is not None:
+            bridge.tunnel_ports.add(bridge.port_number(tun))
+        return bridge
+
+    @cached_property
+    def annotator(self) -> Annotator:
+        if self.snapshot.cni != "antrea":
+            return Annotator()
+        names = {num: name for name, num in self.bridge.table_numbers.items()}
+        return antrea.AntreaAnnotator(self.snapshot.cni_version, self.name, self.bridge.ports,
+                                      self.snapshot.cluster.node_ips(), names or None)
+
+    @cached_property
+    def pod_ports(self) -> "antrea.PodPorts":
+        """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
+        (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
+        bundle index when the flow dump has been seen before (checked as it is used)."""
+        with paused():          # one row per local Pod: 25,000 on a big node
+            return self._pod_ports()
+
+    def _pod_ports(self) -> "antrea.PodPorts":
+        from traceflow.bundle.index import flow_dump_derived, forget_flow_dump_derived
+        bridge = self.bridge
+        lines = bridge.flows.text_lines()
+
+        def port_name(port: str) -> str:
+            if port.isdecimal() and int(port) in bridge.port_by_number:
+                return bridge.port_by_number[int(port)].name
+            return port
+        rows = flow_dump_derived(bridge.flows, "antrea-pod-ports",
+                                 lambda: antrea.pod_port_rows(lines), antrea.pod_port_rows_valid)
+        return antrea.PodPorts(rows, lines, port_name,
+                               lambda: forget_flow_dump_derived(bridge.flows, "antrea-pod-ports"))
+
+    # ---- host networking ---------------------------------------------------------------
+    @cached_property
+    def netfilter(self):
+        """The node's packet filter: `nft list ruleset` when kube-proxy runs in nftables mode
+        (that listing holds every table, iptables-nft's too), else the iptables rules."""
+        from traceflow.engines.netfilter.iptables import parse_iptables_list
+        nft = self._file("nft.txt")
+        ipt = self._file("iptables-save.txt") or self._file("iptables-nat-list.txt")
+        if nft is not None and self.snapshot.kube_proxy == "nftables":
+            # chains, sets and maps are parsed when the walk first uses them (20k Services list
+            # 500k lines); a bad rule is then a located error when the walk reads its chain
+            from traceflow.bundle.index import parse_nft_ruleset as read_nft
+            with paused():
+                rs = read_nft(*nft)
+            rs.raise_for_errors()
+            if ipt is not None:   # both apply in the kernel; only one is traced: say so
+                rs.caveats.append(f"{ipt[1]} is in the bundle but not traced (kube_proxy: "
+                                  f"nftables traces {nft[1]}); rules only it holds are not seen")
+            return rs
+        if ipt is None:
+            return None
+        if ipt[1].endswith("iptables-save.txt"):
+            # chains are parsed when the walk enters them (a big cluster has 200k rules a
+            # trace never reads); a bad rule is then a located error, as it is here
+            from traceflow.bundle.index import parse_iptables_save as read_save
+            with paused():
+                rs = read_save(*ipt)
+        else:
+            rs = parse_iptables_list(*ipt, table="nat")
+        rs.raise_for_errors()
+        if nft is not None:
+            rs.caveats.append(f"{nft[1]} is in the bundle but not traced (kube_proxy: "
+                              f"{self.snapshot.kube_proxy} traces {ipt[1]}); rules only it holds "
+                              "are not seen")
+        return rs
+
+    @cached_property
+    def ipvs(self):
+        """IPVS virtual servers (`ipvsadm -Ln`), when the node has them."""
+        got = self._file("ipvs.txt")
+        if got is None:
+            return None
+        from traceflow.engines.netfilter.ipvs import parse_ipvsadm
+        table = parse_ipvsadm(*got)
+        table.raise_for_errors()
+        return table
+
+    @cached_property
+    def ipsets(self):
+        got = self._file("ipset.txt")
+        if got is None:
+            return None
+        from traceflow.engines.netfilter.ipset import parse_ipset_list
+        return parse_ipset_list(*got)
+
+    @cached_property
+    def ip_rules(self):
+        from traceflow.engines.routing.parse import parse_ip_rules
+        got = self._file("ip-rule.txt")
+        if got is None:
+            # every Linux host has these three; say so rather than fail
+            return parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
+                                  "32767:\tfrom all lookup default\n",
+                                  f"(default rules: nodes/{self.name}/ip-rule.txt absent)")
+        return parse_ip_rules(*got)
+
+    @cached_property
+    def routes(self):
+        from traceflow.engines.routing.parse import parse_ip_routes
+        return parse_ip_routes(*self._need("ip-route.txt", "routing table"))
+
+    @cached_property
+    def neighbours(self):
+        from traceflow.engines.neigh import parse_ip_neigh
+        got = self._file("ip-neigh.txt")
+        return parse_ip_neigh(*got) if got else None
+
+    @cached_property
+    def sysctls(self):
+        """Per-device routing sysctls (rp_filter, forwarding ...) when the bundle has them."""
+        got = self._file("sysctl.txt")
+        if got is None:
+            return None
+        from traceflow.engines.routing.sysctl import parse_sysctls
+        return parse_sysctls(*got)
+
+    @cached_property
+    def interfaces(self):
+        from traceflow.engines.routing.parse import parse_ip_addr
+        got = self._file("ip-addr.txt")
+        return parse_ip_addr(*got) if got else []
+
+    @cached_property
+    def local_addresses(self) -> set[str]:
+        addrs = {a.address for i in self.interfaces for a in i.addresses if a.family == 4}
+        node = next((n for n in self.snapshot.cluster.nodes if n.name == self.name), None)
+        if node and node.internal_ip:
+            addrs.add(node.internal_ip)
+        return addrs
+
+    def interface(self, name: str):
+        return next((i for i in self.interfaces if i.name == name), None)
+
+
+class Snapshot:
+    def __init__(self, bundle):
+        self.bundle = bundle
+        m = bundle.manifest
+        self.cni = str(m.get("cni", "")).lower()
+        self.cni_version = m.get("cni_version")
+        self.kube_proxy = str(m.get("kube_proxy", "iptables")).lower()
+        self.service_cidr = m.get("service_cidr")
+        self._nodes: dict[str, NodeModel] = {}
+
+    @cached_property
+    def conventions(self):
+        """The CNI's conventions the solver relies on (traceflow.cni.antrea.conventions / cilium)."""
+        if self.cni == "cilium":
+            from traceflow.cni.cilium.node import CiliumConventions
+            return CiliumConventions()
+        return antrea.AntreaConventions()
+
+    @cached_property
+    def cluster(self) -> Cluster:
+        from traceflow.bundle.index import load_cluster as load_indexed
+        with paused():
+            return load_indexed(self.bundle)
+
+    def node(self, name: str) -> NodeModel:
+        if name not in self._nodes:
+            if name not in self.bundle.node_names():
+                raise Missing(f"nodes/{name}/", "the node's files are not in the bundle")
+            self._nodes[name] = NodeModel(self, name)
+        return self._nodes[name]
+
+    def pod_files(self, pod) -> dict:
+        out = {}
+        for f in ("ip-route.txt", "ip-neigh.txt", "ip-addr.txt"):
+            got = self.bundle.pod_file(pod.namespace, pod.name, f)
+            if got:
+                out[f] = got
+        return out
+
+
+def check_supported(snapshot: Snapshot) -> None:
+    from traceflow.cni import SUPPORTED
+    if snapshot.cni not in SUPPORTED:
+        raise InputError(f"cni {snapshot.cni!r}: traceflow traces Antrea and Cilium bundles "
+                         "end to end", "manifest.yaml")

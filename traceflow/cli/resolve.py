@@ -1,0 +1,341 @@
+"""What people type, resolved against the bundle's Kubernetes objects.
+
+A source or destination can be a pod name, `namespace/pod`, `pod/NAME`, `deploy/NAME`,
+`svc/NAME`, or an IP (a pod's IP, a Service's cluster IP, a node's IP for its hostNetwork pods).
+Ports are numbers or names. Every refusal says what to type instead: the namespace where a pod
+is, that a name is a Service and not a pod, the ports a Service has.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from traceflow.model.errors import InputError
+from traceflow.bundle.kube import Cluster, Pod, Service, ServicePort
+
+PODS, SERVICES = "k8s/pods.yaml", "k8s/services.yaml"
+DEPLOY_PREFIXES = ("deploy/", "deployment/", "deployments/", "deployment.apps/")
+SVC_PREFIXES = ("svc/", "service/", "services/")
+POD_PREFIXES = ("pod/", "pods/", "po/")
+
+
+def _ip(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def _split(ref: str, namespace: str) -> tuple[str, str]:
+    if "/" in ref:
+        ns, name = ref.split("/", 1)
+        return ns, name
+    return namespace, ref
+
+
+def _strip(ref: str, prefixes) -> str | None:
+    """``ref`` without one of ``prefixes`` (``ns/deploy/x`` style is not a Kubernetes form)."""
+    for p in prefixes:
+        if ref.startswith(p):
+            return ref[len(p):]
+    return None
+
+
+def _running_first(pods: list) -> list:
+    return sorted(pods, key=lambda p: (p.phase != "Running", not p.ip, p.name))
+
+
+# ---- pods ----------------------------------------------------------------------------------
+
+def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod:
+    """The pod ``ref`` names (see the module doc), or an InputError saying what to type."""
+    ref = ref.strip()
+    if not ref:
+        raise InputError(f"the {role} is empty: give a pod name, namespace/pod, deploy/NAME or an IP",
+                         role.upper())
+    ip = _ip(ref)
+    if ip is not None:
+        return _pod_by_ip(cluster, ip, role)
+    name = _strip(ref, DEPLOY_PREFIXES)
+    if name is not None:
+        return _pod_of_deployment(cluster, name, namespace)
+    name = _strip(ref, SVC_PREFIXES)
+    if name is not None:
+        svc = service(cluster, name, namespace)
+        raise InputError(f"{svc.key} is a Service, not a pod: {_svc_hint(cluster, role, svc)}",
+                         role.upper())
+    ref = _strip(ref, POD_PREFIXES) or ref
+    ns, name = _split(ref, namespace)
+    found = cluster.find_pod(ns, name)
+    if found is not None:
+        return found
+    raise InputError(_pod_not_found(cluster, ns, name, role), PODS)
+
+
+def _svc_hint(cluster: Cluster, role: str, svc: Service) -> str:
+    if role == "destination":
+        return f"use `traceflow pod-to-svc SOURCE {svc.key}`"
+    pods = _service_pods(cluster, svc)
+    return ("a Service sends nothing: trace from a pod" +
+            (f", e.g. one of its endpoints ({', '.join(pods)})" if pods else ""))
+
+
+def _pod_not_found(cluster: Cluster, ns: str, name: str, role: str) -> str:
+    import difflib
+    msg = f"pod {ns}/{name} not found"
+    elsewhere = sorted(p.namespace for p in cluster.pods if p.name == name)
+    if elsewhere:
+        where = ", ".join(elsewhere)
+        return (f"{msg}; it exists in namespace {where}: use -n {elsewhere[0]} or "
+                f"{elsewhere[0]}/{name}")
+    svcs = [s for s in cluster.services if s.name == name]
+    svc = next((s for s in svcs if s.namespace == ns), svcs[0] if svcs else None)
+    if svc is not None:
+        return f"{msg}: {svc.key} is a Service, not a pod: {_svc_hint(cluster, role, svc)}"
+    owned = _deployment_pods(cluster, name, ns)
+    if owned:
+        return f"{msg}; {ns}/{name} is a Deployment: use deploy/{name} (pods: " \
+               f"{', '.join(p.name for p in owned)})"
+    close = difflib.get_close_matches(name, [p.name for p in cluster.pods if p.namespace == ns], n=3)
+    if close:
+        msg += f"; did you mean: {', '.join(close)}?"
+    return msg
+
+
+def _service_pods(cluster: Cluster, svc: Service) -> list:
+    keys = [pk for _, pk, _ in cluster.endpoints_of(svc.key) if pk]
+    return list(dict.fromkeys(keys))[:5]
+
+
+def _pod_by_ip(cluster: Cluster, ip: str, role: str) -> Pod:
+    pods = cluster.pods_at(ip)
+    own = [p for p in pods if not p.host_network]
+    if own:
+        return own[0]
+    svc = cluster.service_at(ip)
+    if svc is not None:
+        raise InputError(f"{ip} is the cluster IP of Service {svc.key}, not a pod: "
+                         f"{_svc_hint(cluster, role, svc)}", role.upper())
+    if pods:        # a node's address: its hostNetwork pods share it
+        return _running_first(pods)[0]
+    node = cluster.node_by_ip(ip)
+    if node is not None:
+        raise InputError(f"{ip} is node {node.name}'s address and the bundle has no hostNetwork "
+                         "pod on it to trace from", role.upper())
+    raise InputError(f"no pod or Service in the bundle has the IP {ip}", PODS)
+
+
+def _deployment_pods(cluster: Cluster, name: str, ns: str) -> list:
+    """The pods of Deployment ``name``: owned by a ReplicaSet named ``name-<pod-template-hash>``
+    (the Deployment controller's naming), the hash being the pods' ``pod-template-hash`` label."""
+    out = []
+    for p in cluster.pods_owned(name + "-", ns):
+        for kind, owner in p.owners:
+            if kind != "ReplicaSet" or not owner.startswith(name + "-"):
+                continue
+            suffix = owner[len(name) + 1:]
+            if p.labels.get("pod-template-hash", suffix) == suffix and "-" not in suffix:
+                out.append(p)
+    return out
+
+
+def _pod_of_deployment(cluster: Cluster, ref: str, namespace: str) -> Pod:
+    ns, name = _split(ref, namespace)
+    pods = _deployment_pods(cluster, name, ns)
+    if not pods:
+        elsewhere = sorted({p.namespace for p in cluster.pods_owned(name + "-")
+                            if _deployment_pods(cluster, name, p.namespace)})
+        hint = (f"; it exists in namespace {', '.join(elsewhere)}: use -n {elsewhere[0]}"
+                if elsewhere else "")
+        raise InputError(f"no pod of Deployment {ns}/{name} in the bundle (pods are matched by "
+                         f"their ReplicaSet owner {name}-<hash>){hint}", PODS)
+    return _running_first(pods)[0]
+
+
+# ---- services ------------------------------------------------------------------------------
+
+def service(cluster: Cluster, ref: str, namespace: str) -> Service:
+    ref = ref.strip()
+    ip = _ip(ref)
+    if ip is not None:
+        s = cluster.service_at(ip)
+        if s is not None:
+            return s
+        p = cluster.pod_by_ip(ip)
+        if p is not None:
+            raise InputError(f"{ip} is pod {p.key}'s IP, not a Service: use `traceflow pod-to-pod "
+                             f"SOURCE {p.key}`", "SERVICE")
+        raise InputError(f"no Service in the bundle has the cluster IP {ip}", SERVICES)
+    ref = _strip(ref, SVC_PREFIXES) or ref
+    if _strip(ref, POD_PREFIXES) is not None or _strip(ref, DEPLOY_PREFIXES) is not None:
+        raise InputError(f"{ref} is not a Service: pod-to-svc needs a Service (name, "
+                         "namespace/name or svc/NAME); use pod-to-pod for a pod", "SERVICE")
+    ns, name = _split(ref, namespace)
+    found = cluster.find_service(ns, name)
+    if found is not None:
+        return found
+    msg = f"service {ns}/{name} not found"
+    elsewhere = sorted(s.namespace for s in cluster.services if s.name == name)
+    if elsewhere:
+        raise InputError(f"{msg}; it exists in namespace {', '.join(elsewhere)}: use -n "
+                         f"{elsewhere[0]} or {elsewhere[0]}/{name}", SERVICES)
+    p = next((p for p in cluster.pods if p.name == name), None)
+    if p is not None:
+        raise InputError(f"{msg}: {p.key} is a pod, not a Service: use `traceflow pod-to-pod "
+                         f"SOURCE {p.key}`", SERVICES)
+    import difflib
+    close = difflib.get_close_matches(name, [s.name for s in cluster.services if s.namespace == ns], n=3)
+    if close:
+        msg += f"; did you mean: {', '.join(close)}?"
+    raise InputError(msg, SERVICES)
+
+
+def _fmt_port(p: ServicePort) -> str:
+    return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
+
+
+def service_port(svc: Service, port: str | None, protocol: str | None) -> ServicePort:
+    """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
+    Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
+    if not svc.ports:
+        raise InputError(f"service {svc.key} has no ports", SERVICES)
+    has = ", ".join(_fmt_port(p) for p in svc.ports)
+    proto = protocol.upper() if protocol else None
+    cands = list(svc.ports)
+    if port is not None:
+        port = port.strip()
+        if port.isdigit():
+            _check_port(int(port), "--port")
+            cands = [p for p in cands if p.port == int(port)]
+        else:
+            cands = [p for p in cands if p.name and p.name == port]
+        if not cands:
+            raise InputError(f"service {svc.key} has no port {port!r} (it has {has})", "--port")
+    if proto is not None:
+        kept = [p for p in cands if p.protocol.upper() == proto]
+        if not kept:
+            what = f"port {port} over {proto}" if port is not None else f"{proto} port"
+            raise InputError(f"service {svc.key} has no {what} (it has {has})", "--protocol")
+        cands = kept
+    if len(cands) > 1:
+        protos = sorted({p.protocol.upper() for p in cands})
+        if port is not None and len(protos) > 1:
+            by = "; ".join(f"--protocol {p.protocol.lower()}" + (f" or --port {p.name}" if p.name else "")
+                           for p in cands)
+            raise InputError(f"port {port} of service {svc.key} is served over "
+                             f"{' and '.join(protos)}: choose one ({by})", "--port")
+        raise InputError(f"service {svc.key} has several ports ({has}): choose one with --port",
+                         "--port")
+    return cands[0]
+
+
+def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
+    """A destination port for pod-to-pod: a number, or the name of one of its container ports.
+    Returns (number, the named port's protocol or None); ``protocol`` (when the user gave
+    one) must agree with a named port's."""
+    port = port.strip()
+    if port.isdigit():
+        return _check_port(int(port), "--port"), None
+    named = [(n, num, pr.upper()) for n, num, pr in pod.container_ports if n == port]
+    if protocol is not None:
+        kept = [x for x in named if x[2] == protocol.upper()]
+        if named and not kept:
+            has = ", ".join(f"{num}/{pr}" for _, num, pr in named)
+            raise InputError(f"container port {port!r} of pod {pod.key} is {has}, not "
+                             f"{protocol.upper()}", "--protocol")
+        named = kept
+    if named:
+        return named[0][1], named[0][2]
+    listed = ", ".join(f"{n} ({num}/{pr})" for n, num, pr in pod.container_ports if n)
+    raise InputError(f"pod {pod.key} has no container port named {port!r} "
+                     f"({'its named ports: ' + listed if listed else 'it names no ports'})", "--port")
+
+
+def _check_port(n: int, option: str) -> int:
+    if not 1 <= n <= 65535:
+        raise InputError(f"{n} is not a port number (1-65535)", option)
+    return n
+
+
+# ---- the endpoint pin ------------------------------------------------------------------------
+
+def endpoint(cluster: Cluster, ref: str | None, namespace: str, svc: Service | None) -> str | None:
+    """``--endpoint`` as the paths name their endpoint: a pod key (name, namespace/pod or the
+    pod's IP) or, for an endpoint that is no pod, its IP. Checked against the Service's
+    endpoints, so a typo is an error listing them, not an empty trace."""
+    if ref is None:
+        return None
+    ref = ref.strip()
+    eps = cluster.endpoints_of(svc.key) if svc is not None else []
+    ip = _ip(ref)
+    if ip is not None:
+        p = cluster.pod_by_ip(ip)
+        key = p.key if p is not None else ip
+    else:
+        ns, name = _split(_strip(ref, POD_PREFIXES) or ref, svc.namespace if svc else namespace)
+        key = f"{ns}/{name}"
+    if svc is not None and eps:
+        known = {pk or addr for addr, pk, _ in eps} | {addr for addr, _, _ in eps}
+        if key not in known:
+            names = ", ".join(dict.fromkeys(f"{pk} ({addr})" if pk else addr for addr, pk, _ in eps))
+            raise InputError(f"{ref} is not an endpoint of service {svc.key} (its endpoints: "
+                             f"{names})", "--endpoint")
+        if ip is not None and key == ip:
+            key = next((pk for addr, pk, _ in eps if addr == ip and pk), ip)
+    return key
+
+
+# ---- option values ---------------------------------------------------------------------------
+
+def mark(text: str) -> int:
+    """A packet mark as `ip rule`/iptables print it: decimal or 0x hex."""
+    try:
+        value = int(text.strip(), 0)
+    except ValueError:
+        raise InputError(f"{text!r} is not a mark: give a number, decimal or hex (0x4000)",
+                         "--mark") from None
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise InputError(f"{text} does not fit in 32 bits", "--mark")
+    return value
+
+
+def bundles_below(folder: Path, limit: int = 20) -> list[str]:
+    """Bundles (folders with a manifest.yaml, .tar.gz files) up to three levels below
+    ``folder``, for a hint when ``folder`` itself is not one."""
+    found: list[str] = []
+    frontier = [folder]
+    for _ in range(3):
+        nxt = []
+        for d in frontier:
+            try:
+                entries = sorted(d.iterdir())
+            except OSError:
+                continue
+            for e in entries:
+                if len(found) >= limit:
+                    return found
+                if e.is_symlink():
+                    continue
+                if e.is_dir():
+                    if (e / "manifest.yaml").is_file():
+                        found.append(str(e))
+                    else:
+                        nxt.append(e)
+                elif e.name.endswith((".tar.gz", ".tgz")):
+                    found.append(str(e))
+        frontier = nxt[:200]
+    return found
+
+
+def bundle_hint(path: Path, err: InputError) -> InputError:
+    """A folder given as --bundle that is not a bundle: the same error, listing the bundles
+    below it."""
+    if not path.is_dir() or (path / "manifest.yaml").is_file() or err.line is not None:
+        return err                 # a bundle with a bad file: the error as it is
+    below = bundles_below(path)
+    if not below:
+        return err
+    return InputError(f"{path} is not a bundle ({err.reason}); bundles below it: "
+                      f"{', '.join(below)}: pass one of them to --bundle", err.file or "--bundle",
+                      err.line, err.text)

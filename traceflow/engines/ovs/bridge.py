@@ -1,0 +1,137 @@
+"""The rest of a bridge's state: groups (`dump-groups`), ports (`ovs-ofctl show`) and
+table names (`dump-tables` / `dump-table-features`)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from traceflow.model.errors import InputError, Source
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs.flows import _DOC_NUMBER, logical_lines
+
+
+@dataclass(frozen=True)
+class Bucket:
+    bucket_id: int
+    weight: int
+    action_text: str
+    text: str
+
+    @functools.cached_property
+    def actions(self) -> tuple:
+        """Parsed on first use: AntreaProxy dumps hold tens of thousands of groups and a
+        trace meets a few."""
+        return A.parse_actions(self.action_text)
+
+
+@dataclass(frozen=True)
+class Group:
+    group_id: int
+    type: str            # select | all | indirect | ff
+    buckets: tuple
+    source: Source
+    text: str
+
+    @functools.cached_property
+    def bucket_by_id(self) -> dict:
+        return {b.bucket_id: b for b in reversed(self.buckets)}   # the first of a duplicate id
+
+    @functools.cached_property
+    def total_weight(self) -> int:
+        return sum(b.weight for b in self.buckets) or 1
+
+
+def parse_groups(text: str, name: str) -> dict[int, Group]:
+    groups: dict[int, Group] = {}
+    for lineno, line in logical_lines(text):
+        line = _DOC_NUMBER.sub("", line.strip())
+        if not line or line.startswith(("OFPST_GROUP", "NXST_GROUP", "OFPT_", "#")):
+            continue
+        src = Source(name, lineno, line)
+        head, sep, rest = line.partition(",bucket=")
+        fields = dict(p.partition("=")[::2] for p in head.split(","))
+        if "group_id" not in fields:
+            raise InputError.at(src, "not a group: no group_id=")
+        try:
+            gid = int(fields["group_id"], 0)
+        except ValueError:
+            raise InputError.at(src, f"bad group_id {fields['group_id']!r}") from None
+        buckets = []
+        if sep:
+            for i, btext in enumerate(("bucket=" + rest).split(",bucket=")):
+                buckets.append(_bucket(btext.removeprefix("bucket="), i, src))
+        groups[gid] = Group(gid, fields.get("type", "all"), tuple(buckets), src, line)
+    return groups
+
+
+def _bucket(text: str, index: int, src: Source) -> Bucket:
+    bucket_id, weight = index, 100
+    rest = text
+    # "bucket_id:0,weight:100,actions=..." ; attributes come before actions=
+    head, sep, acts = rest.partition("actions=")
+    if not sep:
+        raise InputError.at(src, f"bucket {index} has no actions=")
+    for attr in head.strip(",").split(","):
+        k, _, v = attr.partition(":")
+        try:
+            if k == "bucket_id":
+                bucket_id = int(v, 0)
+            elif k == "weight":
+                weight = int(v, 0)
+        except ValueError:
+            raise InputError.at(src, f"bucket {index}: bad {k} {v!r}") from None
+    return Bucket(bucket_id, weight, acts, text)
+
+
+_PORT = re.compile(r"^\s*(\d+|LOCAL)\(([^)]+)\):\s*addr:([0-9a-fA-F:]+)")
+
+
+@dataclass(frozen=True)
+class Port:
+    number: int | None   # None for LOCAL (the bridge's own port, OpenFlow 65534)
+    name: str
+    mac: str
+    source: Source
+    config: tuple = ()   # "config:" flags of the port, e.g. ("NO_FWD",)
+
+
+_CONFIG = re.compile(r"^\s+config:\s+(.*)$")
+
+
+def parse_show(text: str, name: str) -> dict[str, Port]:
+    """`ovs-ofctl show br-int`: port name -> Port (number, MAC and config flags)."""
+    ports: dict[str, Port] = {}
+    last = None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _PORT.match(line)
+        if m:
+            number = None if m.group(1) == "LOCAL" else int(m.group(1))
+            last = ports[m.group(2)] = Port(number, m.group(2), m.group(3).lower(),
+                                            Source(name, n, line.strip()))
+            continue
+        c = _CONFIG.match(line)
+        if c and last is not None:
+            flags = tuple(w for w in c.group(1).split() if w != "0")
+            last = ports[last.name] = Port(last.number, last.name, last.mac, last.source, flags)
+    return ports
+
+
+_TABLE_LINE = [
+    re.compile(r'^\s*table\s+(\d+)\s*\("?([A-Za-z][\w-]*)"?\)'),      # table 0 ("Classifier"):
+    re.compile(r"^\s*(\d+):\s*([A-Za-z][\w-]*)\s*:"),                  # 0: Classifier: ...
+    re.compile(r"^\s*table_id=(\d+),\s*name=\"?([A-Za-z][\w-]*)"),    # table_id=0, name="X"
+]
+
+
+def parse_tables(text: str, name: str) -> dict[str, int]:
+    """Table name -> number from dump-tables or dump-table-features output."""
+    names: dict[str, int] = {}
+    for line in text.splitlines():
+        for rx in _TABLE_LINE:
+            m = rx.match(line)
+            if m:
+                names[m.group(2)] = int(m.group(1))
+                break
+    return names
