@@ -83,7 +83,7 @@ def detect(files: dict[str, bytes], origin: str = "") -> bool:
 
 
 def _untar(data: bytes, name: str):
-    from traceflow.bundle.reader import TarFiles
+    from traceflow.bundle.archive import TarFiles
     return TarFiles(data, name)
 
 
@@ -132,7 +132,7 @@ def _by_basename(files: Mapping) -> dict[str, str]:
 
 
 def _sanitize(doc):
-    from collectors.kube import sanitize
+    from traceflow.bundle.sanitize import sanitize
     if isinstance(doc, dict):
         for item in doc.get("items") or []:
             if isinstance(item, dict):
@@ -177,7 +177,7 @@ def _cluster_info(text: str, name: str) -> dict[str, dict]:
 
 def to_bundle_files(files: dict[str, bytes], origin: str) -> dict[str, bytes]:
     """The support bundle's files, mapped onto the bundle layout, with a manifest."""
-    from collectors.live import _tunnel_dev, detect_kube_proxy
+    from traceflow.bundle.detect import detect_kube_proxy, tunnel_dev
     out: dict[str, bytes] = {}
     sources: dict[str, str] = {}
     node_facts: dict[str, dict] = {}
@@ -202,7 +202,7 @@ def to_bundle_files(files: dict[str, bytes], origin: str) -> dict[str, bytes]:
             ref = ai.get("podRef") or {}
             if ref.get("name"):
                 facts["agent_pod"] = f"{ref.get('namespace', 'kube-system')}/{ref['name']}"
-        dev = _tunnel_dev(b"".join(agent_files[by_name[n]] for n in ("address", "link")
+        dev = tunnel_dev(b"".join(agent_files[by_name[n]] for n in ("address", "link")
                                    if n in by_name))
         if dev:
             facts["tunnel_dev"] = dev
