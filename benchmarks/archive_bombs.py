@@ -21,11 +21,11 @@ CHILD = """
 import resource, sys, time
 sys.path.insert(0, {root!r})
 from traceflow.bundle.reader import Bundle
-from traceflow.bundle.snapshot import Snapshot
+from traceflow.cni import open_snapshot
 from traceflow.questions.solver import Query, Solver
 t = time.perf_counter()
 b = Bundle.open({path!r})
-s = Snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')
+s = open_snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')
 tr = Solver(s).trace(Query('pod-to-svc', c.pod('frontend', 'default'), svc.cluster_ip, 80, 'TCP',
                            54321, svc.key, svc))
 print(f"{{time.perf_counter() - t:.1f}} {{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}}")

@@ -72,12 +72,12 @@ def one(n: int) -> None:
     """Runs in the child: build, trace, print one JSON line of numbers."""
     from traceflow.bundle.reader import Bundle
     from renderers.json_out import render_json
-    from traceflow.bundle.snapshot import Snapshot
+    from traceflow.cni import open_snapshot
     from traceflow.questions.solver import Query, Solver
     with tempfile.TemporaryDirectory() as tmp:
         path = build(n, Path(tmp) / "bundle")
         started = time.perf_counter()
-        snap = Snapshot(Bundle.open(path))
+        snap = open_snapshot(Bundle.open(path))
         c = snap.cluster
         svc = c.service("backendsvc", "default")
         trace = Solver(snap).trace(Query("pod-to-svc", c.pod("frontend", "default"), VIP, PORT,

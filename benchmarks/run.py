@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from traceflow.bundle.reader import Bundle  # noqa: E402
 from traceflow.cli.app import example_path  # noqa: E402
 from traceflow.engines.ovs.flows import FlowDump, parse_flows  # noqa: E402
-from traceflow.bundle.snapshot import Snapshot  # noqa: E402
+from traceflow.cni import open_snapshot  # noqa: E402
 from traceflow.questions.solver import Query, Solver  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def timed(fn, repeat=5):
 
 
 def trace_once(path: Path):
-    snap = Snapshot(Bundle.open(path))
+    snap = open_snapshot(Bundle.open(path))
     cl = snap.cluster
     svc = cl.service("backendsvc", "default")
     q = Query("pod-to-svc", cl.pod("frontend", "default"), svc.cluster_ip, 80, "TCP", 54321,

@@ -322,16 +322,17 @@ def test_unvouched_version_is_unknown_meaning():
 
 def _snapshot(bundle):
     from traceflow.bundle.reader import Bundle
-    from traceflow.bundle.snapshot import Snapshot
-    return Snapshot(Bundle.open(bundle))
+    from traceflow.cni import open_snapshot
+    return open_snapshot(Bundle.open(bundle))
 
 
 def test_pod_ports_from_spoofguard_flows():
-    v2 = _snapshot(V2).node("node1").pod_ports
+    from traceflow.cni.antrea.conventions import node_pod_ports
+    v2 = node_pod_ports(_snapshot(V2).node("node1"))
     assert v2 == {"10.10.0.26": ("client-6-3353ef", "5e:b5:e3:a6:90:b7"),
                   "10.10.0.24": ("web-7975-274540", "fa:b7:53:74:21:a6"),
                   "10.10.0.25": ("db-755c6-5080e3", "36:48:21:a2:9d:b4")}   # not the gateway's
-    v1 = _snapshot(V1).node("node1").pod_ports    # dumped without --names: in_port=4 -> name
+    v1 = node_pod_ports(_snapshot(V1).node("node1"))    # dumped without --names: in_port=4 -> name
     assert v1["10.10.0.3"] == ("client-4f7a21", "ce:f2:73:e6:af:8f")
 
 

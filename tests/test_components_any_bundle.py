@@ -28,6 +28,7 @@ from traceflow.cli.app import app
 from traceflow.questions.components import nf_component_trace
 from traceflow.examples import generate_kube_proxy as gen
 from traceflow.bundle.snapshot import Snapshot
+from traceflow.cni import open_snapshot
 
 EXAMPLES = Path(gen.__file__).resolve().parent
 CLIENT = "192.168.50.7"
@@ -37,7 +38,7 @@ runner = CliRunner()
 
 @cache
 def snap(mode: str) -> Snapshot:
-    return Snapshot(Bundle.open(EXAMPLES / f"kube-proxy-{mode}"))
+    return open_snapshot(Bundle.open(EXAMPLES / f"kube-proxy-{mode}"))
 
 
 def sample() -> list:

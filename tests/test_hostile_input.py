@@ -303,11 +303,11 @@ def test_gzip_bomb_member_is_never_read_and_memory_stays_bounded(tmp_path):
     assert bomb.stat().st_size < 3 * 1024 * 1024
     rss, out = _peak_rss_of(
         "from traceflow.bundle.reader import Bundle\n"
-        "from traceflow.bundle.snapshot import Snapshot\n"
+        "from traceflow.cni import open_snapshot\n"
         "from traceflow.questions.solver import Query, Solver\n"
         f"b = Bundle.open({str(bomb)!r})\n"
         "assert 'nodes/worker1/huge.txt' in b.names()\n"
-        "s = Snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')\n"
+        "s = open_snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')\n"
         "t = Solver(s).trace(Query('pod-to-svc', c.pod('frontend', 'default'), svc.cluster_ip,"
         " 80, 'TCP', 54321, svc.key, svc))\n"
         "print('VERDICT', t.verdict)\n")
@@ -346,8 +346,8 @@ def test_sparse_member_of_1gb_costs_no_memory_and_is_refused_when_read(tmp_path)
         "from traceflow.model.errors import InputError\n"
         f"b = Bundle.open({str(path)!r})\n"
         "assert 'nodes/worker1/sparse.txt' in b.names()\n"
-        "from traceflow.bundle.snapshot import Snapshot\n"
-        "s = Snapshot(b); s.cluster; s.node('worker1')\n"
+        "from traceflow.cni import open_snapshot\n"
+        "s = open_snapshot(b); s.cluster; s.node('worker1')\n"
         "try:\n    b.raw('nodes/worker1/sparse.txt')\n"
         "except InputError as e:\n    print('REFUSED', e)\n")
     assert "REFUSED nodes/worker1/sparse.txt: file is 1024 MB, more than the 256 MB" in out

@@ -478,9 +478,11 @@ def rule_allows(cluster: Cluster, policy: NetworkPolicy, direction: str, peer_ip
 
 
 def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_ip: str,
-                       proto: str, port: int | None) -> str:
+                       proto: str, port: int | None, *, not_read: str, agent: str) -> str:
     """Plain-English reason for a NetworkPolicy default-deny drop, naming the policies, and
-    saying so when the policies as written would allow the traffic (stale flows)."""
+    saying so when the policies as written would allow the traffic (stale flows). The CNI
+    says which of its own policies the bundle's objects lack (``not_read``) and which
+    ``agent`` realises policies on a node."""
     if pod is None:
         return f"no {direction} NetworkPolicy rule allows this traffic"
     ptype = "Egress" if direction == "egress" else "Ingress"
@@ -490,13 +492,13 @@ def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_i
     if not pols:
         return (f"{direction} default-deny for {pod.key}, but no NetworkPolicy in the bundle "
                 f"selects it for {ptype}: the node's flows are stale or the bundle lacks the "
-                "policy (Antrea-native policies are not read yet)")
+                f"policy ({not_read})")
     names = ", ".join(f"{p.namespace}/{p.name}" for p in pols)
     for p in pols:
         allowed, n = rule_allows(cluster, p, direction, peer_ip, proto, port)
         if allowed:
             return (f"NetworkPolicy {p.namespace}/{p.name} {direction} rule {n} allows {what} "
                     f"{peer} {peer_ip}, but the node's flows drop it: the agent has not "
-                    "(yet) realised the policy — check the antrea-agent on this node")
+                    f"(yet) realised the policy — check the {agent} on this node")
     return (f"NetworkPolicy {names} selects {pod.key} for {ptype} and none of its {direction} "
             f"rules allows {what} {peer} {peer_ip}")

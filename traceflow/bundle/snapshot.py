@@ -3,18 +3,51 @@
 Each node's files are parsed the first time a trace needs them, so a trace touching two
 nodes of a fifty-node bundle reads two nodes' files. A file a trace needs but the bundle
 lacks is reported by name (``needs nodes/worker2/ip-route.txt``) via ``Missing``.
+
+The snapshot names no CNI: what it needs of one comes from a ``Conventions`` object (below),
+which the registry (``traceflow.cni.open_snapshot``) builds from the manifest's ``cni``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any, Protocol
 
-from traceflow.cni.antrea import conventions as antrea
-from traceflow.model.errors import InputError
 from traceflow.bundle.kube import Cluster
-from traceflow.model.lowgc import paused
 from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.engines.ovs.pipeline import Annotator, Bridge
+from traceflow.model.lowgc import paused
+
+
+class Conventions(Protocol):
+    """What the neutral parts (this snapshot, the walk, the questions) may ask of a CNI; each
+    CNI package provides one (``traceflow.cni.<name>.conventions``)."""
+
+    name: str                       # as messages name the CNI: "Antrea"
+    # True when a node reaches other nodes' pod CIDRs through kernel routes (the audit checks
+    # them); False when the underlay or BPF does
+    kernel_routes_pod_cidrs: bool
+    # node files without which a pod's packet cannot be followed out of the pod on that node
+    # (the questions do not try the walk there)
+    datapath_files: tuple[str, ...]
+
+    def gateway_port(self, ports: dict) -> str | None:
+        """The OVS port of the node's gateway to the host stack, if the CNI has one."""
+
+    def tunnel_port(self, ports: dict) -> str | None:
+        """The OVS tunnel port (`ovs-ofctl show` gives no port types), if the CNI has one."""
+
+    def annotator(self, node: "NodeModel") -> Annotator:
+        """What explains a node's OVS pipeline (table names, register meanings)."""
+
+    def describe_mac(self, mac: str | None) -> str | None:
+        """A special MAC of the CNI's, explained; None for any other."""
+
+
+def manifest_cni(manifest: dict) -> tuple[str, Any]:
+    """(cni in lower case, "" when absent; cni_version) as the manifest says."""
+    return str(manifest.get("cni", "")).lower(), manifest.get("cni_version")
 
 
 class Missing(Exception):
@@ -30,6 +63,16 @@ class NodeModel:
         self.snapshot = snapshot
         self.name = name
         self._bundle = snapshot.bundle
+        self._derived: dict[str, Any] = {}
+
+    def derived(self, key: str, build: Callable[["NodeModel"], Any]) -> Any:
+        """What a CNI package builds from this node's files (Antrea's Pod ports ...), built
+        on first use and kept with the node: ``build(node)`` runs once per ``key``."""
+        try:
+            return self._derived[key]
+        except KeyError:
+            value = self._derived[key] = build(self)
+            return value
 
     def _file(self, filename: str) -> tuple[str, str] | None:
         return self._bundle.node_file(self.name, filename)
@@ -63,33 +106,7 @@ class NodeModel:
 
     @cached_property
     def annotator(self) -> Annotator:
-        if self.snapshot.cni != "antrea":
-            return Annotator()
-        names = {num: name for name, num in self.bridge.table_numbers.items()}
-        return antrea.AntreaAnnotator(self.snapshot.cni_version, self.name, self.bridge.ports,
-                                      self.snapshot.cluster.node_ips(), names or None)
-
-    @cached_property
-    def pod_ports(self) -> "antrea.PodPorts":
-        """Pod IP -> (OVS port name, MAC). Dumps without --names give the port as a number
-        (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read from the
-        bundle index when the flow dump has been seen before (checked as it is used)."""
-        with paused():          # one row per local Pod: 25,000 on a big node
-            return self._pod_ports()
-
-    def _pod_ports(self) -> "antrea.PodPorts":
-        from traceflow.bundle.index import flow_dump_derived, forget_flow_dump_derived
-        bridge = self.bridge
-        lines = bridge.flows.text_lines()
-
-        def port_name(port: str) -> str:
-            if port.isdecimal() and int(port) in bridge.port_by_number:
-                return bridge.port_by_number[int(port)].name
-            return port
-        rows = flow_dump_derived(bridge.flows, "antrea-pod-ports",
-                                 lambda: antrea.pod_port_rows(lines), antrea.pod_port_rows_valid)
-        return antrea.PodPorts(rows, lines, port_name,
-                               lambda: forget_flow_dump_derived(bridge.flows, "antrea-pod-ports"))
+        return self.snapshot.conventions.annotator(self)
 
     # ---- host networking ---------------------------------------------------------------
     @cached_property
@@ -196,22 +213,17 @@ class NodeModel:
 
 
 class Snapshot:
-    def __init__(self, bundle):
+    """``Snapshot(bundle, conventions)``; callers get one from ``traceflow.cni.open_snapshot``,
+    which picks the conventions of the manifest's CNI."""
+
+    def __init__(self, bundle, conventions: Conventions):
         self.bundle = bundle
         m = bundle.manifest
-        self.cni = str(m.get("cni", "")).lower()
-        self.cni_version = m.get("cni_version")
+        self.cni, self.cni_version = manifest_cni(m)
         self.kube_proxy = str(m.get("kube_proxy", "iptables")).lower()
         self.service_cidr = m.get("service_cidr")
+        self.conventions = conventions
         self._nodes: dict[str, NodeModel] = {}
-
-    @cached_property
-    def conventions(self):
-        """The CNI's conventions the solver relies on (traceflow.cni.antrea.conventions / cilium)."""
-        if self.cni == "cilium":
-            from traceflow.cni.cilium.node import CiliumConventions
-            return CiliumConventions()
-        return antrea.AntreaConventions()
 
     @cached_property
     def cluster(self) -> Cluster:
@@ -234,9 +246,3 @@ class Snapshot:
                 out[f] = got
         return out
 
-
-def check_supported(snapshot: Snapshot) -> None:
-    from traceflow.cni import SUPPORTED
-    if snapshot.cni not in SUPPORTED:
-        raise InputError(f"cni {snapshot.cni!r}: traceflow traces Antrea and Cilium bundles "
-                         "end to end", "manifest.yaml")

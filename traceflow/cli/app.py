@@ -41,8 +41,6 @@ class Protocol(str, enum.Enum):
     sctp = "sctp"
 
 
-EXAMPLE = "antrea-encap-kube-proxy"
-
 BundleOpt = typer.Option(None, "--bundle", "-b", envvar="TRACEFLOW_BUNDLE",
                          help="Bundle folder or .tar.gz to trace offline.")
 NamespaceOpt = typer.Option("default", "--namespace", "-n", help="Namespace of the pods/service.")
@@ -86,7 +84,8 @@ InsecureHostKeysOpt = typer.Option(False, "--insecure-accept-host-keys",
 
 def example_path() -> Path:
     """The bundled example, inside the installed package."""
-    return Path(__file__).resolve().parents[1] / "examples" / EXAMPLE
+    from traceflow.cni import DEMO_BUNDLE
+    return Path(__file__).resolve().parents[1] / "examples" / DEMO_BUNDLE
 
 
 def _fail(err: Exception, code: ExitCode = ExitCode.BAD_INPUT) -> None:
@@ -114,12 +113,9 @@ _traced: dict = {}
 
 
 def _snapshot(bundle, end_to_end: bool = True):
-    from traceflow.bundle.snapshot import Snapshot, check_supported
+    from traceflow.cni import open_snapshot
     _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
-    snap = Snapshot(bundle)
-    if end_to_end:
-        check_supported(snap)
-    return snap
+    return open_snapshot(bundle, require_supported=end_to_end)
 
 
 class _Live:
@@ -512,8 +508,8 @@ def rbac_cmd(
                 kube.close()
             where = f"cluster {kube.cluster}"
         if not pods:
-            raise CollectionError(f"no CNI agent pods found in the {where} (antrea-agent or "
-                                  "cilium in kube-system): nothing to grant exec on")
+            raise CollectionError(f"no CNI agent pods found in the {where} ({R.AGENT_PODS}): "
+                                  "nothing to grant exec on")
         docs = ([] if user or group else R.service_account_documents())
         docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
         return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "

@@ -27,10 +27,8 @@ def _console(width):
 
 def _load(bundle: Path):
     from traceflow.bundle.reader import Bundle
-    from traceflow.bundle.snapshot import Snapshot, check_supported
-    snap = Snapshot(Bundle.open(bundle))
-    check_supported(snap)
-    return snap
+    from traceflow.cni import open_snapshot
+    return open_snapshot(Bundle.open(bundle), require_supported=True)
 
 
 def register(app: typer.Typer, cli) -> None:
@@ -157,7 +155,7 @@ def _collect_all(context, kubeconfig, save_bundle, timeout, deadline, ssh_config
                  errors: list):
     """Live: collect every node (a suite may touch any), then trace offline."""
     from collectors.live import CollectOptions, collect, write_bundle
-    from traceflow.bundle.snapshot import Snapshot, check_supported
+    from traceflow.cni import open_snapshot
     b = collect(CollectOptions(kubeconfig=str(kubeconfig) if kubeconfig else None,
                                context=context, all_nodes=True,
                                ssh_config=str(ssh_config) if ssh_config else None,
@@ -167,6 +165,5 @@ def _collect_all(context, kubeconfig, save_bundle, timeout, deadline, ssh_config
         write_bundle(b, save_bundle)
         typer.echo(f"traceflow: bundle saved to {save_bundle}", err=True)
     errors.extend(b.manifest.get("collection_errors") or [])
-    snap = Snapshot(b)
-    check_supported(snap)
+    snap = open_snapshot(b, require_supported=True)
     return snap, f"live ({context or 'current context'})"

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from traceflow.bundle import kube
-from traceflow.questions.backends import (Balanced, CiliumLbReader, IpvsReader,
-                                          NetfilterReader, OvsGroupReader)
+from traceflow.questions.backends import Balanced, IpvsReader, NetfilterReader
 from traceflow.questions.check import describe_path, policy_of
 from traceflow.questions.runner import SCOPE_SERVICE, Progress, Tracer
 from traceflow.questions.select import Destination
@@ -317,8 +316,9 @@ def _endpoints_of(item: dict, where: str, is_slice: bool, out: dict) -> None:
 def backend_drift(snap) -> list[Finding]:
     cluster = snap.cluster
     expected = expected_endpoints(snap.bundle)
-    readers = {cls: cls(snap) for cls in (CiliumLbReader, OvsGroupReader, IpvsReader,
-                                          NetfilterReader)}
+    from traceflow.cni import backend_readers
+    readers = {cls: cls(snap) for cls in (IpvsReader, NetfilterReader)}
+    cni_readers = backend_readers(snap)     # the CNI's own load balancers, asked first
     out = []
     pods_by_node: dict = {}
     for p in cluster.pods:
@@ -328,7 +328,7 @@ def backend_drift(snap) -> list[Finding]:
     for node_name in snap.bundle.node_names():
         try:
             node = snap.node(node_name)
-            use = _readers(snap, node, readers)
+            use = _readers(snap, node, readers, cni_readers)
         except Missing:
             continue
         client = pods_by_node.get(node_name) or fallback_client
@@ -351,12 +351,8 @@ def backend_drift(snap) -> list[Finding]:
     return out
 
 
-def _readers(snap, node, readers: dict) -> list:
-    out = []
-    if readers[CiliumLbReader].applies(node):
-        out.append(readers[CiliumLbReader])
-    if readers[OvsGroupReader].applies(node):
-        out.append(readers[OvsGroupReader])
+def _readers(snap, node, readers: dict, cni_readers: list) -> list:
+    out = [r for r in cni_readers if r.applies(node)]
     if snap.kube_proxy == "ipvs" and node.ipvs is not None:
         out.append(readers[IpvsReader])
     elif node.netfilter is not None:

@@ -96,14 +96,15 @@ class Tracer:
 
     def _has_ovs(self, node: str) -> bool:
         """Whether a pod's packet can be followed out of the pod on this node: the node's
-        files are there with the CNI's datapath (Antrea's OVS flows; Cilium's BPF maps are
-        read per file as the walk needs them, a missing one said in the trace)."""
+        files are there with the CNI's datapath (its conventions' ``datapath_files``: an
+        OVS bridge's flows; BPF maps are read per file as the walk needs them, a missing one
+        said in the trace)."""
         got = self._ovs.get(node)
         if got is None:
             present = node in self.snap.bundle.node_names()
-            got = self._ovs[node] = present and (
-                self.snap.cni == "cilium"
-                or self.snap.bundle.node_file(node, "ovs-flows.txt") is not None)
+            got = self._ovs[node] = present and all(
+                self.snap.bundle.node_file(node, f) is not None
+                for f in self.snap.conventions.datapath_files)
         return got
 
     def node_model(self, name: str):

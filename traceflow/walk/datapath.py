@@ -8,7 +8,23 @@ the hooks of lxc, native and overlay devices).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from traceflow.model.errors import Source
 from traceflow.walk.state import AtHost
+
+
+@dataclass(frozen=True)
+class Balanced:
+    """One backend a node's load balancer sends a Service VIP:port to, as a reader of that
+    balancer answers it (the audit compares them with the EndpointSlices). A CNI's own
+    balancers are read by the readers its package adds (traceflow.cni.backend_readers)."""
+
+    ip: str
+    port: int | None
+    share: float                    # of new connections, 0..1
+    source: Source | None           # the rule / real server / bucket line
+    text: str                       # that line, or a short description
 
 
 class Datapath:

@@ -29,6 +29,7 @@ from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.bridge import Port
 from traceflow.engines.ovs.flows import Flow
 from traceflow.engines.ovs.pipeline import Annotator
+from traceflow.model.lowgc import paused
 
 GLOBAL_VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
 
@@ -399,6 +400,30 @@ def _pod_port(line: str) -> tuple[str, str, str] | None:
     return None
 
 
+def node_pod_ports(node) -> PodPorts:
+    """A node's (NodeModel) Pod IP -> (OVS port name, MAC). Dumps without --names give the
+    port as a number (``in_port=5``); it is turned into the port's name from ovs-show.txt. Read
+    from the bundle index when the flow dump has been seen before (checked as it is used);
+    built once per node."""
+    return node.derived("antrea-pod-ports", _node_pod_ports)
+
+
+def _node_pod_ports(node) -> PodPorts:
+    from traceflow.bundle.index import flow_dump_derived, forget_flow_dump_derived
+    with paused():          # one row per local Pod: 25,000 on a big node
+        bridge = node.bridge
+        lines = bridge.flows.text_lines()
+
+        def port_name(port: str) -> str:
+            if port.isdecimal() and int(port) in bridge.port_by_number:
+                return bridge.port_by_number[int(port)].name
+            return port
+        rows = flow_dump_derived(bridge.flows, "antrea-pod-ports",
+                                 lambda: pod_port_rows(lines), pod_port_rows_valid)
+        return PodPorts(rows, lines, port_name,
+                        lambda: forget_flow_dump_derived(bridge.flows, "antrea-pod-ports"))
+
+
 def gateway_port_name(ports: dict[str, Port]) -> str | None:
     return next((n for n in ports if n.startswith("antrea-gw") or n == "gw0"), None)
 
@@ -411,13 +436,31 @@ class AntreaConventions:
     """Antrea's facts the solver needs beyond the flows: which ports are the gateway and the
     tunnel, a Pod's default gateway when the bundle has no pod-side files, what a drop in a
     given table means, and its special MACs. The solver asks this object, never Antrea's
-    names directly, so another CNI plugs in by providing the same methods."""
+    names directly, so another CNI plugs in by providing the same methods (the protocol is
+    traceflow.bundle.snapshot.Conventions).
+
+    ``annotate``: explain tables and registers with Antrea's meanings for ``cni_version``
+    (False for a bundle that does not say it is Antrea's: the registry's default)."""
 
     name = "Antrea"
     # a node reaches other nodes' pod CIDRs through its gateway (routes via antrea-gw0)
     kernel_routes_pod_cidrs = True
+    # a pod's packet goes into the OVS bridge: without the flows there is no walk
+    datapath_files = ("ovs-flows.txt",)
     _POLICY_TABLES = {"EgressRule": "egress", "EgressDefaultRule": "egress",
                       "IngressRule": "ingress", "IngressDefaultRule": "ingress"}
+
+    def __init__(self, cni_version: str | None = None, annotate: bool = True):
+        self.cni_version = cni_version
+        self.annotate = annotate
+
+    def annotator(self, node) -> Annotator:
+        """Table names and register meanings for a node's bridge (a NodeModel)."""
+        if not self.annotate:
+            return Annotator()
+        names = {num: name for name, num in node.bridge.table_numbers.items()}
+        return AntreaAnnotator(self.cni_version, node.name, node.bridge.ports,
+                               node.snapshot.cluster.node_ips(), names or None)
 
     @staticmethod
     def gateway_port(ports: dict[str, Port]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from traceflow.bundle import kube
+from traceflow.cni.antrea.conventions import node_pod_ports
 from traceflow.model.conntrack import Conntrack
 from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.pipeline import OvsRun, TableHit, simulate
@@ -20,6 +21,10 @@ from traceflow.bundle.podside import port_by_mac
 from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop,
                                  pod_mac)
 from traceflow.walk.state import AtHost, AtOvs, Branch, Query, new_leg, primary_ip as _primary_ip
+
+
+# what a stale-flow drop reason says: the policies the bundle's objects lack, the agent to check
+POLICY_HINTS = {"not_read": "Antrea-native policies are not read yet", "agent": "antrea-agent"}
 
 
 class AntreaDatapath(Datapath):
@@ -45,10 +50,10 @@ class AntreaDatapath(Datapath):
     def _leave_pod(self, branch: Branch, pod: kube.Pod, packet: Packet) -> AtOvs | None:
         node = self.snap.node(pod.node)
         files = self.snap.pod_files(pod)
-        port_name, mac = node.pod_ports.get(pod.ip, (None, None))
+        port_name, mac = node_pod_ports(node).get(pod.ip, (None, None))
         mismatch = None
         if port_name is None:      # the flows may know the pod by its MAC, with another IP
-            port_name, known_ip = port_by_mac(node.pod_ports, pod_mac(files))
+            port_name, known_ip = port_by_mac(node_pod_ports(node), pod_mac(files))
             if port_name is not None:
                 mac = pod_mac(files)
                 mismatch = (f"the flows bind OVS port {port_name} (MAC {mac}) to {known_ip}, "
@@ -65,7 +70,7 @@ class AntreaDatapath(Datapath):
         def mac_of(ip):            # who answers the pod's ARP request for its next hop
             if ip == cni_gw:
                 return cni_mac, f"from {self.cni.name}'s conventions (the gateway's MAC)", True
-            _, peer_mac = node.pod_ports.get(ip, (None, None))
+            _, peer_mac = node_pod_ports(node).get(ip, (None, None))
             if peer_mac:
                 return peer_mac, "is the local pod's MAC from the SpoofGuard flows", False
             return None, None, True
@@ -156,7 +161,7 @@ class AntreaDatapath(Datapath):
             pod = self.cluster.pod_by_ip(pod_ip)
             return (f"dropped by the {direction} default-deny flow of {where}: "
                     + kube.policy_drop_reason(self.cluster, direction, pod, peer_ip,
-                                              pkt.proto_name, pkt.tp_dst))
+                                              pkt.proto_name, pkt.tp_dst, **POLICY_HINTS))
         return (self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
                 or f"dropped by the flow in {where}: {flow.text}")
 
@@ -179,7 +184,7 @@ class AntreaDatapath(Datapath):
         if name == self.cni.tunnel_port(ports):
             return self._tunnel(b, loc, output, pkt)
         # a local pod port?
-        pod_ip = node.pod_ports.ip_on_port(name)
+        pod_ip = node_pod_ports(node).ip_on_port(name)
         pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
         if pod is None:
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None, None,

@@ -38,12 +38,20 @@ def program_role(name: str) -> str | None:
 
 
 class CiliumConventions:
-    """What the neutral parts may ask of any CNI (see traceflow.cni.antrea.conventions.AntreaConventions)."""
+    """What the neutral parts may ask of any CNI (the protocol is
+    traceflow.bundle.snapshot.Conventions; see also Antrea's, AntreaConventions)."""
 
     name = "Cilium"
     # other nodes' pod CIDRs: the underlay routes them (native routing: BGP, VPC, a default
     # route) or BPF does (tunnel endpoint from the ipcache); no kernel route is required
     kernel_routes_pod_cidrs = False
+    # the BPF maps are read file by file as the walk needs them, a missing one said in the trace
+    datapath_files = ()
+
+    @staticmethod
+    def annotator(node):
+        from traceflow.engines.ovs.pipeline import Annotator
+        return Annotator()
 
     @staticmethod
     def gateway_port(ports) -> str | None:

@@ -11,6 +11,11 @@ from traceflow.cni.cilium.node import CT_ZONE, POLICY, SOCK_WHERE, CiliumNode, p
 from traceflow.model.trace import Hop, Verdict
 from traceflow.walk.state import AtBpf, Branch, Query, tuple5
 
+# what a stale-policy drop reason says. Today's wording, kept byte for byte: it names Antrea's
+# agent and policies on Cilium bundles too (to be said in Cilium's terms with the typed
+# dispositions: cilium-agent, CiliumNetworkPolicies)
+POLICY_HINTS = {"not_read": "Antrea-native policies are not read yet", "agent": "antrea-agent"}
+
 
 class EndpointPolicy:
     # ---- policy ----------------------------------------------------------------------------------
@@ -97,7 +102,7 @@ class EndpointPolicy:
                 return "allowed by NetworkPolicy " + ", ".join(f"{p.namespace}/{p.name}" for p in allowing)
             return f"NetworkPolicies selecting {pod.key}: {names} (none allows it: the map and the objects disagree)"
         return kube.policy_drop_reason(self.cluster, direction, pod, peer_ip, pkt.proto_name,
-                                       pkt.tp_dst)
+                                       pkt.tp_dst, **POLICY_HINTS)
 
 
     # ---- endpoint policy program (tail call, or to-container on lxc egress) ------------------------
