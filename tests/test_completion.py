@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from traceflow.cli import completion
+from traceflow.cli.app import app  # noqa: F401  (the CLI completion offers, bound as it loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "traceflow" / "examples" / "antrea-encap-kube-proxy"
@@ -25,7 +26,7 @@ def bin_dir(tmp_path_factory):
     for name, target in (("traceflow", "-m traceflow"),
                          ("kubectl-traceflow", "-m traceflow"),
                          ("kubectl_complete-traceflow",
-                          "-c 'import sys; from traceflow.cli.completion import kubectl_complete; "
+                          "-c 'import sys; from traceflow.cli.app import kubectl_complete; "
                           "sys.argv[0] = \"kubectl_complete-traceflow\"; kubectl_complete()'")):
         p = d / name
         p.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" {target} "$@"\n')

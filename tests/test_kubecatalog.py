@@ -53,7 +53,7 @@ def _same_lookups(whole, located) -> None:
             assert located.pods_owned(prefix, ns) == [
                 p for p in whole.pods if (ns is None or p.namespace == ns)
                 and any(o.startswith(prefix) for _, o in p.owners)], (prefix, ns)
-    from traceflow.cli.resolve import _deployment_pods
+    from traceflow.bundle.kube import deployment_pods as _deployment_pods
     for d in {"web0", "web1", "web3", "nope"}:
         for ns in {p.namespace for p in whole.pods}:
             assert _deployment_pods(located, d, ns) == _deployment_pods(whole, d, ns)

@@ -502,3 +502,17 @@ def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_i
                     f"(yet) realised the policy — check the {agent} on this node")
     return (f"NetworkPolicy {names} selects {pod.key} for {ptype} and none of its {direction} "
             f"rules allows {what} {peer} {peer_ip}")
+
+
+def deployment_pods(cluster: Cluster, name: str, ns: str) -> list:
+    """The pods of Deployment ``name``: owned by a ReplicaSet named ``name-<pod-template-hash>``
+    (the Deployment controller's naming), the hash being the pods' ``pod-template-hash`` label."""
+    out = []
+    for p in cluster.pods_owned(name + "-", ns):
+        for kind, owner in p.owners:
+            if kind != "ReplicaSet" or not owner.startswith(name + "-"):
+                continue
+            suffix = owner[len(name) + 1:]
+            if p.labels.get("pod-template-hash", suffix) == suffix and "-" not in suffix:
+                out.append(p)
+    return out

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from traceflow import __version__
+from traceflow.cli import completion
 from traceflow.model.errors import CollectionError, ExitCode, InputError
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+completion.bind(app)      # completion offers this app's commands and options
 
 
 class Output(str, enum.Enum):
@@ -527,8 +529,7 @@ class Shell(str, enum.Enum):
 def completion_cmd(shell: Shell = typer.Argument(..., help="bash, zsh or fish.")):
     """Print the shell completion script (pods, Services, namespaces, nodes from the bundle or
     cluster), e.g. `source <(traceflow completion bash)`."""
-    from traceflow.cli.completion import GENERATORS
-    typer.echo(GENERATORS[shell.value](), nl=False)
+    typer.echo(completion.GENERATORS[shell.value](), nl=False)
 
 
 @app.command("example-path")
@@ -646,8 +647,7 @@ def main(version: bool = typer.Option(False, "--version", callback=version_callb
 def run() -> None:
     """Console-script entry point."""
     if sys.argv[1:2] == ["__complete"]:     # the shell completion scripts' entry (fast path)
-        from traceflow.cli.completion import complete_main
-        sys.exit(complete_main(sys.argv[2:]))
+        sys.exit(completion.complete_main(sys.argv[2:]))
     from traceflow.cli.help import pipe_closed_since, prog_name, quiet_closed_pipe, stdout_identity
     start = stdout_identity()
     try:
@@ -667,6 +667,11 @@ def run() -> None:
         # interpreter exit would walk them all (0.4 s) to free memory the OS takes back anyway
         import gc
         gc.freeze()
+
+
+def kubectl_complete() -> None:
+    """Entry point ``kubectl_complete-traceflow``: kubectl's plugin completion protocol."""
+    completion.kubectl_complete()
 
 
 if __name__ == "__main__":

@@ -40,13 +40,25 @@ SHELLS = ("bash", "zsh", "fish")
 
 # ---- the CLI's shape ------------------------------------------------------------------------
 
+# The typer app whose commands and options are completed. The app hands itself over as it is
+# built (traceflow.cli.app calls ``bind``): this module never imports the app, which imports it.
+_app = None
+
+
+def bind(app) -> None:
+    """Complete the commands and options of ``app``."""
+    global _app
+    _app = app
+
+
 def _commands() -> dict:
     """command -> {option flag: (takes a value, choices)} from the typer app."""
     import enum
 
     import typer.main
-    from traceflow.cli.app import app
-    group = typer.main.get_command(app)
+    if _app is None:
+        raise RuntimeError("no CLI to complete: import traceflow.cli.app, which binds itself")
+    group = typer.main.get_command(_app)
     out = {}
     for name, cmd in group.commands.items():
         if getattr(cmd, "hidden", False):
@@ -305,8 +317,9 @@ def complete_main(words: list[str]) -> int:
 
 
 def kubectl_complete() -> None:
-    """Entry point ``kubectl_complete-traceflow``: kubectl's plugin completion protocol —
-    candidates one a line, then ``:4`` (no file completion) or ``:0`` (files allowed)."""
+    """``kubectl_complete-traceflow`` (traceflow.cli.app.kubectl_complete): kubectl's plugin
+    completion protocol — candidates one a line, then ``:4`` (no file completion) or ``:0``
+    (files allowed)."""
     try:
         out = candidates(sys.argv[1:])
     except Exception:         # noqa: BLE001

@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+from traceflow.bundle.kube import Cluster, Pod, Service, deployment_pods
 from traceflow.model.errors import InputError
-from traceflow.bundle.kube import Cluster, Pod, Service, ServicePort
+from traceflow.questions.select import check_port, service_port  # noqa: F401 (resolve.service_port)
 
 PODS, SERVICES = "k8s/pods.yaml", "k8s/services.yaml"
 DEPLOY_PREFIXES = ("deploy/", "deployment/", "deployments/", "deployment.apps/")
@@ -93,7 +94,7 @@ def _pod_not_found(cluster: Cluster, ns: str, name: str, role: str) -> str:
     svc = next((s for s in svcs if s.namespace == ns), svcs[0] if svcs else None)
     if svc is not None:
         return f"{msg}: {svc.key} is a Service, not a pod: {_svc_hint(cluster, role, svc)}"
-    owned = _deployment_pods(cluster, name, ns)
+    owned = deployment_pods(cluster, name, ns)
     if owned:
         return f"{msg}; {ns}/{name} is a Deployment: use deploy/{name} (pods: " \
                f"{', '.join(p.name for p in owned)})"
@@ -126,26 +127,12 @@ def _pod_by_ip(cluster: Cluster, ip: str, role: str) -> Pod:
     raise InputError(f"no pod or Service in the bundle has the IP {ip}", PODS)
 
 
-def _deployment_pods(cluster: Cluster, name: str, ns: str) -> list:
-    """The pods of Deployment ``name``: owned by a ReplicaSet named ``name-<pod-template-hash>``
-    (the Deployment controller's naming), the hash being the pods' ``pod-template-hash`` label."""
-    out = []
-    for p in cluster.pods_owned(name + "-", ns):
-        for kind, owner in p.owners:
-            if kind != "ReplicaSet" or not owner.startswith(name + "-"):
-                continue
-            suffix = owner[len(name) + 1:]
-            if p.labels.get("pod-template-hash", suffix) == suffix and "-" not in suffix:
-                out.append(p)
-    return out
-
-
 def _pod_of_deployment(cluster: Cluster, ref: str, namespace: str) -> Pod:
     ns, name = _split(ref, namespace)
-    pods = _deployment_pods(cluster, name, ns)
+    pods = deployment_pods(cluster, name, ns)
     if not pods:
         elsewhere = sorted({p.namespace for p in cluster.pods_owned(name + "-")
-                            if _deployment_pods(cluster, name, p.namespace)})
+                            if deployment_pods(cluster, name, p.namespace)})
         hint = (f"; it exists in namespace {', '.join(elsewhere)}: use -n {elsewhere[0]}"
                 if elsewhere else "")
         raise InputError(f"no pod of Deployment {ns}/{name} in the bundle (pods are matched by "
@@ -191,52 +178,13 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     raise InputError(msg, SERVICES)
 
 
-def _fmt_port(p: ServicePort) -> str:
-    return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
-
-
-def service_port(svc: Service, port: str | None, protocol: str | None) -> ServicePort:
-    """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
-    Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
-    if not svc.ports:
-        raise InputError(f"service {svc.key} has no ports", SERVICES)
-    has = ", ".join(_fmt_port(p) for p in svc.ports)
-    proto = protocol.upper() if protocol else None
-    cands = list(svc.ports)
-    if port is not None:
-        port = port.strip()
-        if port.isdigit():
-            _check_port(int(port), "--port")
-            cands = [p for p in cands if p.port == int(port)]
-        else:
-            cands = [p for p in cands if p.name and p.name == port]
-        if not cands:
-            raise InputError(f"service {svc.key} has no port {port!r} (it has {has})", "--port")
-    if proto is not None:
-        kept = [p for p in cands if p.protocol.upper() == proto]
-        if not kept:
-            what = f"port {port} over {proto}" if port is not None else f"{proto} port"
-            raise InputError(f"service {svc.key} has no {what} (it has {has})", "--protocol")
-        cands = kept
-    if len(cands) > 1:
-        protos = sorted({p.protocol.upper() for p in cands})
-        if port is not None and len(protos) > 1:
-            by = "; ".join(f"--protocol {p.protocol.lower()}" + (f" or --port {p.name}" if p.name else "")
-                           for p in cands)
-            raise InputError(f"port {port} of service {svc.key} is served over "
-                             f"{' and '.join(protos)}: choose one ({by})", "--port")
-        raise InputError(f"service {svc.key} has several ports ({has}): choose one with --port",
-                         "--port")
-    return cands[0]
-
-
 def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
     """A destination port for pod-to-pod: a number, or the name of one of its container ports.
     Returns (number, the named port's protocol or None); ``protocol`` (when the user gave
     one) must agree with a named port's."""
     port = port.strip()
     if port.isdigit():
-        return _check_port(int(port), "--port"), None
+        return check_port(int(port), "--port"), None
     named = [(n, num, pr.upper()) for n, num, pr in pod.container_ports if n == port]
     if protocol is not None:
         kept = [x for x in named if x[2] == protocol.upper()]
@@ -250,12 +198,6 @@ def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str
     listed = ", ".join(f"{n} ({num}/{pr})" for n, num, pr in pod.container_ports if n)
     raise InputError(f"pod {pod.key} has no container port named {port!r} "
                      f"({'its named ports: ' + listed if listed else 'it names no ports'})", "--port")
-
-
-def _check_port(n: int, option: str) -> int:
-    if not 1 <= n <= 65535:
-        raise InputError(f"{n} is not a port number (1-65535)", option)
-    return n
 
 
 # ---- the endpoint pin ------------------------------------------------------------------------

@@ -13,9 +13,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-
+from traceflow.bundle.kube import Cluster, Pod, Service, ServicePort, deployment_pods
 from traceflow.model.errors import InputError
-from traceflow.bundle.kube import Cluster, Pod, Service
 
 _SELECTOR_TERM = re.compile(r"^\s*(!)?\s*([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*))?\s*$")
 
@@ -101,8 +100,7 @@ class Resolver:
         """The Deployment's pods by their ReplicaSet owner; a pod whose object carries no
         ownerReferences (a hand-written or generated bundle) by the Deployment controller's
         naming, <deployment>-<template hash>-<5 characters>."""
-        from traceflow.cli.resolve import _deployment_pods
-        owned = {p.key for p in _deployment_pods(self.cluster, name, namespace)}
+        owned = {p.key for p in deployment_pods(self.cluster, name, namespace)}
         pods = sorted((p for p in self.cluster.pods if p.namespace == namespace
                        and p.phase == "Running"
                        and (p.key in owned or (not p.owners and _by_name(p.name, name)))),
@@ -149,7 +147,6 @@ class Resolver:
     def _service(self, svc: Service, port, protocol, where) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", where)
-        from traceflow.cli.resolve import service_port
         try:   # the CLI's rules: a number served over TCP and UDP (DNS) is never guessed
             sp = service_port(svc, None if port in (None, "") else str(port), protocol)
         except InputError as err:
@@ -180,3 +177,53 @@ _RS_POD = re.compile(r"^(?P<deploy>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}$")
 def _by_name(pod_name: str, deployment: str) -> bool:
     m = _RS_POD.match(pod_name)
     return bool(m and m.group("deploy") == deployment)
+
+
+# ---- a Service's port, as the trace commands and suites name it ------------------------------
+
+SERVICES = "k8s/services.yaml"
+
+
+def _fmt_port(p: ServicePort) -> str:
+    return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
+
+
+def service_port(svc: Service, port: str | None, protocol: str | None) -> ServicePort:
+    """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
+    Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
+    if not svc.ports:
+        raise InputError(f"service {svc.key} has no ports", SERVICES)
+    has = ", ".join(_fmt_port(p) for p in svc.ports)
+    proto = protocol.upper() if protocol else None
+    cands = list(svc.ports)
+    if port is not None:
+        port = port.strip()
+        if port.isdigit():
+            check_port(int(port), "--port")
+            cands = [p for p in cands if p.port == int(port)]
+        else:
+            cands = [p for p in cands if p.name and p.name == port]
+        if not cands:
+            raise InputError(f"service {svc.key} has no port {port!r} (it has {has})", "--port")
+    if proto is not None:
+        kept = [p for p in cands if p.protocol.upper() == proto]
+        if not kept:
+            what = f"port {port} over {proto}" if port is not None else f"{proto} port"
+            raise InputError(f"service {svc.key} has no {what} (it has {has})", "--protocol")
+        cands = kept
+    if len(cands) > 1:
+        protos = sorted({p.protocol.upper() for p in cands})
+        if port is not None and len(protos) > 1:
+            by = "; ".join(f"--protocol {p.protocol.lower()}" + (f" or --port {p.name}" if p.name else "")
+                           for p in cands)
+            raise InputError(f"port {port} of service {svc.key} is served over "
+                             f"{' and '.join(protos)}: choose one ({by})", "--port")
+        raise InputError(f"service {svc.key} has several ports ({has}): choose one with --port",
+                         "--port")
+    return cands[0]
+
+
+def check_port(n: int, option: str) -> int:
+    if not 1 <= n <= 65535:
+        raise InputError(f"{n} is not a port number (1-65535)", option)
+    return n
