@@ -9,8 +9,9 @@ from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import NodeModel
 from traceflow.model.trace import Drop, Hop, Verdict
-from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, fmt as _fmt, primary_ip as _primary_ip
+from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
+from traceflow.walk.ct_hop import ct_hop as _ct_hop
 
 
 class HostStack:
@@ -282,24 +283,6 @@ class HostStack:
         return b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, rule,
                                               f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
                                               "outside the cluster, not followed further"))
-
-
-def _ct_hop(node: str, entry, is_reply: bool, before: Packet, after: Packet, hook: str) -> Hop:
-    """The kernel's conntrack translating a packet of a connection it already NAT-ed."""
-    undnat = is_reply and "dst" in (entry.nat or "") and after.nw_src != before.nw_src
-    what = " (un-DNAT)" if undnat else (" (un-SNAT)" if is_reply else "")
-    return Hop(node, "iptables", "nat", _ct_text(entry),
-               f"{'reply of' if is_reply else 'packet of'} a NAT-ed connection: conntrack "
-               f"{'restores' if is_reply else 'applies'} the translation at {hook}: "
-               f"{_fmt(before)} -> {_fmt(after)}{what}",
-               chain="conntrack", packet=after.headers(), changed=after.diff(before),
-               notes=[f"connection committed by {entry.where}"])
-
-
-def _ct_text(entry) -> str:
-    o, r = entry.orig, entry.reply
-    return (f"conntrack: {o[1]}:{o[2]} -> {o[3]}:{o[4]} (reply {r[1]}:{r[2]} -> {r[3]}:{r[4]}) "
-            f"[{entry.nat or 'no'} NAT]")
 
 
 def _describe(pkt: Packet, q: Query | None) -> str:

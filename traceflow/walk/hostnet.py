@@ -118,7 +118,7 @@ def _primary_ip(iface) -> str | None:
 
 def receive(host, b, loc, node, pkt, ctx, late_src, pod):
     """Local delivery to hostNetwork ``pod``: INPUT hook, the reply's source un-NAT."""
-    from traceflow.walk.host import _ct_hop
+    from traceflow.walk.ct_hop import ct_hop as _ct_hop
     results = []
     ctx.out_iface = None
     for ib, ipkt, _ in host._netfilter(b, node.netfilter, "INPUT", pkt, ctx, loc.node):
