@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from traceflow.engines.netfilter.context import NodeContext
 from traceflow.engines.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo,
                                           RecentMatch, Rule, Ruleset, StatisticMatch, Table)
 from traceflow.model.packet import Packet
@@ -38,25 +39,6 @@ CHAIN_MEANINGS = {
     "KUBE-MARK-MASQ": "masquerade on the way out",
     "KUBE-MARK-DROP": "drop in the filter table",
 }
-
-
-@dataclass
-class NodeContext:
-    """What the rules may ask about besides the packet headers, on one node at one hook."""
-
-    node: str = ""
-    local_addresses: set[str] = field(default_factory=set)      # addrtype LOCAL
-    broadcast_addresses: set[str] = field(default_factory=set)  # addrtype BROADCAST
-    ipsets: dict[str, list[str]] | None = None  # set -> members ("10.0.0.0/8", "1.2.3.4,tcp:80")
-    in_iface: str | None = None
-    out_iface: str | None = None
-    ct_state: set[str] = field(default_factory=lambda: {"NEW"})
-    ct_dir: str = "ORIGINAL"
-    connmark: int = 0
-    masquerade_ip: str | None = None      # primary address of out_iface, for MASQUERADE
-    ct_orig: Packet | None = None         # the connection's original tuple (--ctorig*)
-    bridged: bool = False                 # traversing a Linux bridge (physdev matches)
-    recent: dict | None = None            # xt_recent lists (name -> client IPs); None: unknown
 
 
 @dataclass(frozen=True)

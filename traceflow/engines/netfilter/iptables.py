@@ -14,24 +14,30 @@ want exit code 2 call ``Ruleset.raise_for_errors()``.
 The grammars are the tables ``CORE_OPTIONS``, ``MODULES``, ``TARGETS`` (iptables-save) and
 ``LIST_WORDS`` (list format): keyword -> decoder.
 
-The code lives in ``iptables_model`` (rules and matches), ``iptables_parse`` (iptables-save)
-and ``iptables_list`` (-L -n); this module gathers their public names.
+The code lives in ``iptables_values`` (ports, marks, NAT targets, diagnostics),
+``iptables_matches`` (the matches), ``iptables_model`` (rules, chains, tables, targets),
+``iptables_parse`` (iptables-save) and ``iptables_list`` (-L -n); this module gathers their
+public names.
 """
 
 from __future__ import annotations
 
-from traceflow.engines.netfilter.iptables_model import (AddrMatch, AddrTypeMatch, BUILTIN_CHAINS, Chain,
-                                                CommentMatch, ConnmarkMatch, ConnmarkOp,
-                                                CtDirMatch, CtStateMatch, CtTupleMatch, Diagnosed,
-                                                FragmentMatch, ICMP_TYPES, IcmpMatch, IfaceMatch,
-                                                LengthMatch, LimitMatch, MASK32, MacMatch, Mark,
-                                                MarkMatch, MarkOp, Match, MultiportMatch, NatTo,
-                                                NotModelled, PASSIVE_TARGETS, PhysdevMatch,
-                                                PortMatch, PortRange, ProtoMatch, RecentMatch,
-                                                Rule, RuleSyntaxError, Ruleset, SetMatch,
-                                                StatisticMatch, TABLES, TARGETS, TERMINAL_TARGETS,
-                                                Table, TargetSpec, TcpFlagsMatch, UnknownMatch,
-                                                ipset_contains, mark, mark_op, nat_to, port_range)  # noqa: F401
+from traceflow.engines.netfilter.iptables_matches import (AddrMatch, AddrTypeMatch, CommentMatch,
+                                                          ConnmarkMatch, CtDirMatch, CtStateMatch,
+                                                          CtTupleMatch, FragmentMatch, ICMP_TYPES,
+                                                          IcmpMatch, IfaceMatch, LengthMatch,
+                                                          LimitMatch, MacMatch, MarkMatch, Match,
+                                                          MultiportMatch, PhysdevMatch, PortMatch,
+                                                          ProtoMatch, RecentMatch, SetMatch,
+                                                          StatisticMatch, TcpFlagsMatch,
+                                                          UnknownMatch, ipset_contains)  # noqa: F401
+from traceflow.engines.netfilter.iptables_model import (BUILTIN_CHAINS, Chain, PASSIVE_TARGETS,
+                                                        Rule, Ruleset, TABLES, TARGETS,
+                                                        TERMINAL_TARGETS, Table, TargetSpec)  # noqa: F401
+from traceflow.engines.netfilter.iptables_values import (ConnmarkOp, Diagnosed, MASK32, Mark,
+                                                         MarkOp, NatTo, NotModelled, PortRange,
+                                                         RuleSyntaxError, mark, mark_op, nat_to,
+                                                         port_range)  # noqa: F401
 from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, IMPLICIT_MODULES, MODULES,
                                                 ModuleSpec, Opt, build_rule, parse_iptables_save,
                                                 parse_rule_words, tokenize)  # noqa: F401

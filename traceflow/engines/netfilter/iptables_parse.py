@@ -10,17 +10,20 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from traceflow.model.errors import InputError, Source
-from traceflow.engines.netfilter.iptables_model import (AddrMatch, AddrTypeMatch, Chain, CommentMatch,
-                                                ConnmarkMatch, CtDirMatch, CtStateMatch,
-                                                CtTupleMatch, FragmentMatch, ICMP_TYPES,
-                                                IcmpMatch, IfaceMatch, LengthMatch, LimitMatch,
-                                                MacMatch, MarkMatch, Match, MultiportMatch,
-                                                NotModelled, PhysdevMatch, PortMatch, ProtoMatch,
-                                                RecentMatch, Rule, RuleSyntaxError, Ruleset,
-                                                SetMatch, StatisticMatch, TABLES, TARGETS, Table,
-                                                TcpFlagsMatch, UnknownMatch, _network,
-                                                _resolve_rule_targets, _resolve_targets, mark,
-                                                port_range)
+from traceflow.engines.netfilter.iptables_matches import (AddrMatch, AddrTypeMatch, CommentMatch,
+                                                          ConnmarkMatch, CtDirMatch, CtStateMatch,
+                                                          CtTupleMatch, FragmentMatch, ICMP_TYPES,
+                                                          IcmpMatch, IfaceMatch, LengthMatch,
+                                                          LimitMatch, MacMatch, MarkMatch, Match,
+                                                          MultiportMatch, PhysdevMatch, PortMatch,
+                                                          ProtoMatch, RecentMatch, SetMatch,
+                                                          StatisticMatch, TcpFlagsMatch,
+                                                          UnknownMatch)
+from traceflow.engines.netfilter.iptables_model import (Chain, Rule, Ruleset, TABLES, TARGETS,
+                                                        Table, _resolve_rule_targets,
+                                                        _resolve_targets)
+from traceflow.engines.netfilter.iptables_values import (NotModelled, RuleSyntaxError, _network,
+                                                         mark, port_range)
 from traceflow.model.packet import PROTO_NUMBERS
 
 # ---------------------------------------------------------------------------------------------
