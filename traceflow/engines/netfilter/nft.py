@@ -17,8 +17,10 @@ keywords to their readers; set element values are compiled into ``Pattern`` valu
 returns the same ``Branch``/``Step``/``NatAction`` values as the iptables engine: one branch per
 outcome, forking only at ``numgen`` (kube-proxy's endpoint choice), weights multiplied along.
 
-The code lives in three modules: ``nft_model`` (what a ruleset is), ``nft_parse`` (reading
-it) and ``nft_sim`` (running a packet through it); this module gathers their public names.
+The code lives in ``nft_model`` (tables, chains, sets, rule expressions), ``nft_ruleset``
+(a ruleset as a whole, its hooks, ``evaluate_hook``), ``nft_parse`` (reading the file) with
+``nft_rules`` (reading the rules), ``nft_sim`` (running a packet through it) with
+``nft_lookup`` (set and map elements) and ``numgen``; this module gathers their public names.
 ``nft_lazy`` reads a listing lazily (chains, sets and maps parsed on first use, with
 ``nft_parse``'s code): what a trace uses (``traceflow.bundle.index.parse_nft_ruleset``).
 """
@@ -29,9 +31,11 @@ from traceflow.engines.netfilter.nft_model import (ABSENT, AddrPattern, BRIDGE_P
                                            CHAIN_MEANINGS, Cmp, Elements, Expr, FAMILIES,
                                            FibTypePattern, HOOKS, IfacePattern, IntPattern, Limit,
                                            NamePattern, Nat, NftChain, NftElement, NftRule,
-                                           NftRuleset, NftSet, NftTable, Notrack, PRIORITY_NAMES,
+                                           NftSet, NftTable, Notrack, PRIORITY_NAMES,
                                            Passive, Pattern, RawPattern, Selector, SetRef,
                                            SetStmt, Unknown, VMap, Verdict, VerdictStmt, XtMatch,
                                            pattern)  # noqa: F401
 from traceflow.engines.netfilter.nft_parse import parse_nft_ruleset  # noqa: F401
-from traceflow.engines.netfilter.nft_sim import NEXT, Outcome, RETURN, _lookup  # noqa: F401
+from traceflow.engines.netfilter.nft_lookup import _lookup  # noqa: F401
+from traceflow.engines.netfilter.nft_ruleset import NftRuleset  # noqa: F401
+from traceflow.engines.netfilter.nft_sim import NEXT, Outcome, RETURN  # noqa: F401

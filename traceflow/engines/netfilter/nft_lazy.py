@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.netfilter.iptables import RuleSyntaxError
-from traceflow.engines.netfilter.nft_model import (FAMILIES, NftChain, NftElement, NftRuleset, NftSet,
-                                           NftTable, _strip_quotes)
-from traceflow.engines.netfilter.nft_parse import (_FileReader, _read_element, _RuleReader, _tokenize,
-                                           parse_nft_ruleset)
+from traceflow.engines.netfilter.nft_model import (FAMILIES, NftChain, NftElement, NftSet, NftTable,
+                                                   _strip_quotes)
+from traceflow.engines.netfilter.nft_ruleset import NftRuleset
+from traceflow.engines.netfilter.nft_parse import _FileReader, parse_nft_ruleset
+from traceflow.engines.netfilter.nft_rules import _read_element, _RuleReader, _tokenize
 
 LAYOUT_FORMAT = "traceflow-nft-layout/1"
 

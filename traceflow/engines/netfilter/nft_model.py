@@ -8,10 +8,9 @@ import functools
 import ipaddress
 from dataclasses import dataclass, field
 
-from traceflow.model.errors import InputError, Source
-from traceflow.engines.netfilter.engine import Branch, NodeContext
-from traceflow.engines.netfilter.iptables import Diagnosed, NatTo, SetMatch
-from traceflow.model.packet import PROTO_NUMBERS, Packet
+from traceflow.engines.netfilter.iptables import NatTo, SetMatch
+from traceflow.model.errors import Source
+from traceflow.model.packet import PROTO_NUMBERS
 
 FAMILIES = ("ip", "ip6", "inet", "arp", "bridge", "netdev")
 HOOKS = ("prerouting", "input", "forward", "output", "postrouting")
@@ -471,49 +470,3 @@ class NftTable:
     @property
     def label(self) -> str:
         return f"{self.family} {self.name}"
-
-
-@dataclass
-class NftRuleset(Diagnosed):
-    name: str                          # the bundle file it was read from
-    tables: dict[str, NftTable] = field(default_factory=dict)   # "ip kube-proxy" -> table
-    diagnostics: list[InputError] = field(default_factory=list)
-    caveats: list[str] = field(default_factory=list)
-
-    def table(self, family: str, name: str) -> NftTable | None:
-        return self.tables.get(f"{family} {name}")
-
-    def chains(self):
-        for table in self.tables.values():
-            yield from ((table, chain) for chain in table.chains.values())
-
-    def rules(self):
-        """Every (table, chain, rule), in file order per chain."""
-        for table, chain in self.chains():
-            for rule in chain.rules:
-                yield table, chain, rule
-
-    def hooked_chains(self):
-        """The chains that may be base chains, in file order (all of them here)."""
-        return self.chains()
-
-    def base_chains(self, hook: str, family: str = "ip") -> list[tuple[NftTable, NftChain]]:
-        """Base chains a packet of ``family`` meets at ``hook``, in the order they run."""
-        hook = _hook_name(hook)
-        families = _IP_FAMILIES.get(family, (family,))
-        found = [(t, c) for t, c in self.hooked_chains()
-                 if c.hook == hook and t.family in families and c.priority is not None]
-        return sorted(found, key=lambda tc: tc[1].priority)    # stable: file order on ties
-
-    def evaluate_hook(self, hook: str, packet: Packet, ctx: NodeContext) -> list[Branch]:
-        """Run ``packet`` through every base chain attached to ``hook`` (PREROUTING, input...)."""
-        from traceflow.engines.netfilter.nft_sim import _Simulator   # the simulator needs the model
-        return _Simulator(self).run(_hook_name(hook), packet, ctx)
-
-
-def _hook_name(hook: str) -> str:
-    name = hook.lower()
-    if name not in HOOKS:
-        raise ValueError(f"unknown hook {hook!r}; expected one of {', '.join(HOOKS)} "
-                         "(or their iptables names)")
-    return name

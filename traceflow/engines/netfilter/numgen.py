@@ -22,7 +22,7 @@ def numgen_groups(sim, table, expr, numgen, walk) -> tuple[list[Group] | None, s
     """The groups of numgen values for ``expr`` (a Cmp or a VMap keyed on ``numgen``), or
     (None, why) when grouping them would take unbounded work."""
     from traceflow.engines.netfilter.nft_model import Cmp, IntPattern, VMap
-    from traceflow.engines.netfilter.nft_sim import _lookup
+    from traceflow.engines.netfilter.nft_lookup import _lookup
     n, lo_all = numgen.modulus, numgen.offset
     hi_all = lo_all + n - 1
     rhs = expr.table if isinstance(expr, VMap) else expr.rhs
