@@ -15,8 +15,8 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from traceflow.bundle.kube import Cluster
-from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
-from traceflow.engines.ovs.pipeline import Annotator, Bridge
+from traceflow.engines.ovs.annotator import Annotator
+from traceflow.engines.ovs.bridge import Bridge, parse_groups, parse_show, parse_tables
 from traceflow.model.lowgc import paused
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 
 from traceflow.engines.ovs import fields as F
-from traceflow.engines.ovs.pipeline import TableHit
+from traceflow.engines.ovs.runs import TableHit
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import NodeModel
 from traceflow.model.trace import Hop

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.bridge import Port
 from traceflow.engines.ovs.flows import Flow
-from traceflow.engines.ovs.pipeline import Annotator
+from traceflow.engines.ovs.annotator import Annotator
 from traceflow.model.lowgc import paused
 
 GLOBAL_VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"

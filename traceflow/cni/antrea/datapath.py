@@ -11,7 +11,8 @@ from traceflow.bundle import kube
 from traceflow.cni.antrea.conventions import node_pod_ports
 from traceflow.model.conntrack import Conntrack
 from traceflow.engines.ovs import fields as F
-from traceflow.engines.ovs.pipeline import OvsRun, TableHit, simulate
+from traceflow.engines.ovs.pipeline import simulate
+from traceflow.engines.ovs.runs import OvsRun, TableHit
 from traceflow.model.packet import Packet, Tunnel
 from traceflow.bundle.snapshot import Missing, NodeModel
 from traceflow.model.trace import Drop, Hop, Verdict

@@ -50,7 +50,7 @@ class CiliumConventions:
 
     @staticmethod
     def annotator(node):
-        from traceflow.engines.ovs.pipeline import Annotator
+        from traceflow.engines.ovs.annotator import Annotator
         return Annotator()
 
     @staticmethod

@@ -1,15 +1,19 @@
-"""The rest of a bridge's state: groups (`dump-groups`), ports (`ovs-ofctl show`) and
-table names (`dump-tables` / `dump-table-features`)."""
+"""One node's OVS bridge as read from the bundle (``Bridge``: its flows, groups, ports and
+table names, and the lookups it remembers), and the parsers of the rest of its state: groups
+(`dump-groups`), ports (`ovs-ofctl show`) and table names (`dump-tables` /
+`dump-table-features`)."""
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.ovs import actions as A
-from traceflow.engines.ovs.flows import _DOC_NUMBER, logical_lines
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.flows import _DOC_NUMBER, FlowDump, logical_lines
+from traceflow.engines.ovs.memo import LookupMemo
 
 
 @dataclass(frozen=True)
@@ -135,3 +139,69 @@ def parse_tables(text: str, name: str) -> dict[str, int]:
                 names[m.group(2)] = int(m.group(1))
                 break
     return names
+
+
+_MAX_MEMOS = 4096          # candidate lists remembered per bridge
+
+
+@dataclass
+class Bridge:
+    """One node's OVS bridge as read from the bundle."""
+
+    node: str
+    flows: FlowDump
+    groups: dict[int, Group] = field(default_factory=dict)
+    ports: dict[str, Port] = field(default_factory=dict)
+    table_numbers: dict[str, int] = field(default_factory=dict)
+
+    # OpenFlow port numbers of tunnel ports (`ovs-ofctl show` does not say a port's type:
+    # the CNI adapter or the caller tells)
+    tunnel_ports: set = field(default_factory=set)
+
+    def __post_init__(self):
+        self.flows.resolve_names(self.table_numbers)
+        self.port_by_number = {p.number: p for p in self.ports.values() if p.number is not None}
+        # LOCAL: `ovs-ofctl show` lists it as LOCAL(br-int), without its number (65534)
+        local = next((p for p in self.ports.values() if p.number is None), None)
+        self.local_name = local.name if local else None
+        if local is not None:
+            self.port_by_number[F.LOCAL_PORT] = local
+        # id(candidate list) -> LookupMemo: lookups answered before, see lookup_memo
+        self._memos: dict[int, LookupMemo] = {}
+        self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
+
+    def forget_lookups(self) -> None:
+        """Drop the remembered lookups (benchmarks time a walk without them)."""
+        self._memos.clear()
+        self._answers = 0
+
+    def lookup_memo(self, flows: list) -> "LookupMemo":
+        """The memo of lookups among ``flows``, one candidate list of a table.
+
+        Keyed by the list itself (FlowDump hands out the same list for the same table and
+        index value), so flows that change, or another bridge's flows, never share answers.
+        """
+        memo = self._memos.get(id(flows))
+        if memo is None or memo.flows is not flows or memo.size != len(flows):
+            if len(self._memos) >= _MAX_MEMOS:
+                self._memos.clear()
+            memo = self._memos[id(flows)] = LookupMemo(flows)
+        return memo
+
+    def port_number(self, name_or_number: str) -> int | None:
+        """An OpenFlow port number from a number, a port name, LOCAL or the bridge's name."""
+        if name_or_number.isdigit():
+            return int(name_or_number)
+        if name_or_number.upper() == "LOCAL" or name_or_number == self.local_name:
+            return F.LOCAL_PORT
+        port = self.ports.get(name_or_number)
+        return port.number if port else None
+
+    def port_name(self, number: int) -> str:
+        port = self.port_by_number.get(number)
+        return port.name if port else str(number)
+
+    def table_id(self, ref: int | str) -> int | str:
+        if isinstance(ref, str):
+            return self.table_numbers.get(ref, ref)
+        return ref

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from typing import TYPE_CHECKING
 
 from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
-
-if TYPE_CHECKING:
-    from traceflow.engines.ovs.pipeline import TableHit
+from traceflow.engines.ovs.runs import TableHit
 
 
 class ConntrackSteps:

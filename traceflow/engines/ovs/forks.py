@@ -5,17 +5,14 @@ deterministic function of where it starts and of its bucket choices, so a bucket
 starts from a cheap copy of the runner that met the group: ``Midpass`` when nothing else was
 left to do in that pass (the bucket is applied at the group itself), else ``Checkpoint`` (the
 runner as it was between two passes, before its first). Both make independent runners of the
-same class as the one they copy (traceflow.engines.ovs.pipeline's).
+same class as the one they copy (traceflow.engines.ovs.pipeline's _Runner, which imports
+this module: the runners are not imported here, nor named in annotations).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from traceflow.engines.ovs.runs import _Fork
 from traceflow.model.conntrack import Conntrack, CtEntry
-
-if TYPE_CHECKING:
-    from traceflow.engines.ovs.pipeline import _Fork, _Runner
 
 
 class Checkpoint:
@@ -30,7 +27,7 @@ class Checkpoint:
 
     __slots__ = ("source", "lengths", "recirc", "ct_entries", "ct_assoc", "ct_next", "scalars")
 
-    def __init__(self, runner: "_Runner"):
+    def __init__(self, runner):
         self.source = runner
         self.lengths = (len(runner.hits), len(runner.outputs), len(runner.choice_log),
                         len(runner.finals))
@@ -40,7 +37,7 @@ class Checkpoint:
         self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
         self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
 
-    def runner(self, choices: dict) -> "_Runner":
+    def runner(self, choices: dict):
         src = self.source
         entries = [CtEntry(e.zone, e.orig, e.reply, mark, label, e.nat, seen, e.where)
                    for e, mark, label, seen in self.ct_entries]
@@ -71,7 +68,7 @@ class Midpass:
 
     __slots__ = ("source", "group", "resume", "st", "sent", "final_hits", "open_hits")
 
-    def __init__(self, runner: "_Runner", fork: _Fork, st: dict, sent: int):
+    def __init__(self, runner, fork: _Fork, st: dict, sent: int):
         self.source = runner
         self.group = fork.group
         self.resume = fork.resume
@@ -85,7 +82,7 @@ class Midpass:
         self.final_hits = hits[:at]       # shared by every bucket's runner
         self.open_hits = hits[at:]        # copied for each: the group's hit and any after it
 
-    def runner(self, choices: dict) -> "_Runner":
+    def runner(self, choices: dict):
         src = self.source
         state, hit, depth, flow = self.resume
         other = type(src)(src.bridge, src.annotator, None, choices,

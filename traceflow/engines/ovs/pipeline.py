@@ -16,17 +16,18 @@ bucket goes on from the group that forked it when nothing else was left to do in
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.lowgc import paused
 from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
-from traceflow.engines.ovs.bridge import Group, Port
+from traceflow.engines.ovs.annotator import Annotator
+from traceflow.engines.ovs.bridge import Bridge, Group
 from traceflow.engines.ovs.ct_step import ConntrackSteps, ipv4_text
-from traceflow.engines.ovs.flows import Flow, FlowDump
+from traceflow.engines.ovs.flows import Flow
 from traceflow.engines.ovs.forks import Checkpoint, Midpass
 from traceflow.engines.ovs.memo import LookupMemo
+from traceflow.engines.ovs.runs import OvsRun, Output, TableHit, _Exit, _Failed, _Fork, _Stop
 
 # OVS's limits per translation (ofproto-dpif-xlate.c): MAX_DEPTH counts only resubmits to the
 # same or an earlier table (a chain moving forward through the tables does not deepen), and
@@ -36,162 +37,8 @@ MAX_RESUBMIT_DEPTH = 64
 MAX_TABLE_VISITS = 4096
 MAX_RECIRCULATIONS = 16
 
-
-class Annotator:
-    """Vendor knowledge used to explain a pipeline: table names and register meanings.
-
-    The base class knows nothing and says so; a CNI adapter (traceflow.cni) subclasses it.
-    """
-
-    def table_name(self, table: int) -> str | None:
-        return None
-
-    # False when describe_write's answer depends on (field, start, end, value) alone, not on
-    # the packet: the simulator then asks once per simulate call for each write
-    write_notes_read_state = True
-
-    def describe_write(self, field: str, start: int, end: int, value: int,
-                       state: dict) -> str | None:
-        """A note for a write of ``value`` into bits start..end of ``field``, e.g.
-        ``reg0[0..15]=0x2: from a local Pod``; None when there is nothing to say."""
-        return None
-
-    def describe_match(self, flow: Flow) -> list[str]:
-        return []
-
-    def describe_port(self, number: int) -> str | None:
-        return None
-
-
-@dataclass
-class Bridge:
-    """One node's OVS bridge as read from the bundle."""
-
-    node: str
-    flows: FlowDump
-    groups: dict[int, Group] = field(default_factory=dict)
-    ports: dict[str, Port] = field(default_factory=dict)
-    table_numbers: dict[str, int] = field(default_factory=dict)
-
-    # OpenFlow port numbers of tunnel ports (`ovs-ofctl show` does not say a port's type:
-    # the CNI adapter or the caller tells)
-    tunnel_ports: set = field(default_factory=set)
-
-    def __post_init__(self):
-        self.flows.resolve_names(self.table_numbers)
-        self.port_by_number = {p.number: p for p in self.ports.values() if p.number is not None}
-        # LOCAL: `ovs-ofctl show` lists it as LOCAL(br-int), without its number (65534)
-        local = next((p for p in self.ports.values() if p.number is None), None)
-        self.local_name = local.name if local else None
-        if local is not None:
-            self.port_by_number[F.LOCAL_PORT] = local
-        # id(candidate list) -> LookupMemo: lookups answered before, see lookup_memo
-        self._memos: dict[int, LookupMemo] = {}
-        self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
-
-    def forget_lookups(self) -> None:
-        """Drop the remembered lookups (benchmarks time a walk without them)."""
-        self._memos.clear()
-        self._answers = 0
-
-    def lookup_memo(self, flows: list) -> "LookupMemo":
-        """The memo of lookups among ``flows``, one candidate list of a table.
-
-        Keyed by the list itself (FlowDump hands out the same list for the same table and
-        index value), so flows that change, or another bridge's flows, never share answers.
-        """
-        memo = self._memos.get(id(flows))
-        if memo is None or memo.flows is not flows or memo.size != len(flows):
-            if len(self._memos) >= _MAX_MEMOS:
-                self._memos.clear()
-            memo = self._memos[id(flows)] = LookupMemo(flows)
-        return memo
-
-    def port_number(self, name_or_number: str) -> int | None:
-        """An OpenFlow port number from a number, a port name, LOCAL or the bridge's name."""
-        if name_or_number.isdigit():
-            return int(name_or_number)
-        if name_or_number.upper() == "LOCAL" or name_or_number == self.local_name:
-            return F.LOCAL_PORT
-        port = self.ports.get(name_or_number)
-        return port.number if port else None
-
-    def port_name(self, number: int) -> str:
-        port = self.port_by_number.get(number)
-        return port.name if port else str(number)
-
-    def table_id(self, ref: int | str) -> int | str:
-        if isinstance(ref, str):
-            return self.table_numbers.get(ref, ref)
-        return ref
-
-
-_MAX_MEMOS = 4096          # candidate lists remembered per bridge
 _MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
 
-
-@dataclass(slots=True)
-class TableHit:
-    """One table lookup: the flow hit (or None for a miss) and what its actions did."""
-
-    table: int | str
-    flow: Flow | None
-    effects: list = field(default_factory=list)     # plain-English phrases, in order
-    notes: list = field(default_factory=list)       # decoded meanings
-    state_after: dict | None = None                 # fields after this table's own actions
-    unknown: str | None = None                      # why the run could not continue here
-    stage: int = 0                                  # recirculation stage (0 = first pass)
-
-
-@dataclass
-class Output:
-    port: int | str         # port number, or "CONTROLLER" / "NORMAL" / "LOCAL"
-    state: dict
-    via: Flow | None
-
-
-@dataclass
-class OvsRun:
-    """One way through the pipeline (one bucket choice per select group met)."""
-
-    hits: list
-    outputs: list
-    weight: float
-    choices: list                  # [(group id, bucket id, share)] in the order met
-    conntrack: Conntrack
-    unknown: str | None = None
-    dropped_by: TableHit | None = None
-    # the fields as each pass (stage) ends, what ofproto/trace prints as "Final flow"
-    finals: list = field(default_factory=list)
-
-
-class _Fork(Exception):
-    """A select group with several buckets was met with no choice made for it yet.
-
-    ``resume`` is set when nothing is left to do in the pass after the group (see
-    ``_Runner.apply_actions``' ``tail``): (the packet, the group's hit, depth, flow), where
-    each bucket can go on from.
-    """
-
-    def __init__(self, group: Group, resume: tuple | None = None):
-        self.group = group
-        self.resume = resume
-
-
-class _Stop(Exception):
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-class _Failed(Exception):
-    """OVS gives up translating this pass and drops the packet (resource limits)."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-class _Exit(Exception):
-    """The ``exit`` action: nothing more is done in this pass."""
 
 
 def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int = 0,
