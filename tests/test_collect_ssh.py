@@ -227,7 +227,8 @@ def test_collected_files_equal_the_commands_output_in_the_node(sshd, node_ns):
 
 def test_collected_files_parse_with_traceflows_parsers(sshd):
     from traceflow.engines.netfilter.iptables import parse_iptables_save
-    from traceflow.engines.routing.parse import parse_ip_addr, parse_ip_routes, parse_ip_rules
+    from traceflow.engines.routing.addr import parse_ip_addr
+    from traceflow.engines.routing.parse import parse_ip_routes, parse_ip_rules
     results, _ = _collect(sshd.target(), ["ip-rule.txt", "ip-route.txt", "ip-addr.txt",
                                           "iptables-save.txt"])
     text = {k: v.stdout.decode() for k, v in results.items()}

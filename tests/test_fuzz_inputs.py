@@ -145,7 +145,7 @@ def _rules(text, name):
 
 
 def _addr(text, name):
-    from traceflow.engines.routing.parse import parse_ip_addr
+    from traceflow.engines.routing.addr import parse_ip_addr
     parse_ip_addr(text, name)
 
 

@@ -196,7 +196,7 @@ class NodeModel:
 
     @cached_property
     def interfaces(self):
-        from traceflow.engines.routing.parse import parse_ip_addr
+        from traceflow.engines.routing.addr import parse_ip_addr
         got = self._file("ip-addr.txt")
         return parse_ip_addr(*got) if got else []
 

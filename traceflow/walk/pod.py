@@ -34,7 +34,7 @@ def pod_gateway(files: dict):
 def pod_mac(files: dict) -> str | None:
     if "ip-addr.txt" not in files:
         return None
-    from traceflow.engines.routing.parse import parse_ip_addr
+    from traceflow.engines.routing.addr import parse_ip_addr
     for iface in parse_ip_addr(*files["ip-addr.txt"]):
         if iface.name == "eth0" and iface.mac:
             return iface.mac

@@ -17,215 +17,29 @@ The model follows the kernel's IPv4 code path, because the kernel is the referen
 
 IPv6 lookups use the same rules and tables but skip the IPv4-only checks (broadcast,
 martians, source validation, source selection).
+
+The source checks and source selection are source.py (a mixin of ``Router``); the packet
+being routed, the steps and the decision are decision.py.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from traceflow.engines.routing.decision import (EHOSTUNREACH, EINVAL, ENETUNREACH, LOOPBACK,
+                                                RouteDecision, Sysctls, _DEFAULT_RULES, _Flow,
+                                                _Hit, _LBCAST, _REJECT_ROUTES, _REJECT_RULES,
+                                                _Steps, _addr_value, _fmt, _is_local_multicast,
+                                                _is_loopback, _is_multicast, _parse_addr,
+                                                _rule_text, _v6_strict)
 from traceflow.engines.routing.parse import (DEFAULT_IP_RULES, SCOPES, Interface, IpRule, NextHop,
-                                     Route, RoutingTables, parse_ip_rules)
-
-KINDS = ("unicast", "local", "anycast", "broadcast", "multicast", "blackhole", "unreachable",
-         "prohibit", "no-route", "invalid", "unknown")
-
-# What `ip route get` prints after "RTNETLINK answers: " for each errno.
-ENETUNREACH = "Network is unreachable"
-EHOSTUNREACH = "No route to host"
-EACCES = "Permission denied"
-EINVAL = "Invalid argument"
-
-# Route types that end the lookup with an error: kind, errno (fib_props[] in fib_semantics.c)
-_REJECT_ROUTES = {"blackhole": ("blackhole", EINVAL), "unreachable": ("unreachable", EHOSTUNREACH),
-                  "prohibit": ("prohibit", EACCES), "nat": ("invalid", EINVAL)}
-# Rule actions (fib4_rule_action); note a rule's "unreachable" is ENETUNREACH, not EHOSTUNREACH.
-_REJECT_RULES = {"blackhole": ("blackhole", EINVAL), "unreachable": ("unreachable", ENETUNREACH),
-                 "prohibit": ("prohibit", EACCES)}
-_DEFAULT_RULES = {(0, "local"), (32766, "main"), (32767, "default")}
-
-LOOPBACK = "lo"
-_LBCAST = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class Sysctls:
-    """The ``net.ipv4.conf`` values that decide a forwarded packet's fate, for its input
-    device (the kernel combines ``all`` and the device: max for rp_filter, or for the rest).
-    Defaults are a Kubernetes node's: forwarding on, the kernel's own defaults otherwise."""
-
-    forwarding: bool = True
-    rp_filter: int = 0              # 0 off, 1 strict, 2 loose
-    accept_local: bool = False
-    send_redirects: bool = True
-    src_valid_mark: bool = False
-    route_localnet: bool = False
-
-
-@dataclass
-class RouteDecision:
-    kind: str                       # one of KINDS
-    table: str | None               # the table that decided, by name ("main", "10")
-    route: Route | None             # the route that decided (.text, .source)
-    rule: IpRule | None             # the rule that led there
-    dev: str | None                 # output device; "lo" for local delivery (as the kernel says)
-    gateway: str | None             # None when directly connected
-    prefsrc: str | None             # source address a local sender would use
-    onlink: bool
-    nexthops: list                  # [(share, gateway, dev)]: one per path, shares sum to 1
-    steps: list                     # plain-English account of the rules and tables consulted
-    reason: str                     # plain-English summary
-    error: str | None = None        # what `ip route get` answers instead ("No route to host")
-
-
-@dataclass
-class _Flow:
-    family: int
-    dst: int
-    src: int                        # 0: not chosen yet (locally generated, no source given)
-    iif: str | None                 # "lo" for locally generated packets, as in the kernel
-    oif: str | None
-    mark: int = 0
-    tos: int = 0
-    proto: int | None = None
-    sport: int | None = None
-    dport: int | None = None
-    uid: int | None = None          # None: unknown (matters only for uidrange rules)
-
-
-@dataclass
-class _Hit:
-    """What the policy lookup found: a route, a rejection, or an undecidable rule."""
-
-    route: Route | None = None
-    path: NextHop | None = None     # the path that passed the output-device check
-    table: str | None = None
-    rule: IpRule | None = None
-    kind: str | None = None         # for rejections
-    error: str | None = None
-    unknown: str | None = None
-
-
-class _Steps:
-    """Collects steps; runs of rules skipped for the same reason become one line.
-
-    A skip records only the selector that failed; the packet's value is written out when
-    the run ends, so walking hundreds of non-matching rules stays cheap."""
-
-    def __init__(self, flow: _Flow):
-        self.flow = flow
-        self.lines: list[str] = []
-        self._run: list = []        # [(rule, selector)]
-
-    def skip(self, rule: IpRule, selector: str) -> None:
-        if self._run and self._run[-1][1] != selector:
-            self._flush()
-        self._run.append((rule, selector))
-
-    def add(self, line: str) -> None:
-        self._flush()
-        self.lines.append(line)
-
-    def done(self) -> list[str]:
-        self._flush()
-        return self.lines
-
-    def _flush(self) -> None:
-        if not self._run:
-            return
-        rule, selector = self._run[0]
-        value = _packet_value(self.flow, selector)
-        if len(self._run) == 1:
-            self.lines.append(f"rule {_rule_text(rule)}: skipped, {value} does not match "
-                              f"'{selector}'")
-        else:
-            first, last = self._run[0][0].priority, self._run[-1][0].priority
-            self.lines.append(f"rules {first}..{last} ({len(self._run)} rules): skipped, "
-                              f"{value} matches none of their '{selector}'")
-        self._run = []
-
-
-class _Quiet(_Steps):
-    """Steps nobody reads (the reverse lookup of a source check)."""
-
-    def __init__(self):
-        super().__init__(None)
-
-    def skip(self, rule: IpRule, selector: str) -> None:
-        pass
-
-    def add(self, line: str) -> None:
-        pass
-
-
-def _packet_value(flow: _Flow, selector: str) -> str:
-    """The packet's side of a failed selector, in words."""
-    fam = flow.family
-    values = {
-        "iif": lambda: (f"input device {flow.iif}" if flow.iif != LOOPBACK
-                        else "input device lo (a locally generated packet)"),
-        "oif": lambda: f"output device {flow.oif or '(none given)'}",
-        "fwmark": lambda: f"mark {flow.mark:#x}",
-        "from": lambda: f"source {_fmt(fam, flow.src)}",
-        "to": lambda: f"destination {_fmt(fam, flow.dst)}",
-        "tos": lambda: f"tos {flow.tos:#x}",
-        "l3mdev": lambda: "a packet outside any VRF",
-        "uidrange": lambda: f"uid {flow.uid}",
-        "ipproto": lambda: f"ipproto {flow.proto}",
-        "sport": lambda: f"sport {flow.sport}",
-        "dport": lambda: f"dport {flow.dport}",
-        "not ...": lambda: "the packet (which matches what 'not' negates)",
-    }
-    return values[selector]()
-
-
-def _rule_text(rule: IpRule) -> str:
-    return " ".join(rule.text.split()).replace(": ", " `", 1) + "`"
-
-
-def _fmt(family: int, value: int) -> str:
-    return str(ipaddress.IPv4Address(value) if family == 4 else ipaddress.IPv6Address(value))
-
-
-def _is_multicast(v: int) -> bool:
-    return (v >> 28) == 0xE
-
-
-def _is_loopback(v: int) -> bool:
-    return (v >> 24) == 127
-
-
-def _v6_strict(v: int) -> bool:
-    """rt6_need_strict: link-local unicast, multicast and ::1 destinations only take routes
-    through the interface given (the input device, or the output device asked for)."""
-    return (v >> 118) == 0x3FA or (v >> 120) == 0xFF or v == 1
-
-
-def _v6_scope(v: int) -> int:
-    """__ipv6_addr_src_scope, ordered: 1 node-local (::1), 2 link, 5 site, 14 global."""
-    if v == 1:
-        return 1
-    if (v >> 120) == 0xFF:
-        return (v >> 112) & 0xF
-    if (v >> 118) == 0x3FA:
-        return 2
-    if (v >> 118) == 0x3FB:
-        return 5
-    return 14
-
-
-def _common_prefix(a: int, b: int) -> int:
-    return 128 - (a ^ b).bit_length()
-
-
-def _is_local_multicast(v: int) -> bool:
-    return (v >> 8) == 0xE00000
-
+                                             Route, RoutingTables, parse_ip_rules)
+from traceflow.engines.routing.source import SourceAddresses
 
 # --------------------------------------------------------------------------- the router
 
-class Router:
+class Router(SourceAddresses):
     """One node's routing state, prepared once for many lookups."""
 
     def __init__(self, rules: Iterable[IpRule], tables: RoutingTables,
@@ -542,91 +356,11 @@ class Router:
             return self._invalid(flow, steps, EINVAL, problem, hit)
         return self._made(flow, steps, "unicast", paths[0][1], paths[0][2], None, hit, paths)
 
-    def _martians(self, flow: _Flow, sc: Sysctls, steps: _Steps) -> RouteDecision | None:
-        """The address checks the kernel makes before it looks anything up."""
-        src, dst = flow.src, flow.dst
-        if _is_multicast(dst):
-            return self._unknown(flow, steps, "multicast reception depends on group "
-                                              "memberships, which the snapshot lacks")
-        if _is_multicast(src) or src == _LBCAST:
-            return self._invalid(flow, steps, EINVAL, "martian source: multicast/broadcast")
-        if dst == _LBCAST or (src == 0 and dst == 0):
-            return self._broadcast_input(flow, sc, steps, None)
-        if src == 0:
-            return self._invalid(flow, steps, EINVAL, "martian source 0.0.0.0")
-        if dst == 0:
-            return self._invalid(flow, steps, EINVAL, "martian destination 0.0.0.0")
-        if _is_loopback(dst) and not sc.route_localnet:
-            return self._invalid(flow, steps, EINVAL, "martian destination: loopback "
-                                                      "addresses never arrive from outside")
-        if _is_loopback(src) and not sc.route_localnet:
-            return self._invalid(flow, steps, EINVAL, "martian source: a loopback address")
-        return None
-
-    def _broadcast_input(self, flow: _Flow, sc: Sysctls, steps: _Steps,
-                         hit: _Hit | None) -> RouteDecision:
-        if flow.src:
-            problem = self._validate_source(flow, 0, None, sc, steps)
-            if problem:
-                return self._invalid(flow, steps, EINVAL, problem, hit)
-        return self._made(flow, steps, "broadcast", None, LOOPBACK, None, hit)
-
     def _no_forwarding(self, flow: _Flow, steps: _Steps, hit: _Hit) -> RouteDecision:
         steps.add(f"forwarding is disabled on {flow.iif}")
         reason = (f"{_fmt(4, flow.dst)} is not local and forwarding is off on {flow.iif} "
                   f"(net.ipv4.conf.{flow.iif}.forwarding=0)")
         return self._decision("unreachable", flow, steps, reason, hit, error=EHOSTUNREACH)
-
-    def _validate_source(self, flow: _Flow, local: int, oif: str | None, sc: Sysctls,
-                         steps: _Steps) -> str | None:
-        """fib_validate_source: why the source is refused, or None when it is accepted.
-
-        ``local`` is the address the packet is for (0 for broadcasts); ``oif`` the output
-        device of a forwarded packet (None for local delivery)."""
-        # With rp_filter off the kernel takes a shortcut, unless the packet leaves by the
-        # device it came in on (it may owe the sender an ICMP redirect).
-        if not sc.rp_filter and (flow.iif != oif or not sc.send_redirects):
-            if sc.accept_local:
-                return None
-            if not self._custom:
-                # no hand-made rules or local routes: only the node's own addresses are refused
-                if (4, flow.src) in self._own:
-                    return f"martian source: {_fmt(4, flow.src)} is an address of this node"
-                return None
-        return self._reverse_check(flow, local, oif, sc, steps)
-
-    def _reverse_check(self, flow: _Flow, local: int, oif: str | None, sc: Sysctls,
-                       steps: _Steps) -> str | None:
-        """The full source check: look the source up as a destination, as if the packet
-        came back in by the output device (lo for local delivery), then judge the route."""
-        back = _Flow(4, flow.src, local, oif or LOOPBACK, None,
-                     flow.mark if sc.src_valid_mark else 0, flow.tos, flow.proto,
-                     flow.dport, flow.sport, 0)
-        hit = self._fib_lookup(back, _Quiet())
-        src, iif = _fmt(4, flow.src), flow.iif
-        mode = {0: "off", 1: "strict", 2: "loose"}.get(sc.rp_filter, str(sc.rp_filter))
-        if hit.unknown:
-            steps.add(f"source check: the route back to {src} cannot be evaluated; assumed fine")
-            return None
-        if hit.error:
-            steps.add(f"source check: no route back to {src} (rp_filter {mode})")
-            return f"rp_filter ({mode}) on {iif}: no route back to {src}" if sc.rp_filter else None
-        route = hit.route
-        if route.type != "unicast" and not (route.type == "local" and sc.accept_local):
-            return f"martian source: {src} is a {route.type} address here (`{route.text.strip()}`)"
-        devs = {p.dev for p in route.paths()}
-        if iif in devs or (route.type == "local" and iif == LOOPBACK):
-            steps.add(f"source check: the route back to {src} uses {iif}: accepted")
-            return None
-        leaves = ", ".join(sorted(d or "?" for d in devs))
-        if sc.rp_filter and self._has_no_ipv4(iif):
-            return f"rp_filter ({mode}) on {iif}: {iif} has no IPv4 address"
-        if sc.rp_filter == 1:
-            return f"rp_filter (strict) on {iif}: the route back to {src} leaves by {leaves}, " \
-                   f"not {iif}"
-        steps.add(f"source check: the route back to {src} leaves by {leaves} (rp_filter {mode}): "
-                  "accepted")
-        return None
 
     def _input_v6(self, flow: _Flow, steps: _Steps) -> RouteDecision:
         hit = self._fib_lookup(flow, steps)
@@ -639,86 +373,6 @@ class Router:
             return self._made(flow, steps, route.type, None, LOOPBACK, None, hit)
         paths = self._paths(route, hit.path, flow)
         return self._made(flow, steps, "unicast", paths[0][1], paths[0][2], None, hit, paths)
-
-    # ----------------------------------------------------------------- addresses
-
-    def _device_of(self, addr: int) -> str | None | bool:
-        """__ip_dev_find: the device owning a local address (None if not known), or False
-        when the address is not local (neither assigned nor covered by a local route)."""
-        if (4, addr) in self._own:
-            return self._own[(4, addr)]
-        probe = _Flow(4, addr, 0, LOOPBACK, None)
-        route, _ = self._table_lookup("local", probe)
-        if route is not None and route.type == "local":
-            return route.dev
-        return False
-
-    def _select_addr(self, dev: str | None, gateway: int, scope: int) -> int:
-        """inet_select_addr: the source address for packets leaving by ``dev`` (0: none)."""
-        if self.interfaces is None:
-            return 0
-        sc = self.sysctls_for(dev) if dev else Sysctls()
-        localnet = SCOPES["link"] if sc.route_localnet else SCOPES["host"]
-        iface = self.interfaces.get(dev)
-        first = 0
-        for addr in iface.ipv4() if iface else ():
-            if addr.secondary or min(addr.scope_value, localnet) > scope:
-                continue
-            if not gateway or addr.network.contains(4, gateway):
-                return addr.value
-            first = first or addr.value
-        if first:
-            return first
-        # no fit on the device: any global-ish primary address, devices in index order
-        for other in sorted(self.interfaces.values(), key=lambda i: i.index):
-            for addr in other.ipv4():
-                if not addr.secondary and addr.scope_value != SCOPES["link"] \
-                        and addr.scope_value <= scope:
-                    return addr.value
-        return 0
-
-    def _select_addr_v6(self, dev: str | None, dst: int) -> int:
-        """ipv6_dev_get_saddr, the rules that decide on a node's usual addresses (RFC 6724):
-        an address of the output device whose scope is the smallest that reaches the
-        destination's, then the longest prefix in common with it, first listed on a tie
-        (``ip addr`` lists a device's addresses in the kernel's order); devices in index
-        order when the output device has none. Tentative addresses are never used."""
-        if self.interfaces is None:
-            return 0
-        want = _v6_scope(dst)
-
-        def usable(iface) -> list:
-            return [a for a in (iface.addresses if iface else ())
-                    if a.family == 6 and "tentative" not in a.flags and "dadfailed" not in a.flags]
-
-        def best(addrs: list) -> int:
-            def rank(a):
-                scope = _v6_scope(a.value)
-                fits = scope >= want
-                return (not fits, scope if fits else -scope, "deprecated" in a.flags,
-                        -_common_prefix(a.value, dst))
-            return min(addrs, key=rank).value if addrs else 0
-
-        own = usable(self.interfaces.get(dev)) if dev else []
-        if own and (best(own) and _v6_scope(best(own)) >= want):
-            return best(own)
-        if want <= 2:               # link-local or narrower: only the device's own
-            return best(own)
-        others = [a for i in sorted(self.interfaces.values(), key=lambda i: i.index)
-                  for a in usable(i)]
-        return best(own + others)
-
-    def source_address(self, dev: str, gateway: str | None = None,
-                       scope: str = "global") -> str | None:
-        """The source address the kernel picks for a packet leaving by ``dev`` toward
-        ``gateway`` when the route has no ``src`` (inet_select_addr); None if it has none."""
-        value = self._select_addr(dev, _addr_value(gateway), SCOPES[scope])
-        return _fmt(4, value) if value else None
-
-    def _has_no_ipv4(self, dev: str) -> bool:
-        if self.interfaces is None or dev not in self.interfaces:
-            return False             # unknown: assume the usual, an addressed device
-        return not self.interfaces[dev].ipv4()
 
     # ----------------------------------------------------------------- paths and results
 
@@ -817,15 +471,6 @@ def route_lookup(rules: Iterable[IpRule], tables: RoutingTables, dst: str,
     router = Router(rules, tables, interfaces, local_addresses, sysctls)
     return router.lookup(dst, src, iif, oif, mark, tos=tos, proto=proto, sport=sport,
                          dport=dport, uid=uid)
-
-
-def _parse_addr(text: str) -> tuple[int, int]:
-    addr = ipaddress.ip_address(text)
-    return addr.version, int(addr)
-
-
-def _addr_value(text: str | None) -> int:
-    return int(ipaddress.ip_address(text)) if text else 0
 
 
 def _selectors(rule: IpRule, flow: _Flow) -> tuple[str | None, bool]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from traceflow.model.errors import InputError, Source
-from traceflow.engines.routing.lookup import Sysctls
+from traceflow.engines.routing.decision import Sysctls
 
 _LINE = re.compile(r"^(net\.ipv4\.[\w.\-]+?)\s*=\s*(\S*)\s*$")
 _KEYS = {"forwarding": int, "rp_filter": int, "accept_local": int, "send_redirects": int,
