@@ -1,7 +1,7 @@
 """kube-proxy in nftables mode with N Services: reading `nft list table ip kube-proxy` whole
 against reading it lazily (traceflow.engines.netfilter.nft_lazy), and one trace over the lazy ruleset.
 
-The ruleset is the one traceflow/examples/generate_kube_proxy.py writes for node1 (its
+The ruleset is the one tools/generate_kube_proxy.py writes for node1 (its
 chains, maps and sets, in nft's order), for that cluster plus synthetic Services up to N:
 ClusterIP Services with 1-3 endpoints spread over the three nodes, every 10th a NodePort (while
 NodePorts last), every 50th with session affinity. Deterministic (no randomness beyond the
@@ -47,7 +47,8 @@ CLIENT = "10.244.1.5"
 def ruleset_text(services: int) -> tuple[str, str, int]:
     """(node1's kube-proxy table with ``services`` Services, a VIP in the middle of the added
     ones and its port)."""
-    from traceflow.examples import generate_kube_proxy as g
+    sys.path.insert(0, str(ROOT / "tools"))
+    import generate_kube_proxy as g
     cluster = g.build_cluster()
     taken_ips = {s.cluster_ip for s in cluster.services}
     taken_ports = {p.node_port for s in cluster.services for p in s.ports if p.node_port}

@@ -1,6 +1,6 @@
 """The generated kube-proxy example bundles: they parse, and traceflow reads kube-proxy's intent.
 
-``traceflow/examples/generate_kube_proxy.py`` renders one synthetic cluster as kube-proxy writes
+``tools/generate_kube_proxy.py`` renders one synthetic cluster as kube-proxy writes
 it in iptables, nftables and IPVS mode. Here traceflow reads the shipped files and, for a
 deterministic sample of 50 service ports on every node, must find exactly what the cluster
 description says: every ready endpoint reachable with equal shares summing to 1, NodePorts with
@@ -12,19 +12,21 @@ regenerating gives the shipped files byte for byte.
 from __future__ import annotations
 
 import random
+import sys
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from traceflow.examples import generate_kube_proxy as gen
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))   # not installed
+import generate_kube_proxy as gen  # noqa: E402
 from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
 from traceflow.engines.netfilter.ipset import parse_ipset_list
 from traceflow.engines.netfilter.iptables import NotModelled, RuleSyntaxError
 from traceflow.model.packet import PROTO_NUMBERS, Packet
 
-EXAMPLES = Path(gen.__file__).resolve().parent
+EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 BUNDLES = {mode: EXAMPLES / f"kube-proxy-{mode}" for mode in gen.MODES}
 CLIENT = "192.168.50.7"                  # outside the cluster (not a node, not a pod)
 SAMPLE = 50
@@ -103,7 +105,7 @@ def test_generator_is_deterministic_and_shipped_bundles_are_current(tmp_path):
         for rel in names:
             assert (fresh / rel).read_bytes() == (shipped / rel).read_bytes(), (
                 f"{shipped / rel} differs from what the generator writes now: run "
-                "python -m traceflow.examples.generate_kube_proxy traceflow/examples")
+                "python tools/generate_kube_proxy.py traceflow/examples")
 
 
 def test_cluster_has_every_kind_of_service():

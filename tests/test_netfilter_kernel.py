@@ -44,7 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.examples import generate_kube_proxy as gen
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))   # not installed
+import generate_kube_proxy as gen  # noqa: E402
 from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
 from traceflow.model.packet import Packet
 
@@ -343,8 +344,8 @@ def _kernel_outcome(p: Probe, entries: dict, answers: dict) -> Outcome:
 
 
 def _bundle_file(mode: str, name: str) -> str:
-    return (Path(gen.__file__).resolve().parent / f"kube-proxy-{mode}" / "nodes" / NODE
-            / name).read_text()
+    return (Path(__file__).resolve().parents[1] / "traceflow" / "examples" / f"kube-proxy-{mode}"
+            / "nodes" / NODE / name).read_text()
 
 
 @pytest.fixture(scope="module", params=["iptables", "nftables"])
