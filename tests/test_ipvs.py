@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 
 from traceflow.model.errors import InputError
-from traceflow.engines.netfilter.ipvs import (
-    IpvsSyntaxError,
-    IpvsTable,
-    parse_endpoint,
-    parse_ipvsadm,
-)
+from traceflow.engines.netfilter.ipvs import (IpvsSyntaxError, IpvsTable, parse_endpoint,
+                                              parse_ipvsadm)
 from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md

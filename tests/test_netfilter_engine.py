@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from traceflow.engines.netfilter import (NodeContext, evaluate_hook, parse_iptables_list,
-                                 parse_iptables_save)
+                                         parse_iptables_save)
 from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md

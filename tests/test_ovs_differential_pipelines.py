@@ -48,35 +48,11 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 from ovs_oracle import OvsTrace, OvsUnavailable, PrivateOvs
-from test_ovs_differential import (
-    agree_on_random_packets,
-    quirks_switch,
-    view_of_run,
-    ARP,
-    BITS,
-    BROADCAST,
-    CT_CHOICES,
-    ICMP,
-    IPV4,
-    LOCAL,
-    STRANGER_IP,
-    STRANGER_MAC,
-    TCP,
-    TRK,
-    UDP,
-    Outcome,
-    Probe,
-    View,
-    _clause_choices,
-    _ct_state_for,
-    _in_port_ok,
-    _kinds,
-    assert_agree,
-    base_packet,
-    differences,
-    ovs_view,
-    weighted,
-)
+from test_ovs_differential import (agree_on_random_packets, quirks_switch, view_of_run, ARP, BITS,
+                                   BROADCAST, CT_CHOICES, ICMP, IPV4, LOCAL, STRANGER_IP,
+                                   STRANGER_MAC, TCP, TRK, UDP, Outcome, Probe, View,
+                                   _clause_choices, _ct_state_for, _in_port_ok, _kinds,
+                                   assert_agree, base_packet, differences, ovs_view, weighted)
 
 from traceflow.model.conntrack import Conntrack
 from traceflow.engines.ovs import actions as A

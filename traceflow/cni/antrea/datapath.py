@@ -19,8 +19,7 @@ from traceflow.model.trace import Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
 from traceflow.walk.ovs_bridge import from_state, ovs_hop, to_state
 from traceflow.bundle.podside import port_by_mac
-from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop,
-                                 pod_mac)
+from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop, pod_mac)
 from traceflow.walk.state import AtHost, AtOvs, Branch, Query, new_leg, primary_ip as _primary_ip
 
 

@@ -6,11 +6,10 @@
     branches = evaluate_hook(ruleset, "PREROUTING", packet, NodeContext(node="worker1"))
 """
 
-from traceflow.engines.netfilter.engine import (Branch, NatAction, NodeContext, Step,
-                                        evaluate_hook)
+from traceflow.engines.netfilter.engine import (Branch, NatAction, NodeContext, Step, evaluate_hook)
 from traceflow.engines.netfilter.iptables import (Chain, Match, NotModelled, Rule, RuleSyntaxError,
-                                          Ruleset, Table, UnknownMatch, parse_iptables_list,
-                                          parse_iptables_save)
+                                                  Ruleset, Table, UnknownMatch, parse_iptables_list,
+                                                  parse_iptables_save)
 
 __all__ = [
     "Branch", "Chain", "Match", "NatAction", "NodeContext", "NotModelled", "Rule",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from traceflow.engines.netfilter.context import NodeContext
 from traceflow.engines.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo,
-                                          RecentMatch, Rule, Ruleset, StatisticMatch, Table)
+                                                  RecentMatch, Rule, Ruleset, StatisticMatch, Table)
 from traceflow.model.packet import Packet
 
 MAX_DEPTH = 64

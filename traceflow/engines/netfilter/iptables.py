@@ -30,15 +30,18 @@ from traceflow.engines.netfilter.iptables_matches import (AddrMatch, AddrTypeMat
                                                           MultiportMatch, PhysdevMatch, PortMatch,
                                                           ProtoMatch, RecentMatch, SetMatch,
                                                           StatisticMatch, TcpFlagsMatch,
-                                                          UnknownMatch, ipset_contains)  # noqa: F401
+                                                          UnknownMatch,
+                                                          ipset_contains)  # noqa: F401
 from traceflow.engines.netfilter.iptables_model import (BUILTIN_CHAINS, Chain, PASSIVE_TARGETS,
                                                         Rule, Ruleset, TABLES, TARGETS,
-                                                        TERMINAL_TARGETS, Table, TargetSpec)  # noqa: F401
+                                                        TERMINAL_TARGETS, Table,
+                                                        TargetSpec)  # noqa: F401
 from traceflow.engines.netfilter.iptables_values import (ConnmarkOp, Diagnosed, MASK32, Mark,
                                                          MarkOp, NatTo, NotModelled, PortRange,
                                                          RuleSyntaxError, mark, mark_op, nat_to,
                                                          port_range)  # noqa: F401
-from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, IMPLICIT_MODULES, MODULES,
-                                                ModuleSpec, Opt, build_rule, parse_iptables_save,
-                                                parse_rule_words, tokenize)  # noqa: F401
+from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, IMPLICIT_MODULES,
+                                                        MODULES, ModuleSpec, Opt, build_rule,
+                                                        parse_iptables_save, parse_rule_words,
+                                                        tokenize)  # noqa: F401
 from traceflow.engines.netfilter.iptables_list import LIST_WORDS, ListDecoder, parse_iptables_list  # noqa: F401

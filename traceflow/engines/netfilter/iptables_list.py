@@ -10,18 +10,18 @@ from typing import Callable
 
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.netfilter.iptables_matches import (AddrTypeMatch, CommentMatch,
-                                                          ConnmarkMatch, FragmentMatch,
-                                                          ICMP_TYPES, IcmpMatch, LengthMatch,
-                                                          LimitMatch, MacMatch, MarkMatch, Match,
+                                                          ConnmarkMatch, FragmentMatch, ICMP_TYPES,
+                                                          IcmpMatch, LengthMatch, LimitMatch,
+                                                          MacMatch, MarkMatch, Match,
                                                           MultiportMatch, PortMatch, RecentMatch,
                                                           SetMatch, TcpFlagsMatch, UnknownMatch)
 from traceflow.engines.netfilter.iptables_model import (Chain, Rule, Ruleset, Table,
                                                         _resolve_targets)
-from traceflow.engines.netfilter.iptables_values import (ConnmarkOp, MASK32, RuleSyntaxError,
-                                                         mark, mark_op, nat_to, port_range)
-from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, MODULES, Opt, _CONNTRACK,
-                                                _Syntax, _note_not_modelled, _physdev, _proto,
-                                                _states, _statistic)
+from traceflow.engines.netfilter.iptables_values import (ConnmarkOp, MASK32, RuleSyntaxError, mark,
+                                                         mark_op, nat_to, port_range)
+from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, MODULES, Opt,
+                                                        _CONNTRACK, _Syntax, _note_not_modelled,
+                                                        _physdev, _proto, _states, _statistic)
 
 # ---------------------------------------------------------------------------------------------
 # iptables -L -n [-v]: the listing of one table

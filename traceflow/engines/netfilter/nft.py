@@ -28,13 +28,14 @@ The code lives in ``nft_model`` (tables, chains, sets, rule expressions), ``nft_
 from __future__ import annotations
 
 from traceflow.engines.netfilter.nft_model import (ABSENT, AddrPattern, BRIDGE_PRIORITY_NAMES,
-                                           CHAIN_MEANINGS, Cmp, Elements, Expr, FAMILIES,
-                                           FibTypePattern, HOOKS, IfacePattern, IntPattern, Limit,
-                                           NamePattern, Nat, NftChain, NftElement, NftRule,
-                                           NftSet, NftTable, Notrack, PRIORITY_NAMES,
-                                           Passive, Pattern, RawPattern, Selector, SetRef,
-                                           SetStmt, Unknown, VMap, Verdict, VerdictStmt, XtMatch,
-                                           pattern)  # noqa: F401
+                                                   CHAIN_MEANINGS, Cmp, Elements, Expr, FAMILIES,
+                                                   FibTypePattern, HOOKS, IfacePattern, IntPattern,
+                                                   Limit, NamePattern, Nat, NftChain, NftElement,
+                                                   NftRule, NftSet, NftTable, Notrack,
+                                                   PRIORITY_NAMES, Passive, Pattern, RawPattern,
+                                                   Selector, SetRef, SetStmt, Unknown, VMap,
+                                                   Verdict, VerdictStmt, XtMatch,
+                                                   pattern)  # noqa: F401
 from traceflow.engines.netfilter.nft_parse import parse_nft_ruleset  # noqa: F401
 from traceflow.engines.netfilter.nft_lookup import _lookup  # noqa: F401
 from traceflow.engines.netfilter.nft_ruleset import NftRuleset  # noqa: F401

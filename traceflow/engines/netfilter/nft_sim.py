@@ -9,13 +9,13 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from traceflow.engines.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NodeContext,
-                                        Step, Walk, _Budget, nat_rewrite)
-from traceflow.engines.netfilter.nft_model import (ABSENT, CHAIN_MEANINGS, Cmp, Elements,
-                                           Limit, Nat, NftChain, NftElement, NftRule,
-                                           NftTable, Notrack, Passive, Selector, SetRef, SetStmt,
-                                           Unknown, VMap, Verdict, VerdictStmt, XtMatch,
-                                           _ADDR_TYPES, _CT_STATES, _address)
+from traceflow.engines.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NodeContext, Step,
+                                                Walk, _Budget, nat_rewrite)
+from traceflow.engines.netfilter.nft_model import (ABSENT, CHAIN_MEANINGS, Cmp, Elements, Limit,
+                                                   Nat, NftChain, NftElement, NftRule, NftTable,
+                                                   Notrack, Passive, Selector, SetRef, SetStmt,
+                                                   Unknown, VMap, Verdict, VerdictStmt, XtMatch,
+                                                   _ADDR_TYPES, _CT_STATES, _address)
 from traceflow.engines.netfilter.nft_lookup import _lookup
 from traceflow.engines.netfilter.numgen import numgen_groups
 from traceflow.model.packet import Packet
