@@ -1,4 +1,4 @@
-"""Command-line conventions kept out of cli.py: options that conflict, the hint when there is
+"""Command-line conventions kept out of app.py: options that conflict, the hint when there is
 no cluster to collect from, the program name a kubectl plugin shows, and a closed pipe."""
 
 from __future__ import annotations

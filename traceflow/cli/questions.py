@@ -1,6 +1,6 @@
 """The `check`, `audit` and `diff` commands, registered on the main CLI by ``register``.
 
-Kept apart from cli.py so the trace commands' file stays small; the same conventions apply:
+Kept apart from app.py so the trace commands' file stays small; the same conventions apply:
 bad input exits 2 with a located message, never a traceback; heavy modules load lazily.
 """
 

@@ -8,8 +8,8 @@ bpf_host.c, bpf_overlay.c, lib/lb.h, lib/policy.h); the lookups themselves are i
 ``traceflow.engines.cilium.lookup``. Every BPF hop names its program, the map and the entry
 (file:line) that decided, and drops carry Cilium's DROP_* names.
 
-Service load balancing lives in ``cilium_lb`` and policy enforcement with delivery in
-``cilium_policy`` (mixins of CiliumDatapath); this module holds the pod's first hop, the
+Service load balancing lives in ``lb`` and policy enforcement with delivery in
+``policy`` (mixins of CiliumDatapath); this module holds the pod's first hop, the
 programs' flow from hook to hook, routing (tunnel, BPF FIB, kernel) and the underlay.
 """
 
