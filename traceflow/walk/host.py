@@ -135,6 +135,10 @@ class HostStack:
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
+        # forwarding decrements the TTL before the FORWARD hook (ip_forward); a packet the
+        # node sends itself keeps its socket's TTL
+        pkt = pkt.copy()
+        pkt.nw_ttl -= 1
         outcomes = []
         for fb, fpkt, _ in self._netfilter(b, node.netfilter, "FORWARD", pkt, ctx, loc.node):
             outcomes.extend(self._postrouting(fb, loc.node, node, fpkt, ctx, dec)
@@ -221,7 +225,9 @@ class HostStack:
                 outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
                 continue
             ctx.out_iface = odec.dev
-            outcomes.extend(self._postrouting(nb, loc.node, node, nf.packet, ctx, odec))
+            sent = nf.packet.copy()
+            sent.nw_ttl -= 1      # IPVS forwards a client's packet: TTL - 1 (ip_vs_xmit.c)
+            outcomes.extend(self._postrouting(nb, loc.node, node, sent, ctx, odec))
         return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
@@ -230,7 +236,6 @@ class HostStack:
         iface = node.interface(dec.dev)
         before = pkt.copy()
         pkt = pkt.copy()
-        pkt.nw_ttl -= 1
         if iface is not None and iface.mac:
             pkt.dl_src = iface.mac
         neigh = node.neighbours

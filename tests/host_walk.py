@@ -1,0 +1,46 @@
+"""traceflow's own host walk from a packet arriving on a node's interface, as trace JSON.
+
+``Solver`` walks a query from a pod; a packet that comes from outside the cluster (a client
+on the node's uplink) or from a pod whose CNI datapath is not in the bundle (the kube-proxy
+example bundles hold host files only) enters the walk at the node's host stack: an
+``AtHost(node, iif, packet)`` location. ``walk_from_host`` runs the Solver's own loop from
+there (conntrack, PREROUTING, routing, INPUT/FORWARD, POSTROUTING, neighbour, and whatever
+the CNI datapath does next) and returns the paths as the JSON document (``-o json``) has them:
+the hops, weights, verdicts and drops are traceflow's, nothing is re-assembled here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from collectors.bundle import Bundle
+from renderers.json_out import render_json
+from traceflow import kube
+from traceflow.packet import Packet
+from traceflow.snapshot import Snapshot
+from traceflow.solver import AtHost, Branch, Query, Solver
+from traceflow.trace import Leg, Trace, Verdict
+from traceflow.walk.state import describe
+
+
+def walk_from_host(snapshot: Snapshot | Path, node: str, iif: str | None,
+                   packet: Packet) -> dict:
+    snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot(Bundle.open(snapshot))
+    client = kube.Pod("outside", "client", packet.nw_src, None, {}, "Running")
+    proto = {6: "TCP", 17: "UDP", 132: "SCTP"}[packet.nw_proto]
+    query = Query("pod-to-svc", client, packet.nw_dst, packet.tp_dst, proto, packet.tp_src,
+                  f"{packet.nw_dst}:{packet.tp_dst}", None, None, False)
+    solver = Solver(snap)
+    solver.query = query
+    start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(packet, query))])
+    done = solver._run(start, AtHost(node, iif, packet.copy()), query)
+    trace = Trace(query.as_dict())
+    trace.paths = [solver._path(b, b.end[2]) for b in done]
+    trace.warnings = list(solver.warnings)
+    return json.loads(render_json(trace))
+
+
+def request_hops(path: dict) -> list[dict]:
+    (leg,) = [l for l in path["legs"] if l["direction"] == "request"]
+    return leg["hops"]
