@@ -7,6 +7,7 @@ example bundles hold host files only) enters the walk at the node's host stack: 
 there (conntrack, PREROUTING, routing, INPUT/FORWARD, POSTROUTING, neighbour, and whatever
 the CNI datapath does next) and returns the paths as the JSON document (``-o json``) has them:
 the hops, weights, verdicts and drops are traceflow's, nothing is re-assembled here.
+``walk_from_pod`` does the same for a packet a pod sends (the Solver's first leg).
 """
 
 from __future__ import annotations
@@ -38,6 +39,25 @@ def walk_from_host(snapshot: Snapshot | Path, node: str, iif: str | None,
     trace = Trace(query.as_dict())
     trace.paths = [solver._path(b, b.end[2]) for b in done]
     trace.warnings = list(solver.warnings)
+    return json.loads(render_json(trace))
+
+
+def walk_from_pod(snapshot: Snapshot | Path, pod_key: str, packet: Packet) -> dict:
+    """``packet`` as ``pod_key`` sends it, through the Solver's own first leg (a hostNetwork
+    pod's packet starts in its node's local output path: route, OUTPUT, POSTROUTING...)."""
+    snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot(Bundle.open(snapshot))
+    namespace, _, name = pod_key.partition("/")
+    pod = snap.cluster.find_pod(namespace, name)
+    assert pod is not None, pod_key
+    proto = {6: "TCP", 17: "UDP", 132: "SCTP"}[packet.nw_proto]
+    query = Query("pod-to-svc", pod, packet.nw_dst, packet.tp_dst, proto, packet.tp_src,
+                  f"{packet.nw_dst}:{packet.tp_dst}", None, None, False)
+    solver = Solver(snap)
+    solver.query = query
+    start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(packet, query))])
+    done = solver._walk_leg(start, pod, packet.copy(), query)
+    trace = Trace(query.as_dict())
+    trace.paths = [solver._path(b, b.end[2]) for b in done]
     return json.loads(render_json(trace))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from traceflow.conntrack import reverse
 from traceflow.packet import Packet
-from traceflow.snapshot import NodeModel
+from traceflow.snapshot import Missing, NodeModel
 from traceflow.trace import Drop, Hop, Verdict
 from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, fmt as _fmt, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
@@ -190,7 +190,10 @@ class HostStack:
                                     if changed)
                 ob.ct(loc.node).commit(HOST_ZONE, orig_tuple, _tuple(opkt),
                                        where=f"{loc.node} kernel conntrack", nat=nat_kind)
-            results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
+            try:
+                results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
+            except Missing as miss:   # a file this branch lacks ends it, not its siblings
+                results.append((self.walk.missing(ob, loc.node, "neigh", miss), None))
         return results
 
     def _local_input(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
@@ -200,10 +203,16 @@ class HostStack:
         if branches is None:
             why = ("the packet goes up to the host's own sockets" if ipvs is None or new_conn
                    else "a reply to an IPVS connection is un-NAT-ed by conntrack before this")
-            return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
-                                                    dec.route.text if dec.route else None,
-                                                    f"{pkt.nw_dst} is local to {loc.node}: {why}")),
-                     None)]
+            # the INPUT hook decides first whether it gets there (a NodePort without
+            # endpoints is rejected, one without local endpoints dropped, in filter INPUT)
+            ctx.out_iface = None
+            return [(ib if ib.end else ib.finish(
+                        Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
+                                              dec.route.text if dec.route else None,
+                                              f"{pkt.nw_dst} is local to {loc.node}: {why}")),
+                     None)
+                    for ib, _, _ in self._netfilter(b, node.netfilter, "INPUT", pkt, ctx,
+                                                    loc.node)]
         outcomes = []
         for nf in branches:
             nb = b.fork() if len(branches) > 1 else b
