@@ -143,14 +143,14 @@ def test_iptables_save_parses_with_zero_diagnostics(node):
 
 @pytest.mark.parametrize("node", [n.name for n in gen.NODES])
 def test_nft_and_host_files_parse(node):
-    nft = pytest.importorskip("traceflow.netfilter.nft")
+    from traceflow.netfilter import nft
     path = BUNDLES["nftables"] / "nodes" / node / "nft.txt"
     rs = nft.parse_nft_ruleset(path.read_text(), f"nodes/{node}/nft.txt")
     assert rs.diagnostics == []
     sets = parse_ipset_list((BUNDLES["ipvs"] / "nodes" / node / "ipset.txt").read_text(),
                             f"nodes/{node}/ipset.txt")
     assert sets["KUBE-CLUSTER-IP"] and sets["KUBE-IPVS-IPS"]
-    routing = pytest.importorskip("traceflow.routing")
+    from traceflow import routing
     for mode in gen.MODES:
         root = BUNDLES[mode] / "nodes" / node
         routing.parse_ip_addr((root / "ip-addr.txt").read_text(), "ip-addr.txt")
@@ -291,9 +291,9 @@ def test_ipvs_mode_rules_mark_outside_traffic_to_cluster_ips_and_accept_it():
 
 
 def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
-    """The IPVS bundle, read by traceflow's ipvsadm reader (when present): round robin over
-    every ready endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
-    ipvs = pytest.importorskip("traceflow.netfilter.ipvs")
+    """The IPVS bundle, read by traceflow's ipvsadm reader: round robin over every ready
+    endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
+    from traceflow.netfilter import ipvs
     tables = {}
     for v in sampled_views():
         if v.node not in tables:
