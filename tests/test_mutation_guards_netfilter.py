@@ -39,8 +39,8 @@ SRC = "10.0.0.1"                      # the namespace's own address, the datagra
 NODE = "lab"
 
 
-@pytest.fixture(scope="module")
-def ns():
+def _lab():
+    """A fresh namespace owning 10.0.0.0/8 on lo (each rule set gets its own)."""
     reason = why_not("nft", "iptables-restore", "iptables-save", "ipset")
     if reason:
         pytest.skip(reason)
@@ -48,6 +48,9 @@ def ns():
         name = names["nf"]
         run("ip", "-n", name, "-batch", "-", stdin="link set lo up\naddr add 10.0.0.1/8 dev lo\n")
         yield name
+
+
+ns = pytest.fixture(_lab)
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,6 @@ def traceflow_accepts(bundle, probe: Probe) -> tuple[float, dict]:
 
 def verdicts(doc: dict) -> list[tuple[str, float]]:
     return [(p["verdict"], p["weight"]) for p in doc["paths"]]
-
-
-def reset(ns: str) -> None:
-    run("nft", "flush", "ruleset", ns=ns)
-    run("ipset", "destroy", ns=ns, check=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +172,6 @@ NFT_GOTO_CASES = {
 
 
 def test_nft_goto_fall_through_matches_the_kernel(ns, tmp_path):
-    reset(ns)
     run("nft", "-f", "-", ns=ns, stdin=NFT_GOTO)
     listed = run("nft", "list", "ruleset", ns=ns).stdout
     bundle = write_bundle(tmp_path / "b", NODE, {"nft.txt": listed})
@@ -254,21 +251,20 @@ IPTABLES_CASES = {
 
 
 @pytest.fixture(scope="module")
-def iptables_bundle(ns, tmp_path_factory):
-    """The kernel's own iptables-save and ipset list of IPTABLES/IPSET, as a bundle."""
-    reset(ns)
-    run("ipset", "restore", ns=ns, stdin=IPSET)
-    run("iptables-restore", ns=ns, stdin=IPTABLES)
-    files = {"iptables-save.txt": run("iptables-save", ns=ns).stdout,
-             "ipset.txt": run("ipset", "list", ns=ns).stdout}
-    yield write_bundle(tmp_path_factory.mktemp("ipt") / "b", NODE, files)
-    run("iptables", "-F", ns=ns)
-    run("iptables", "-X", ns=ns)
-    run("ipset", "destroy", ns=ns, check=False)
+def iptables_lab(tmp_path_factory):
+    """A namespace with IPTABLES/IPSET loaded, and the kernel's own iptables-save and ipset
+    list of them as a bundle."""
+    for ns in _lab():
+        run("ipset", "restore", ns=ns, stdin=IPSET)
+        run("iptables-restore", ns=ns, stdin=IPTABLES)
+        files = {"iptables-save.txt": run("iptables-save", ns=ns).stdout,
+                 "ipset.txt": run("ipset", "list", ns=ns).stdout}
+        yield ns, write_bundle(tmp_path_factory.mktemp("ipt") / "b", NODE, files)
 
 
 @pytest.mark.parametrize("probe", list(IPTABLES_CASES), ids=lambda p: p.name)
-def test_iptables_semantics_match_the_kernel(ns, iptables_bundle, probe):
+def test_iptables_semantics_match_the_kernel(iptables_lab, probe):
+    ns, iptables_bundle = iptables_lab
     expected, why = IPTABLES_CASES[probe]
     kernel = kernel_accepts(ns, [probe])[probe.name]
     weight, doc = traceflow_accepts(iptables_bundle, probe)
@@ -305,7 +301,6 @@ _PROBABILITY = r"--dport (\d+) -m statistic --mode random (!?) ?--probability ([
 
 def test_negated_statistic_matches_the_kernel(ns, tmp_path):
     import re
-    reset(ns)
     run("iptables-restore", ns=ns, stdin=STATISTIC)
     saved = run("iptables-save", ns=ns).stdout
     bundle = write_bundle(tmp_path / "b", NODE, {"iptables-save.txt": saved})
@@ -333,8 +328,3 @@ def test_negated_statistic_matches_the_kernel(ns, tmp_path):
         assert abs(weight - exact) < 1e-6, (
             f"{probe.name}: traceflow delivers with weight {weight}, the kernel's rule "
             f"{exact:.6f} (kernel measured {kernel[probe.name]:.4f} of {DRAWS})")
-    reset_iptables(ns)
-
-
-def reset_iptables(ns: str) -> None:
-    run("iptables", "-F", ns=ns)
