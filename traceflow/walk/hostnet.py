@@ -44,9 +44,7 @@ def send(host, branch, pod, packet, at_host):
     # an unbound socket: the route chooses the source address (its `src`, else the primary
     # address of the device it goes out of), which is not always the node's InternalIP
     dec = host._route(branch, node_name, node, packet, iif=None, use_src=False)
-    if dec.kind == "local":
-        return [(_over_loopback(branch, node_name, packet, dec), None)]
-    if dec.kind != "unicast":
+    if dec.kind not in ("unicast", "local"):
         return [(host._no_route(branch, node_name, dec), None)]
     src = dec.prefsrc or _primary_ip(node.interface(dec.dev))
     if src and src != packet.nw_src:
@@ -66,6 +64,11 @@ def send(host, branch, pod, packet, at_host):
             outcomes.append((ob, opkt, dec))
             continue
         odec = dec
+        if opkt.nw_dst == orig.nw_dst and dec.kind == "local":
+            # for the node itself, and OUTPUT did not send it elsewhere (kube-proxy DNATs
+            # the node's connections to its own NodePorts there)
+            outcomes.append((_over_loopback(ob, node_name, opkt, dec), opkt, dec))
+            continue
         if opkt.nw_dst != orig.nw_dst:       # OUTPUT's DNAT re-routes the packet
             odec = host._route(ob, node_name, node, opkt, iif=None)
             if odec.kind == "local":
