@@ -57,6 +57,7 @@ class Bundle:
         self._files = files
         self.origin = origin
         self.notes = list(notes or [])     # what was ignored while reading, and why
+        self.read_names: set[str] = set()  # the files read so far (a trace names truncated ones)
         raw = self.text("manifest.yaml")
         if raw is None:
             raise InputError("not a traceflow bundle: manifest.yaml is missing", origin)
@@ -124,6 +125,7 @@ class Bundle:
         data = self._files.get(name)
         if data is None:
             return None
+        self.read_names.add(name)
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ from typing import Callable
 import yaml
 
 from collectors import agents as A
+from collectors import spool as SP
 from collectors.bundle import FORMAT, Bundle
 from traceflow.errors import CollectionError, InputError
 
@@ -54,7 +55,9 @@ class CollectOptions:
     parallel: int = 10                 # nodes collected at once
     app_exec: bool = False             # exec `ip route/neigh/addr` in the query's own pods
     #                                    (application containers): only when asked to
-    max_output: int = A.MAX_OUTPUT     # bytes per exec / SSH command
+    max_output: int = A.MAX_OUTPUT     # bytes per exec / SSH command (read)
+    max_file: int = SP.FILE_CAP        # bytes one bundle file keeps (streamed to disk)
+    max_node: int = SP.NODE_CAP        # bytes all files of one node keep together
     progress: bool | None = None       # None: when stderr is a terminal
     log: Callable[[str], None] | None = None   # warnings/notes (default: stderr)
 
@@ -163,7 +166,8 @@ def _run_parallel(jobs: dict[str, Callable], workers: int, deadline: float,
 @dataclass
 class NodeOutcome:
     node: str
-    files: dict[str, bytes] = field(default_factory=dict)      # bundle path -> bytes
+    files: dict[str, object] = field(default_factory=dict)     # bundle path -> bytes | Path
+    truncated: dict[str, dict] = field(default_factory=dict)   # bundle path -> why, kept
     commands: dict[str, str] = field(default_factory=dict)     # bundle path -> how
     errors: list[dict] = field(default_factory=list)           # {node, file?, reason}
     notes: list[str] = field(default_factory=list)             # shown and recorded
@@ -184,6 +188,17 @@ class _Context:
     token: str
     display: _Display
     kube_proxy_pods: bool
+    spool: Path | None = None
+    budgets: dict = field(default_factory=dict)      # node -> spool.NodeBudget
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sinks(self, node: str, folder: str, name=lambda f: f) -> tuple:
+        """(stdout, stderr) sinks streaming one exec's items into ``<spool>/<folder>/``."""
+        with self.lock:
+            budget = self.budgets.setdefault(node, SP.NodeBudget(self.options.max_node))
+        return (SP.ItemSink(self.token, self.spool / folder, name, self.options.max_file,
+                            budget),
+                SP.ItemSink(self.token, None, tail=True))
 
 
 SUBSTITUTES = {"iptables-save.txt": "iptables-nat-list.txt"}
@@ -233,6 +248,8 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
             for container, items, got in _exec_plan(ctx, agent, deadline, node):
                 if isinstance(got, CollectionError):
                     exec_error = exec_error or got
+                    for f, r in getattr(got, "partial", {}).items():
+                        results[f] = (r, f"exec {agent.key} -c {container}")
                     continue
                 how = f"exec {agent.key} -c {container}"
                 for f in items:
@@ -289,8 +306,10 @@ def _node_failed(out: NodeOutcome, node: str, reason: str, results: dict) -> Nod
     out.failed = True
     for f, (r, how) in results.items():
         if r.ok and f in A.ITEMS:
-            out.files[f"nodes/{node}/{f}"] = r.stdout
+            out.files[f"nodes/{node}/{f}"] = r.data
             out.commands[f"nodes/{node}/{f}"] = f"{A.ITEMS[f].command}  ({how})"
+            if r.truncated:
+                out.truncated[f"nodes/{node}/{f}"] = {"kept_bytes": r.size, "reason": r.truncated}
     return out
 
 
@@ -301,15 +320,19 @@ def _exec_plan(ctx: _Context, agent: A.Agent, deadline: float, node: str) -> lis
     got: dict[str, object] = {}
 
     def one(container: str, items: list[str]) -> None:
+        sinks = ctx.sinks(node, f"nodes/{node}")
         try:
             o = A.exec_batch(ctx.kube, agent.namespace, agent.pod, container, items, ctx.token,
-                             deadline, node, ctx.options.max_output)
-            res = A.split_output(o.stdout, o.stderr, ctx.token, o.cut)
+                             deadline, node, ctx.options.max_output, sinks=sinks)
+            res = A.spooled_results(sinks, o.cut)
             if o.cut:      # the items after the cut never ran: say why
                 for f in items:
                     res.setdefault(f, A.Result(f, None, b"", why=o.cut))
             got[container] = res
         except CollectionError as exc:
+            # what finished before the failure (a time limit mid-way) is kept
+            exc.partial = {f: r for f, r in A.spooled_results(sinks, exc.reason).items()
+                           if r.ok}
             got[container] = exc
         except Exception as exc:  # noqa: BLE001 - reported as this node's failure
             got[container] = CollectionError(f"exec into {agent.key} -c {container}: "
@@ -344,9 +367,19 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
         where = (f"the node ({how})" if how.startswith("ssh") else
                  f"the agent container ({how.removeprefix('exec ')})")
         if r.ok:
-            out.files[path] = r.stdout
+            out.files[path] = r.data
             out.commands[path] = f"{_command_text(item, ctx.agents.get(node), how)}  ({how})"
+            if r.truncated:
+                out.truncated[path] = {"kept_bytes": r.size, "reason": r.truncated}
+                out.notes.append(f"{path}: truncated, {r.truncated}; a trace that reads it "
+                                 "says so")
             continue
+        if r.rc is None and r.size and r.path is not None:
+            # cut off mid-way (a cap, the time limit): what arrived is kept, marked truncated
+            out.files[path] = r.data
+            out.commands[path] = f"{_command_text(item, ctx.agents.get(node), how)}  ({how})"
+            out.truncated[path] = {"kept_bytes": r.size,
+                                   "reason": r.truncated or r.why or "output cut off"}
         sub = SUBSTITUTES.get(f)
         if sub and sub in results and results[sub][0].ok:
             out.notes.append(f"{path}: {r.error_text(where)}; `{A.ITEMS[sub].command}` output kept "
@@ -373,20 +406,21 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
 def _collect_pod(ctx: _Context, node: str, ns: str, pod: str, container: str, deadline: float,
                  out: NodeOutcome) -> None:
     items = [i.file for i in A.POD_ITEMS]
+    sinks = ctx.sinks(f"pod {ns}/{pod}", f"pods/{ns}/{pod}", lambda f: f.removeprefix("pod:"))
     try:
         o = A.exec_batch(ctx.kube, ns, pod, container, items, ctx.token, deadline, node,
-                         ctx.options.max_output)
+                         ctx.options.max_output, sinks=sinks)
     except CollectionError as exc:
         out.notes.append(f"pods/{ns}/{pod}: no pod-side facts ({exc.reason}); the first hop is "
                          "derived from the CNI's conventions")
         return
-    got = A.split_output(o.stdout, o.stderr, ctx.token)
+    got = A.spooled_results(sinks, o.cut)
     for f in items:
         r = got.get(f)
         name = f.removeprefix("pod:")
-        if r is not None and r.ok:
+        if r is not None and r.ok and not r.truncated:
             path = f"pods/{ns}/{pod}/{name}"
-            out.files[path] = r.stdout
+            out.files[path] = r.data
             out.commands[path] = f"{A.ITEMS[f].command}  (exec {ns}/{pod} -c {container})"
         else:
             out.notes.append(f"pods/{ns}/{pod}/{name} not collected: "
@@ -427,34 +461,98 @@ def collect(options: CollectOptions) -> Bundle:
 
 
 def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
+    import tempfile
+    import weakref
+    spool = Path(tempfile.mkdtemp(prefix="traceflow-collect-"))
+    try:
+        bundle = _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool)
+    except BaseException:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
+        raise
+    import shutil
+    weakref.finalize(bundle, shutil.rmtree, str(spool), True)
+    return bundle
+
+
+# An API failure that ends every further API read: the same credentials and server serve them.
+def _api_unusable(err: CollectionError) -> bool:
+    from collectors import kube as K
+    return (isinstance(err, K.DeadlinePassed) or getattr(err, "status", None) == 401
+            or str(err.reason).startswith("cannot reach the Kubernetes API server"))
+
+
+def _kind_error(file: str, kind: str, err: CollectionError, optional: bool = False) -> dict:
+    """A collection_errors entry for a kind the API did not give (compatible extension of
+    v1: ``file`` is the bundle file that is missing, ``kind`` the resource)."""
+    from collectors import kube as K
+    status = getattr(err, "status", None)
+    why = ("forbidden" if status == 403 else "not-found" if status == 404 else
+           "deadline" if isinstance(err, K.DeadlinePassed) else
+           "unauthorized" if status == 401 else "api-error")
+    entry = {"kind": kind, "file": f"k8s/{file}", "missing": why, "reason": err.reason}
+    if status:
+        entry["status"] = status
+    if optional:       # a trace goes on without it (said in the trace): not a failed collection
+        entry["optional"] = True
+    return entry
+
+
+def _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool: Path) -> Bundle:
     from collectors import kube as K
     warn = display.message
     state = K.ClusterState()
+    api_errors: list[dict] = []        # kinds the API did not give, and why
+    not_installed: list[str] = []      # CRDs (and cilium-config) the cluster does not have
+    fatal: CollectionError | None = None
+
+    def api_failed(file: str, kind: str, err: CollectionError, optional: bool = False) -> None:
+        nonlocal fatal
+        api_errors.append(_kind_error(file, kind, err, optional))
+        warn(f"traceflow: collection error: k8s/{file} not collected: {err.reason}")
+        if _api_unusable(err):
+            fatal = fatal or err
+
     for res in K.CORE_RESOURCES:
+        if fatal is not None:
+            api_failed(res.file, res.plural, CollectionError(f"not read: {fatal.reason}"))
+            continue
         try:
             state.objects[res.file] = kube.list_kind(res)
-        except K.ApiError as err:
-            if res.file == "networkpolicies.yaml" and err.status in (403, 404):
-                warn(f"traceflow: warning: {err.reason}; drops cannot be explained by policy name")
-                continue
-            raise
-    state.objects.update(kube.list_crds(lambda m: warn("traceflow: warning: " + m)))
-    if time.monotonic() > deadline:
-        raise CollectionError("the overall --deadline passed while reading the API")
+        except CollectionError as err:
+            api_failed(res.file, res.plural, err)
+    if fatal is None:
+        try:
+            crds, problems = kube.list_crds_status()
+        except CollectionError as err:       # unreachable mid-way: recorded like a list
+            crds, problems = {}, [("crds", "policy CRDs", err)]
+        state.objects.update(crds)
+        for file, kind, err in problems:
+            if getattr(err, "status", None) == 404:
+                not_installed.append(f"k8s/{file}")
+            else:
+                api_failed(file, kind, err, optional=True)
 
     notes: list[str] = []
-    query, touched, pod_targets = _resolve(opts, kube, state, notes, warn)
+    query_error: CollectionError | None = None
+    query, touched, pod_targets = None, [], []
+    try:
+        query, touched, pod_targets = _resolve(opts, kube, state, notes, warn, api_errors)
+    except CollectionError as err:           # a kind the query needs was not collected
+        query_error = err
     for n in notes:
         warn(f"traceflow: {n}")
-    all_nodes = state.node_names()
+    all_nodes = state.node_names() if "nodes.yaml" in state.objects else []
     for n in opts.nodes:
-        if n not in all_nodes:
+        if all_nodes and n not in all_nodes:
             raise InputError(K._suggest("node", "cluster", n, all_nodes).replace(
                 "node cluster/", "node "), "--nodes")
     if opts.all_nodes:
-        nodes = all_nodes
+        nodes = all_nodes or list(opts.nodes)
     elif query is not None or opts.nodes:
         nodes = sorted(set(touched) | set(opts.nodes))
+    elif query_error is not None:
+        nodes = []
     else:
         nodes = all_nodes
         warn(f"traceflow: no query and no --nodes: collecting all {len(nodes)} nodes")
@@ -463,12 +561,19 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         raise CollectionError(f"the API returned node names that are not valid Kubernetes "
                               f"names: {bad}")
 
-    cni, agents = A.find_agents(kube, lambda m: warn("traceflow: warning: " + m))
-    if cni is None:
+    cni, agents, cilium_config = None, {}, None
+    if fatal is None:
+        try:
+            cni, agents = A.find_agents(kube, lambda m: warn("traceflow: warning: " + m))
+        except CollectionError as err:
+            api_failed("pods.yaml", "agent pods (kube-system)", err)
+    if cni is None and fatal is None:
         warn("traceflow: warning: no antrea-agent (component=antrea-agent) or cilium "
              "(k8s-app=cilium) pods in kube-system: node state can only come over SSH")
-    cilium_config = _cilium_config(kube, warn) if cni == "cilium" else None
-    if opts.via != "ssh":
+    dropped: dict[str, list[str]] = {}
+    if cni == "cilium" and fatal is None:
+        cilium_config = _cilium_config(kube, warn, api_errors, not_installed, dropped)
+    if nodes and opts.via != "ssh":
         A._set_socket_timeout(min(opts.timeout, opts.deadline))
     node_ips = {n: state.node_ip(n) for n in nodes}
     pods_by_node: dict[str, list] = {}
@@ -482,7 +587,7 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
     kube_proxy_pods = any((p["metadata"].get("labels") or {}).get("k8s-app") == "kube-proxy"
                           for p in state.pods)
     ctx = _Context(opts, kube, cni, agents, ssh_cfg, node_ips, pods_by_node, deadline,
-                   A.new_token(), display, kube_proxy_pods)
+                   A.new_token(), display, kube_proxy_pods, spool)
     jobs = {n: (lambda status, n=n: _collect_node(ctx, n, status)) for n in nodes}
     if pods_by_node and not opts.app_exec:
         skipped = [f"pods/{ns}/{pod}" for pods in pods_by_node.values() for ns, pod, _c in pods]
@@ -497,23 +602,30 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
                 jobs[f"pod {ns}/{pod}"] = (lambda status, a=(node, ns, pod, container):
                                            _collect_pod_job(ctx, *a, status))
     with display:
-        outcomes = _run_parallel(jobs, opts.parallel, deadline, display)
+        outcomes = _run_parallel(jobs, opts.parallel, deadline, display) if jobs else {}
 
-    files: dict[str, bytes] = {}
+    files: dict[str, object] = {}
     for res in K.CORE_RESOURCES:
         if res.file in state.objects:
             files[f"k8s/{res.file}"] = _yaml(K.list_document(state.objects[res.file]))
     for file, items in state.objects.items():
         if f"k8s/{file}" not in files:
             files[f"k8s/{file}"] = _yaml(K.list_document(items))
+    state.objects.clear()                   # the lists are on their way to disk
     commands: dict[str, str] = {}
     if cilium_config is not None:
         files["k8s/cilium-config.yaml"] = _yaml(cilium_config)
         commands["k8s/cilium-config.yaml"] = ("GET ConfigMap kube-system/cilium-config "
-                                              "(name and data only)")
-    errors: list[dict] = []
+                                              "(name and the allow-listed data keys)")
+    for file, paths in getattr(kube, "dropped", {}).items():
+        dropped.setdefault(file, sorted(set(paths)))
+    errors: list[dict] = list(api_errors)
+    if query_error is not None:
+        errors.append({"file": "manifest.yaml", "kind": "query", "missing": "query",
+                       "reason": query_error.reason})
     cnotes: list[str] = []
     quiet: list[str] = []
+    truncated: dict[str, dict] = {}
     for key, o in outcomes.items():
         if key.startswith("pod ") and isinstance(o, CollectionError):
             cnotes.append(f"pods/{key[4:]}: no pod-side facts ({o.reason})")
@@ -523,12 +635,15 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
             continue
         files.update(o.files)
         commands.update(o.commands)
+        truncated.update(o.truncated)
         errors.extend(o.errors)
         cnotes.extend(o.notes)
         quiet.extend(o.quiet)
     if app_note:
         quiet.append(app_note)
     for e in errors:
+        if "kind" in e:
+            continue                     # said when it happened
         warn("traceflow: collection error: " + (f"{e['file']}: " if "file" in e else
                                                  f"node {e['node']}: ") + e["reason"]
              .removeprefix(e.get("file", "") + " not collected: "))
@@ -552,8 +667,8 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         facts = {}
         if node in agents:
             facts["agent_pod"] = agents[node].key
-        dev = _tunnel_dev(files.get(f"nodes/{node}/ip-addr.txt", b"") +
-                          files.get(f"nodes/{node}/ip-link.txt", b""))
+        dev = _tunnel_dev(_head(files.get(f"nodes/{node}/ip-addr.txt")) +
+                          _head(files.get(f"nodes/{node}/ip-link.txt")))
         if dev:
             facts["tunnel_dev"] = dev
         if facts:
@@ -567,33 +682,99 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         manifest["collection_errors"] = errors
     if cnotes or quiet:
         manifest["collection_notes"] = cnotes + quiet
+    if truncated:
+        manifest["truncated"] = dict(sorted(truncated.items()))
+    if not_installed:
+        manifest["not_installed"] = sorted(set(not_installed))
+    if dropped:
+        manifest["dropped_keys"] = dict(sorted(dropped.items()))
     files["manifest.yaml"] = ("# traceflow bundle v1, collected live by `traceflow collect`\n"
                               .encode() + _yaml(manifest))
-    return Bundle(files, f"live:{kube.cluster}")
+    return _spooled_bundle(spool, files, f"live:{kube.cluster}")
 
 
-def _cilium_config(kube, warn) -> dict | None:
+def _spooled_bundle(spool: Path, files: dict[str, object], origin: str) -> Bundle:
+    """The bundle over its spool folder: bytes still in memory are written there, spool files
+    that are not part of the bundle (failed commands) are removed."""
+    import os
+    from collectors.bundle import FolderFiles
+    keep = set()
+    for name, data in files.items():
+        target = spool / name
+        keep.add(str(target))
+        if isinstance(data, (bytes, bytearray)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        elif Path(data) != target:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(data, target)
+    for root, _dirs, names in os.walk(spool, topdown=False):
+        for n in names:
+            if os.path.join(root, n) not in keep:
+                os.unlink(os.path.join(root, n))
+        if root != str(spool) and not os.listdir(root):
+            os.rmdir(root)
+    return Bundle(FolderFiles(spool), origin)
+
+
+def _head(data, limit: int = 4 << 20) -> bytes:
+    """The first ``limit`` bytes of a file kept as bytes or spooled on disk."""
+    if data is None:
+        return b""
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data[:limit])
+    with open(data, "rb") as fh:
+        return fh.read(limit)
+
+
+def _contains(data, needle: bytes) -> bool:
+    if isinstance(data, (bytes, bytearray)):
+        return needle in data
+    tail = b""
+    with open(data, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            if needle in tail + chunk:
+                return True
+            tail = chunk[-len(needle):]
+    return False
+
+
+def _cilium_config(kube, warn, api_errors, not_installed, dropped) -> dict | None:
     """The one ConfigMap a Cilium trace reads (routing mode, KPR, masquerade...): by name,
-    nothing else from ConfigMaps. Missing or forbidden: a warning, the bundle goes on."""
+    only its allow-listed keys (collectors/allowlist.py); the names of the keys dropped go to
+    the manifest's ``dropped_keys``. Missing or forbidden: recorded, the bundle goes on."""
+    from collectors import allowlist as AL
     from collectors import kube as K
+    keys = AL.for_cni("cilium").configmaps[(A.AGENT_NAMESPACE, "cilium-config")]
     try:
-        return kube.get_config_map(A.AGENT_NAMESPACE, "cilium-config")
+        cm, gone = kube.get_config_map(A.AGENT_NAMESPACE, "cilium-config", keys)
     except K.ApiError as err:
         warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}"
              + (" (`traceflow rbac` grants `get` on exactly this ConfigMap)"
                 if err.status == 403 else ""))
+        if err.status == 404:
+            not_installed.append("k8s/cilium-config.yaml")
+        else:
+            api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err))
         return None
+    except CollectionError as err:
+        warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}")
+        api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err))
+        return None
+    if gone:
+        dropped["k8s/cilium-config.yaml"] = gone
+    return cm
 
 
 _STATUS_VERSION = re.compile(rb"^Cilium:\s+\S+\s+v?(\d+\.\d+\.\d+[^\s(]*)", re.M)
 
 
-def _version_from_status(files: dict[str, bytes]) -> str | None:
+def _version_from_status(files: dict[str, object]) -> str | None:
     """The agent's version from `cilium status` (`Cilium:  Ok   1.14.2 (v1.14.2-...)`), when
     the image tag does not say it (a digest, `latest`)."""
     for path, data in sorted(files.items()):
         if path.endswith("/cilium-status.txt"):
-            m = _STATUS_VERSION.search(data)
+            m = _STATUS_VERSION.search(_head(data, 1 << 20))
             if m:
                 return "v" + m.group(1).decode()
     return None
@@ -624,13 +805,51 @@ def _grouped(notes: list[str], nodes: list[str], agents: dict) -> list[str]:
     return out
 
 
-def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
-    """(query facts for the manifest, nodes the trace touches, pods to exec into)."""
+def _by_bundle_rules(state, ref: str, namespace: str, role: str, what: str) -> dict | None:
+    """An IP or a ``svc/`` reference resolved by the rules a bundle trace uses
+    (traceflow.resolve: a pod's IP, a node's IP for its hostNetwork pods, a Service's cluster
+    IP, a Service as a source refused with the same advice), over what the API returned: the
+    object it names, or None when ``ref`` is neither an IP nor a ``svc/`` reference."""
+    import ipaddress
+    from traceflow import resolve as R
+    try:
+        ipaddress.ip_address(ref.strip())
+        is_ip = True
+    except ValueError:
+        is_ip = False
+    if not is_ip and not (role == "source" and ref.startswith(R.SVC_PREFIXES)):
+        return None
+    from collectors import kube as K
+    from traceflow.kube import load_cluster
+    texts = {f"k8s/{f}": _yaml(K.list_document(items)).decode()
+             for f, items in state.objects.items()}
+    cluster = load_cluster(texts.get)
+    if what == "service":
+        got = R.service(cluster, ref, namespace)
+        return state.service(got.namespace, got.name)
+    got = R.pod(cluster, ref, namespace, role)
+    return state.pod(got.namespace, got.name)
+
+
+def _resolve(opts: CollectOptions, kube, state, notes: list, warn, api_errors=()):
+    """(query facts for the manifest, nodes the trace touches, pods to exec into).
+    CollectionError when a kind the query needs was not collected (``api_errors``)."""
     from collectors import kube as K
     if opts.source is None and opts.selector is None and opts.destination is None:
         return None, [], []
-    src = K.resolve_pod(kube, state, opts.source, opts.namespace, opts.selector,
-                        what="source pod", notes=notes)
+    missing = {e["file"]: e["reason"] for e in api_errors if "kind" in e}
+
+    def need(file: str, what: str) -> None:
+        if f"k8s/{file}" in missing:
+            raise CollectionError(f"cannot resolve {what}: k8s/{file} was not collected "
+                                  f"({missing[f'k8s/{file}']})")
+    if opts.selector is None:
+        need("pods.yaml", f"the source {opts.source!r}")
+    src = (_by_bundle_rules(state, opts.source, opts.namespace, "source", "pod")
+           if opts.source is not None and opts.selector is None else None) \
+        or K.resolve_pod(kube, state, opts.source, opts.namespace, opts.selector,
+                         what="source pod", notes=notes)
+    K._require_running(src, "source pod")
     query = {"kind": opts.kind, "source": f"{src['metadata']['namespace']}/"
                                           f"{src['metadata']['name']}"}
     touched = [K.pod_node(src)]
@@ -638,11 +857,18 @@ def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
     if opts.destination is not None:
         kind = {"pod-to-svc": "service", "pod-to-pod": "pod"}.get(opts.kind or "")
         if kind == "service":
-            dkind, dst = "service", K.resolve_service(state, opts.destination, opts.namespace)
+            need("services.yaml", f"the Service {opts.destination!r}")
+            dkind, dst = "service", (
+                _by_bundle_rules(state, opts.destination, opts.namespace, "destination",
+                                 "service")
+                or K.resolve_service(state, opts.destination, opts.namespace))
         elif kind == "pod":
-            dkind, dst = "pod", K.resolve_pod(kube, state, opts.destination, opts.namespace,
-                                             what="destination pod", notes=notes)
+            dkind, dst = "pod", (
+                _by_bundle_rules(state, opts.destination, opts.namespace, "destination", "pod")
+                or K.resolve_pod(kube, state, opts.destination, opts.namespace,
+                                 what="destination pod", notes=notes))
         else:
+            need("services.yaml", f"the destination {opts.destination!r}")
             dkind, dst = K.resolve_destination(state, opts.destination, opts.namespace)
         dns, dname = dst["metadata"]["namespace"], dst["metadata"]["name"]
         query["destination"] = f"{dns}/{dname}"
@@ -654,7 +880,14 @@ def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
             if port.name:
                 query["port_name"] = port.name
             eps = state.endpoints(dns, dname)
-            if not eps:
+            if f"k8s/{K.CORE_RESOURCES[2].file}" in missing:
+                # the EndpointSlices were not collected: the Service's selector over the pods
+                # says which nodes its endpoints are on (the trace reads them off the datapath)
+                eps = state.selected_pods(dst)
+                warn(f"traceflow: warning: EndpointSlices were not collected: the nodes of "
+                     f"service {dns}/{dname}'s endpoints are taken from its selector "
+                     f"({len(eps)} Running pods)")
+            elif not eps:
                 warn(f"traceflow: warning: service {dns}/{dname} has no endpoints: the trace "
                      "will end at the load balancer")
             query["endpoints"] = [e[0] for e in eps]
@@ -684,7 +917,7 @@ def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
 def detect_kube_proxy(files: dict[str, bytes], kube_proxy_pods: bool) -> str:
     """iptables | ipvs | nftables | none, from what the nodes print."""
     def any_file(names: tuple[str, ...], needle: bytes) -> bool:
-        return any(p.rsplit("/", 1)[-1] in names and needle in data
+        return any(p.rsplit("/", 1)[-1] in names and _contains(data, needle)
                    for p, data in files.items() if p.startswith("nodes/"))
     if any_file(("ip-link.txt", "ip-addr.txt"), b"kube-ipvs0"):
         return "ipvs"
@@ -721,7 +954,11 @@ def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
     planted there in advance and no symlink is followed) and renamed over the target at the
     end. A folder must be new or empty; its files are created exclusively too."""
     if isinstance(bundle_or_files, Bundle):
-        files = {n: bundle_or_files.raw(n) for n in bundle_or_files.names()}
+        # a collected bundle's files are on disk (the spool): streamed from there, never
+        # read whole into memory
+        paths = getattr(getattr(bundle_or_files, "_files", None), "_paths", None)
+        files = {n: (paths[n] if paths is not None and n in paths else bundle_or_files.raw(n))
+                 for n in bundle_or_files.names()}
     else:
         files = dict(bundle_or_files)
     for name in files:
@@ -746,8 +983,14 @@ def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
                 for name in sorted(files):
                     data = files[name]
                     info = tarfile.TarInfo(f"{top}/{name}")
-                    info.size, info.mtime, info.mode = len(data), now, 0o644
-                    tar.addfile(info, io.BytesIO(data))
+                    info.mtime, info.mode = now, 0o644
+                    if isinstance(data, (bytes, bytearray)):
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+                    else:
+                        with open(data, "rb") as src:
+                            info.size = os.fstat(src.fileno()).st_size
+                            tar.addfile(info, src)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)      # a symlink at `path` is replaced, never followed
         except BaseException:
@@ -764,5 +1007,11 @@ def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
         target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, flags, 0o644)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(files[name])
+            data = files[name]
+            if isinstance(data, (bytes, bytearray)):
+                fh.write(data)
+            else:
+                import shutil
+                with open(data, "rb") as src:
+                    shutil.copyfileobj(src, fh, 1 << 20)
     return path

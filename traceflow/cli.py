@@ -149,11 +149,18 @@ class _Live:
             write_bundle(bundle, self.save_bundle, force=self.force)
             typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
         self.errors = list(bundle.manifest.get("collection_errors") or [])
-        q = bundle.manifest["query"]
+        q = bundle.manifest.get("query")
+        if q is None:       # a list the query needs was not collected (the bundle is saved)
+            from traceflow.collected import summary
+            raise CollectionError(summary(self.errors))
         return _snapshot(bundle), q["source"], q["destination"]
 
 
 def _collection_summary(errors: list) -> str:
+    if any(isinstance(e, dict) and e.get("kind") for e in errors):
+        from traceflow.collected import summary
+        return summary(errors) + " (details above; the trace went as far as the collected " \
+            "state allows)"
     nodes = sorted({e["node"] for e in errors if "file" not in e})
     files = [e["file"] for e in errors if "file" in e]
     parts = []

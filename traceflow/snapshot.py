@@ -216,8 +216,11 @@ class Snapshot:
     @cached_property
     def cluster(self) -> Cluster:
         from traceflow.bundleindex import load_cluster as load_indexed
+        from traceflow.collected import policies_missing
         with paused():
-            return load_indexed(self.bundle)
+            cluster = load_indexed(self.bundle)
+        cluster.policies_not_collected = policies_missing(self.bundle)
+        return cluster
 
     def node(self, name: str) -> NodeModel:
         if name not in self._nodes:

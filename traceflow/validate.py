@@ -324,8 +324,12 @@ MANIFEST = mapping({
     "nodes": mapping(values=mapping({"agent_pod": STR, "tunnel_dev": STR}, null=False)),
     "files": mapping(values=scalar(str, what="the command that produced the file")),
     "lacks": listof(STR),
-    "collection_errors": listof(mapping({"node": STR, "file": STR}, null=False)),
+    "collection_errors": listof(mapping({"node": STR, "file": STR, "kind": STR, "missing": STR},
+                                        null=False)),
     "collection_notes": listof(STR),
+    "truncated": mapping(values=mapping({"kept_bytes": scalar(int), "reason": STR})),
+    "not_installed": listof(STR),
+    "dropped_keys": mapping(values=listof(STR)),
     "query": mapping(),
 }, null=False)
 

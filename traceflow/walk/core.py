@@ -58,6 +58,8 @@ class Solver:
         from traceflow.policycheck import note_disagreements
         note_disagreements(self.cluster, q.source, q.protocol.upper(), trace)
         trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
+        from traceflow.collected import annotate   # lists not collected, truncated files
+        annotate(self.snap, trace)
         return trace
 
     def _path(self, b: Branch, endpoint) -> Path:
