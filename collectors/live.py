@@ -755,11 +755,13 @@ def _cilium_config(kube, warn, api_errors, not_installed, dropped) -> dict | Non
         if err.status == 404:
             not_installed.append("k8s/cilium-config.yaml")
         else:
-            api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err))
+            api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err,
+                                          optional=True))
         return None
     except CollectionError as err:
         warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}")
-        api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err))
+        api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err,
+                                          optional=True))
         return None
     if gone:
         dropped["k8s/cilium-config.yaml"] = gone

@@ -148,7 +148,8 @@ class _Live:
         if self.save_bundle is not None:
             write_bundle(bundle, self.save_bundle, force=self.force)
             typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
-        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        from traceflow.collected import blocking
+        self.errors = blocking(bundle.manifest.get("collection_errors") or [])
         q = bundle.manifest.get("query")
         if q is None:       # a list the query needs was not collected (the bundle is saved)
             from traceflow.collected import summary
@@ -477,7 +478,8 @@ def collect_cmd(
         write_bundle(b, out, force=force)
         return b
     b = _run(build)
-    errors = b.manifest.get("collection_errors") or []
+    from traceflow.collected import blocking
+    errors = blocking(b.manifest.get("collection_errors") or [])
     n_nodes = len(b.node_names())
     typer.echo(f"wrote {out}: {n_nodes} node(s), {len(b.names())} files")
     if errors:

@@ -82,6 +82,12 @@ def summary(errors: list) -> str:
     return "collection failed: " + "; ".join(parts or ["see the manifest"])
 
 
+def blocking(errors: list) -> list:
+    """The collection errors that make a live command exit 3: all but the optional kinds
+    (policy CRDs, cilium-config) a trace goes on without, saying so."""
+    return [e for e in errors or [] if not (isinstance(e, dict) and e.get("optional"))]
+
+
 def query_failure(manifest: dict) -> str | None:
     for e in manifest.get("collection_errors") or []:
         if isinstance(e, dict) and e.get("kind") == "query":
