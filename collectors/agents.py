@@ -482,30 +482,22 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
         size = 0
         status = b""
         try:
-            while ws.is_open():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeLimit(f"exec into {where} did not finish within the time limit "
-                                    "(per-node --timeout / --deadline)", node)
-                ws.update(timeout=min(left, 1.0))
-                for chunks, channel in ((chunks_out, 1), (chunks_err, 2)):
-                    data = ws.read_channel(channel) or b""
-                    if sinks is None:
-                        chunks.append(data)
-                    else:       # nothing past the cap is kept
-                        sinks[channel - 1].feed(_bytes(data)[:max(0, max_bytes - size)])
-                    size += len(data)
+            # one websocket frame at a time, read here rather than with ws.update(): update()
+            # keeps a copy of everything in ws._all and drains every frame already available
+            # before returning, so a container that floods stdout grows memory without end
+            for channel, data in _frames(ws, deadline, where, node):
+                if channel == 3:
+                    status += data
+                    continue
+                if channel not in (1, 2):
+                    continue
+                if sinks is None:
+                    (chunks_out if channel == 1 else chunks_err).append(data)
+                else:       # nothing past the cap is kept
+                    sinks[channel - 1].feed(data[:max(0, max_bytes - size)])
+                size += len(data)
                 if size > max_bytes or (sinks is not None and sinks[0].exhausted):
                     break
-            if size <= max_bytes and not (sinks is not None and sinks[0].exhausted):
-                for chunks, channel in ((chunks_out, 1), (chunks_err, 2)):
-                    data = ws.read_channel(channel) or b""
-                    if sinks is None:
-                        chunks.append(data)
-                    else:
-                        sinks[channel - 1].feed(_bytes(data)[:max(0, max_bytes - size)])
-                    size += len(data)
-                status = ws.read_channel(3) or b""
         except CollectionError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken stream, named
@@ -544,6 +536,36 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
             api_client.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _frames(ws, deadline: float, where: str, node: str):
+    """(channel, data) of each websocket frame of an exec, until the server closes the stream;
+    TimeLimit at ``deadline``. Holds nothing but the frame in hand."""
+    import select
+    import ssl
+    from websocket import ABNF
+    sock = ws.sock
+    v5 = getattr(ws, "subprotocol", "") == "v5.channel.k8s.io"
+    while sock.connected:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeLimit(f"exec into {where} did not finish within the time limit "
+                            "(per-node --timeout / --deadline)", node)
+        raw = sock.sock
+        if not (isinstance(raw, ssl.SSLSocket) and raw.pending()):
+            poll = select.poll()
+            poll.register(raw, select.POLLIN)
+            if not poll.poll(min(left, 1.0) * 1000):
+                continue
+        op_code, frame = sock.recv_data_frame(True)
+        if op_code == ABNF.OPCODE_CLOSE:
+            return
+        if op_code not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) or not frame.data:
+            continue
+        data = frame.data if isinstance(frame.data, bytes) else _bytes(frame.data)
+        if data[0] == 255 and v5:          # v5: a channel closed
+            continue
+        yield data[0], data[1:]
 
 
 def _bytes(c) -> bytes:

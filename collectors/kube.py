@@ -383,6 +383,16 @@ class Kube:
         except ApiException as exc:
             raise self._api_error(exc, what) from None
         except (HTTPError, OSError) as exc:
+            from urllib3.exceptions import ProtocolError, ReadTimeoutError
+            inner = getattr(exc, "reason", None)      # MaxRetryError wraps the last failure
+            inner = inner if isinstance(inner, BaseException) else exc
+            if isinstance(inner, ReadTimeoutError) or isinstance(exc, ReadTimeoutError):
+                raise CollectionError(f"the API server did not answer {what} in time (it "
+                                      f"stalled): {_short(exc)}") from None
+            if isinstance(inner, ProtocolError) or isinstance(exc, ProtocolError) \
+                    or "IncompleteRead" in repr(exc):
+                raise CollectionError(f"the API server's answer for {what} was cut off: "
+                                      f"{_short(exc)}") from None
             raise CollectionError(f"cannot reach the Kubernetes API server {self.server} "
                                   f"({what}): {_short(exc)}") from None
         try:

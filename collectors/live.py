@@ -35,6 +35,21 @@ from traceflow.errors import CollectionError, InputError
 VIAS = ("auto", "exec", "ssh")
 
 
+def _env_mb(what: str, default: int) -> int:
+    import os
+    name = f"TRACEFLOW_COLLECT_MAX_{what}_MB"
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(float(raw) * (1 << 20))
+    except ValueError:
+        raise InputError(f"{name}={raw!r}: expected a size in MB", name) from None
+    if value <= 0:
+        raise InputError(f"{name}={raw!r}: must be positive", name)
+    return value
+
+
 @dataclass
 class CollectOptions:
     kubeconfig: str | None = None
@@ -55,9 +70,11 @@ class CollectOptions:
     parallel: int = 10                 # nodes collected at once
     app_exec: bool = False             # exec `ip route/neigh/addr` in the query's own pods
     #                                    (application containers): only when asked to
-    max_output: int = A.MAX_OUTPUT     # bytes per exec / SSH command (read)
-    max_file: int = SP.FILE_CAP        # bytes one bundle file keeps (streamed to disk)
-    max_node: int = SP.NODE_CAP        # bytes all files of one node keep together
+    # bytes per exec / SSH command (read); one bundle file keeps (streamed to disk); all files
+    # of one node keep together. $TRACEFLOW_COLLECT_MAX_{OUTPUT,FILE,NODE}_MB change them.
+    max_output: int = field(default_factory=lambda: _env_mb("OUTPUT", A.MAX_OUTPUT))
+    max_file: int = field(default_factory=lambda: _env_mb("FILE", SP.FILE_CAP))
+    max_node: int = field(default_factory=lambda: _env_mb("NODE", SP.NODE_CAP))
     progress: bool | None = None       # None: when stderr is a terminal
     log: Callable[[str], None] | None = None   # warnings/notes (default: stderr)
 
@@ -605,12 +622,8 @@ def _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool: Path) 
         outcomes = _run_parallel(jobs, opts.parallel, deadline, display) if jobs else {}
 
     files: dict[str, object] = {}
-    for res in K.CORE_RESOURCES:
-        if res.file in state.objects:
-            files[f"k8s/{res.file}"] = _yaml(K.list_document(state.objects[res.file]))
     for file, items in state.objects.items():
-        if f"k8s/{file}" not in files:
-            files[f"k8s/{file}"] = _yaml(K.list_document(items))
+        files[f"k8s/{file}"] = _write_list(spool / "k8s" / file, items)
     state.objects.clear()                   # the lists are on their way to disk
     commands: dict[str, str] = {}
     if cilium_config is not None:
@@ -937,6 +950,23 @@ _TUNNEL = re.compile(rb"\b(genev_sys_\d+|vxlan_sys_\d+|gre_sys|stt_sys_\d+|ciliu
 def _tunnel_dev(text: bytes) -> str | None:
     m = _TUNNEL.search(text)
     return m.group(1).decode() if m else None
+
+
+def _write_list(path: Path, items: list[dict], chunk: int = 200) -> Path:
+    """``_yaml(list_document(items))`` written to ``path`` a few hundred items at a time:
+    PyYAML represents a whole document as nodes before it writes, which for 10,000 pods is
+    hundreds of MB; a block sequence written in pieces is the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        if not items:
+            fh.write(_yaml({"apiVersion": "v1", "kind": "List", "items": [],
+                            "metadata": {"resourceVersion": ""}}))
+            return path
+        fh.write(b"apiVersion: v1\nkind: List\nitems:\n")
+        for i in range(0, len(items), chunk):
+            fh.write(_yaml(items[i:i + chunk]))
+        fh.write(_yaml({"metadata": {"resourceVersion": ""}}))
+    return path
 
 
 def _yaml(doc) -> bytes:
