@@ -498,6 +498,10 @@ def rbac_cmd(
     user: Optional[str] = typer.Option(None, "--user", help="Bind to this user instead of the "
                                        "traceflow/traceflow ServiceAccount."),
     group: Optional[str] = typer.Option(None, "--group", help="Bind to this group instead."),
+    app_exec: Optional[str] = typer.Option(
+        None, "--app-exec", help="Also grant exec on these application pods (NS/POD,...), for "
+        "`--app-exec` collection; with --bundle, `bundle` takes the pods whose pod-side files "
+        "it holds."),
 ):
     """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
     current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
@@ -525,6 +529,15 @@ def rbac_cmd(
                                   "cilium in kube-system): nothing to grant exec on")
         docs = ([] if user or group else R.service_account_documents())
         docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        if app_exec:
+            app_pods = [p.strip() for p in app_exec.split(",") if p.strip()]
+            if app_pods == ["bundle"] and bundle is not None:
+                from collectors.bundle import Bundle
+                app_pods = R.app_pods_from_bundle(Bundle.open(bundle))
+            bad = [p for p in app_pods if p.count("/") != 1]
+            if bad or not app_pods:
+                raise InputError(f"expected NAMESPACE/POD,... (got {app_exec!r})", "--app-exec")
+            docs += R.app_exec_documents(app_pods, subj)
         return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
                               "only; regenerate after the agents are restarted\n")
     typer.echo(_run(build), nl=False)
