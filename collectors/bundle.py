@@ -66,8 +66,9 @@ class Bundle:
         check(self.manifest, MANIFEST, raw, "manifest.yaml")
         fmt = self.manifest.get("format")
         if fmt != FORMAT:
-            raise InputError(f"unsupported bundle format {fmt!r} (expected {FORMAT})",
-                             "manifest.yaml")
+            line, text = manifest_line(raw, "format")
+            raise InputError(f"format: unsupported bundle format {fmt!r} (expected {FORMAT})",
+                             "manifest.yaml", line, text)
 
     @classmethod
     def open(cls, path: str | Path) -> "Bundle":
@@ -145,6 +146,16 @@ class Bundle:
         name = f"pods/{namespace}/{pod}/{filename}"
         text = self.text(name)
         return (text, name) if text is not None else None
+
+
+def manifest_line(raw: str, key: str) -> tuple[int | None, str | None]:
+    """(line number, line) of a top-level key of manifest.yaml, (None, None) when absent."""
+    import re
+    rx = re.compile(rf"^{re.escape(key)}\s*:")
+    for n, line in enumerate(raw.splitlines(), 1):
+        if rx.match(line):
+            return n, line
+    return None, None
 
 
 def _say(notes: list[str]) -> None:

@@ -314,7 +314,7 @@ def pod_to_svc(
         svc = resolve.service(snap.cluster, svc_ref, namespace)
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
-        sp = resolve.service_port(svc, port, protocol.value if protocol else None)
+        sp = resolve.service_port(svc, port, protocol.value if protocol else None, snap.bundle)
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
@@ -398,12 +398,17 @@ def _check_pod(pod, snap=None) -> None:
     if pod.host_network and snap is not None:
         from traceflow.walk.hostnet import check_source
         check_source(snap, pod)
+    from traceflow.located import object_error
+
+    def bad(path: tuple, reason: str) -> InputError:
+        return object_error(snap.bundle if snap is not None else None, "k8s/pods.yaml",
+                            pod.namespace, pod.name, path, reason)
     if not pod.ip:
-        raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")
+        raise bad(("status", "podIP"), f"pod {pod.key} has no IP (phase {pod.phase})")
     if pod.phase != "Running":
-        raise InputError(f"pod {pod.key} is not Running (phase {pod.phase})", "k8s/pods.yaml")
+        raise bad(("status", "phase"), f"pod {pod.key} is not Running (phase {pod.phase})")
     if not pod.node:
-        raise InputError(f"pod {pod.key} is not scheduled on a node", "k8s/pods.yaml")
+        raise bad(("spec", "nodeName"), f"pod {pod.key} is not scheduled on a node")
 
 
 @app.command("demo")
@@ -615,6 +620,8 @@ def nf_trace(
     def build():
         from traceflow.components import nf_component_trace
         from traceflow.resolve import mark as parse_mark
+        _ip_option(src, "--src")
+        _ip_option(dst, "--dst")
         snap = _open_snapshot(bundle, end_to_end=False)
         return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
                                   dport, iif, oif, parse_mark(mark))
@@ -641,11 +648,23 @@ def route_get(
     def build():
         from traceflow.components import route_component_trace
         from traceflow.resolve import mark as parse_mark
+        _ip_option(dst, "DST")
+        if src is not None:
+            _ip_option(src, "--from")
         snap = _open_snapshot(bundle, end_to_end=False)
         return route_component_trace(snap, node, dst, src, iif, parse_mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
+
+
+def _ip_option(value: str, option: str) -> str:
+    """An IP address given on the command line, or an error naming the option."""
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise InputError(f"{value!r} is not an IPv4 or IPv6 address", option) from None
 
 
 def _register_questions() -> None:

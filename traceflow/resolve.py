@@ -70,7 +70,39 @@ def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod
     found = cluster.find_pod(ns, name)
     if found is not None:
         return found
-    raise InputError(_pod_not_found(cluster, ns, name, role), PODS)
+    bundle = getattr(cluster, "bundle", None)
+    from traceflow.located import empty_file
+    empty = empty_file(bundle, PODS)
+    if empty is not None:
+        raise InputError(f"pod {ns}/{name} not found: {empty.reason}", empty.file, empty.line)
+    raise _located_not_found(cluster, PODS, _pod_not_found(cluster, ns, name, role), ns)
+
+
+def _located_not_found(cluster: Cluster, file: str, msg: str, ns: str) -> InputError:
+    """"not found" naming, when it suggests a close name, where that object's name is: a
+    damaged name is the likely cause (``did you mean: fr0ntend (k8s/pods.yaml, line 9:
+    metadata.name)?``)."""
+    import re
+    from traceflow.located import field_location
+    m = re.search(r"; did you mean: ([^?]+)\?$", msg)
+    bundle = getattr(cluster, "bundle", None)
+    other = re.search(r"^\w+ [^/]+/(\S+) not found; it exists in namespace ([^:,]+)", msg)
+    if other is not None and bundle is not None:     # a damaged namespace is the likely cause
+        read, line, text = field_location(bundle, file, other.group(2), other.group(1),
+                                          ("metadata", "namespace"))
+        return InputError(msg, read, line, text) if line else InputError(msg, file)
+    if m is None or bundle is None:
+        return InputError(msg, file)
+    names = [n.strip() for n in m.group(1).split(",")]
+    first = None
+    shown = []
+    for n in names:
+        read, line, text = field_location(bundle, file, ns, n, ("metadata", "name"))
+        if line is not None and first is None:
+            first = (read, line, text)
+        shown.append(f"{n} ({read}, line {line}: metadata.name)" if line else n)
+    msg = msg[:m.start()] + f"; did you mean: {', '.join(shown)}?"
+    return InputError(msg, *first) if first else InputError(msg, file)
 
 
 def _svc_hint(cluster: Cluster, role: str, svc: Service) -> str:
@@ -178,8 +210,9 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     msg = f"service {ns}/{name} not found"
     elsewhere = sorted(s.namespace for s in cluster.services if s.name == name)
     if elsewhere:
-        raise InputError(f"{msg}; it exists in namespace {', '.join(elsewhere)}: use -n "
-                         f"{elsewhere[0]} or {elsewhere[0]}/{name}", SERVICES)
+        raise _located_not_found(cluster, SERVICES, f"{msg}; it exists in namespace "
+                                 f"{', '.join(elsewhere)}: use -n {elsewhere[0]} or "
+                                 f"{elsewhere[0]}/{name}", ns)
     p = next((p for p in cluster.pods if p.name == name), None)
     if p is not None:
         raise InputError(f"{msg}: {p.key} is a pod, not a Service: use `traceflow pod-to-pod "
@@ -188,18 +221,25 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     close = difflib.get_close_matches(name, [s.name for s in cluster.services if s.namespace == ns], n=3)
     if close:
         msg += f"; did you mean: {', '.join(close)}?"
-    raise InputError(msg, SERVICES)
+    from traceflow.located import empty_file
+    empty = empty_file(getattr(cluster, "bundle", None), SERVICES)
+    if empty is not None:
+        raise InputError(f"{msg}: {empty.reason}", empty.file, empty.line)
+    raise _located_not_found(cluster, SERVICES, msg, ns)
 
 
 def _fmt_port(p: ServicePort) -> str:
     return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
 
 
-def service_port(svc: Service, port: str | None, protocol: str | None) -> ServicePort:
+def service_port(svc: Service, port: str | None, protocol: str | None,
+                 bundle=None) -> ServicePort:
     """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
     Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
     if not svc.ports:
-        raise InputError(f"service {svc.key} has no ports", SERVICES)
+        from traceflow.located import object_error
+        raise object_error(bundle, SERVICES, svc.namespace, svc.name, ("spec", "ports"),
+                           f"service {svc.key} has no ports")
     has = ", ".join(_fmt_port(p) for p in svc.ports)
     proto = protocol.upper() if protocol else None
     cands = list(svc.ports)

@@ -220,6 +220,8 @@ class Snapshot:
         with paused():
             cluster = load_indexed(self.bundle)
         cluster.policies_not_collected = policies_missing(self.bundle)
+        cluster.bundle = self.bundle        # errors about a damaged object name its line
+
         return cluster
 
     def node(self, name: str) -> NodeModel:
@@ -241,5 +243,7 @@ class Snapshot:
 def check_supported(snapshot: Snapshot) -> None:
     from traceflow.cni import SUPPORTED
     if snapshot.cni not in SUPPORTED:
+        from collectors.bundle import manifest_line
+        line, text = manifest_line(snapshot.bundle.text("manifest.yaml") or "", "cni")
         raise InputError(f"cni {snapshot.cni!r}: traceflow traces Antrea and Cilium bundles "
-                         "end to end", "manifest.yaml")
+                         "end to end", "manifest.yaml", line, text)
