@@ -112,9 +112,40 @@ def annotate(snapshot, trace) -> None:
         warnings.append(f"{file} is truncated ({facts.get('reason') or 'cut off'}"
                         + (f"; {kept} bytes kept" if kept is not None else "")
                         + "): what it lacks past the cut is unknown to this trace")
+    warnings += list(getattr(snapshot, "notes", []))
+    warnings += [w for w in empty_files_read(bundle)
+                 if not any(w.split(" ", 1)[0] + " is empty" in x for x in warnings)]
+    warnings += both_forms(bundle)
     if warnings:
         trace.warnings = list(dict.fromkeys(list(trace.warnings) + warnings))
     _unknown_on_truncated(m, read, trace)
+
+
+def empty_files_read(bundle) -> list[str]:
+    """A 0-byte node or pod file the trace read: taken as "nothing there", though an empty
+    capture is more often a failed one."""
+    out = []
+    for name in sorted(getattr(bundle, "read_names", ()) or ()):
+        if not name.startswith(("nodes/", "pods/")):
+            continue
+        raw = bundle.raw(name)
+        if raw is not None and not raw.strip():
+            out.append(f"{name} is empty (0 bytes): read as an empty table; an empty capture "
+                       "is more often a failed one")
+    return out
+
+
+def both_forms(bundle) -> list[str]:
+    """``k8s/<kind>.yaml`` and ``k8s/<kind>.jsonl`` both in the bundle: the rule (the .yaml is
+    read, the .jsonl only when the .yaml is absent), stated."""
+    names = set(bundle.names()) if hasattr(bundle, "names") else set()
+    out = []
+    for name in sorted(n for n in names if n.startswith("k8s/") and n.endswith(".jsonl")):
+        yaml_name = name.removesuffix(".jsonl") + ".yaml"
+        if yaml_name in names:
+            out.append(f"{yaml_name} and {name} are both in the bundle: {yaml_name} is read and "
+                       f"{name} is ignored (a .jsonl is read only when its .yaml is absent)")
+    return out
 
 
 def _unknown_on_truncated(manifest: dict, read, trace) -> None:

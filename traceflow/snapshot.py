@@ -150,8 +150,11 @@ class NodeModel:
     def ip_rules(self):
         from traceflow.routing.parse import parse_ip_rules
         got = self._file("ip-rule.txt")
-        if got is None:
-            # every Linux host has these three; say so rather than fail
+        if got is None or not got[0].strip():
+            # every Linux host has these three; say so rather than fail, and say it visibly
+            self.snapshot.notes.append(
+                f"nodes/{self.name}/ip-rule.txt is {'empty' if got else 'missing'}: the "
+                "kernel's default rules (local, main, default) are assumed")
             return parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
                                   "32767:\tfrom all lookup default\n",
                                   f"(default rules: nodes/{self.name}/ip-rule.txt absent)")
@@ -204,6 +207,7 @@ class Snapshot:
         self.kube_proxy = str(m.get("kube_proxy", "iptables")).lower()
         self.service_cidr = m.get("service_cidr")
         self._nodes: dict[str, NodeModel] = {}
+        self.notes: list[str] = []      # what was assumed while reading (said in the trace)
 
     @cached_property
     def conventions(self):

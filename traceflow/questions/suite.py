@@ -78,11 +78,15 @@ def load_suite(path: str) -> Suite:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"not UTF-8 text ({err.reason} at byte {err.start})", path) from None
+        line = data[:err.start].count(b"\n") + 1
+        text = data.split(b"\n")[line - 1].decode("utf-8", "replace")
+        raise InputError(f"not UTF-8 text ({err.reason})", path, line, text) from None
     return parse_suite(text, path)
 
 
 def parse_suite(text: str, file: str) -> Suite:
+    from traceflow.validate import _check_depth
+    _check_depth(text, file)        # PyYAML's composer recurses: bound the nesting first
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
