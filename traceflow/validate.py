@@ -56,6 +56,21 @@ def load_yaml(text: str, name: str, lines: list | None = None):
                          name) from None
 
 
+def yaml_error(exc: Exception, text: str, name: str) -> InputError:
+    """A located InputError for any PyYAML error: marked errors by their line, a reader error
+    (a control character) by the line of its character position, never a bare position."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        return InputError(f"not valid YAML: {exc.problem or exc.context or exc}", name, line,
+                          _line(text, line))
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        return InputError(f"not valid YAML: character {exc.character!r} is not allowed", name,
+                          line, _line(text, line))
+    return InputError(f"not valid YAML: {exc}", name)
+
+
 def _line(text: str, line: int | None) -> str | None:
     if not line:
         return None

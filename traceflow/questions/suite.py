@@ -90,9 +90,8 @@ def parse_suite(text: str, file: str) -> Suite:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(err, 'problem', None) or err}", file,
-                         mark.line + 1 if mark else None) from None
+        from traceflow.validate import yaml_error
+        raise yaml_error(err, text, file) from None
     if root is None:
         raise InputError("the suite is empty (it needs an `expectations:` list)", file)
     top = _mapping(file, root, "")
