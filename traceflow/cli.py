@@ -313,7 +313,10 @@ def pod_to_svc(
         pod = resolve.pod(snap.cluster, src_ref, namespace)
         svc = resolve.service(snap.cluster, svc_ref, namespace)
         if not svc.cluster_ip or svc.cluster_ip == "None":
-            raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
+            from traceflow.located import object_error
+            raise object_error(snap.bundle, "k8s/services.yaml", svc.namespace, svc.name,
+                               ("spec", "clusterIP"),
+                               f"service {svc.key} has no cluster IP (headless)")
         sp = resolve.service_port(svc, port, protocol.value if protocol else None, snap.bundle)
         proto = sp.protocol.upper()
         _check_pod(pod, snap)

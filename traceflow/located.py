@@ -67,6 +67,27 @@ def field_location(bundle, file: str, namespace: str | None, name: str,
     return read, None, None
 
 
+def damaged_name(bundle, file: str, namespace: str) -> tuple[str, int, str, str] | None:
+    """(file read, line, text, the name) of the first object in ``namespace`` whose
+    metadata.name is no valid Kubernetes name (a damaged object: the likely reason a name the
+    user typed is not found), or None."""
+    import re
+    rx = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    items, _lines, read, _text = _items_with_lines(bundle, file)
+    for it in items:
+        meta = it.get("metadata") if isinstance(it.get("metadata"), dict) else {}
+        if str(meta.get("namespace", "default")) != namespace:
+            continue
+        name = meta.get("name")
+        if isinstance(name, str) and len(name) <= 253 and rx.match(name):
+            continue
+        got_read, line, text = field_location(bundle, file, namespace, str(name or ""),
+                                              ("metadata", "name"))
+        if line is not None:
+            return got_read, line, text, str(name)
+    return None
+
+
 def object_error(bundle, file: str, namespace: str | None, name: str, path: tuple,
                  reason: str) -> InputError:
     """A located InputError about one field of one object: file, line, key path, text."""

@@ -86,11 +86,18 @@ def _located_not_found(cluster: Cluster, file: str, msg: str, ns: str) -> InputE
     from traceflow.located import field_location
     m = re.search(r"; did you mean: ([^?]+)\?$", msg)
     bundle = getattr(cluster, "bundle", None)
-    other = re.search(r"^\w+ [^/]+/(\S+) not found; it exists in namespace ([^:,]+)", msg)
+    other = re.search(r"^\w+ [^/]*/(\S+) not found; it exists in namespace ([^:,]*)", msg)
     if other is not None and bundle is not None:     # a damaged namespace is the likely cause
         read, line, text = field_location(bundle, file, other.group(2), other.group(1),
                                           ("metadata", "namespace"))
         return InputError(msg, read, line, text) if line else InputError(msg, file)
+    if m is None and bundle is not None:
+        from traceflow.located import damaged_name
+        bad = damaged_name(bundle, file, ns)
+        if bad is not None:
+            read, line, text, name = bad
+            return InputError(f"{msg}; metadata.name {name!r} at line {line} is no valid "
+                              "Kubernetes name (a damaged object?)", read, line, text)
     if m is None or bundle is None:
         return InputError(msg, file)
     names = [n.strip() for n in m.group(1).split(",")]

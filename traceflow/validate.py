@@ -274,7 +274,11 @@ TARGET_REF = mapping({"name": STR, "namespace": STR})
 
 POD = mapping({
     "metadata": METADATA,
-    "spec": mapping({"nodeName": STR, "hostNetwork": BOOL}, null=False),
+    "spec": mapping({"nodeName": STR, "hostNetwork": BOOL,
+                     # named container ports: NetworkPolicy and --port by name resolve them
+                     "containers": listof(mapping({"name": STR, "ports": listof(mapping({
+                         "name": STR, "containerPort": port(), "protocol": STR},
+                         null=False))}, null=False))}, null=False),
     "status": mapping({"podIP": ip(("",)), "phase": STR}, null=False),
 }, null=False)
 
