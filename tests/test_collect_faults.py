@@ -381,3 +381,49 @@ def test_stream_splitter_is_bounded_and_exact(tmp_path):
     assert (tmp_path / "big.txt").stat().st_size == 1 << 20
     assert (tmp_path / "small.txt").read_bytes() == b"line1\nline2"
     assert items["small.txt"].rc == 3 and not items["small.txt"].truncated
+
+
+# ---- a trace that reads a truncated file says so -------------------------------------------------
+
+def _mark_truncated(bundle: Path, file: str) -> None:
+    m = bundle / "manifest.yaml"
+    doc = yaml.safe_load(m.read_text())
+    doc["truncated"] = {file: {"kept_bytes": 1234, "reason": "cut at the per-file cap"}}
+    m.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_a_trace_reading_a_truncated_file_says_so(tmp_path):
+    import shutil
+    from traceflow.cli import example_path
+    b = tmp_path / "b"
+    shutil.copytree(example_path(), b)
+    _mark_truncated(b, "nodes/worker1/ovs-flows.txt")
+    r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--bundle", str(b),
+                            "-o", "json"])
+    doc = json.loads(r.stdout)
+    assert any(w.startswith("nodes/worker1/ovs-flows.txt is truncated (cut at the per-file cap; "
+                            "1234 bytes kept)") for w in doc["warnings"]), doc["warnings"]
+    # a file the trace does not read is not mentioned
+    (b / "nodes/worker1/tc.txt").write_text("")
+    _mark_truncated(b, "nodes/worker1/tc.txt")
+    r = runner.invoke(app, ["pod-to-svc", "frontend", "backendsvc", "--bundle", str(b),
+                            "-o", "json"])
+    assert not any("truncated" in w for w in json.loads(r.stdout)["warnings"])
+
+
+def test_a_drop_decided_in_a_truncated_file_is_unknown(tmp_path):
+    import shutil
+    from traceflow.cli import example_path
+    b = tmp_path / "b"
+    shutil.copytree(example_path().parent / "cilium-vxlan-policy", b)
+    args = ["pod-to-svc", "shop/batch", "shop/web", "--bundle", str(b), "-o", "json"]
+    before = json.loads(runner.invoke(app, args).stdout)
+    assert "dropped" in {p["verdict"] for p in before["paths"]}
+    for node in ("worker1", "worker2"):
+        _mark_truncated(b, f"nodes/{node}/cilium-bpf-policy-get.txt")
+        after = json.loads(runner.invoke(app, args).stdout)
+        if "dropped" not in {p["verdict"] for p in after["paths"]}:
+            break
+    assert "dropped" not in {p["verdict"] for p in after["paths"]}
+    assert "unknown" in {p["verdict"] for p in after["paths"]}
+    assert any("may be in the part that was cut" in w for w in after["warnings"])
