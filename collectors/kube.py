@@ -125,8 +125,9 @@ ALLOWED_FIELDS = {
         "status": {"loadBalancer": {"ingress": [{"ip": True, "hostname": True,
                                                  "ipMode": True}]}},
     },
-    # the cilium-config ConfigMap: its settings (routing mode, KPR, masquerade...), nothing else
-    "ConfigMap": {"metadata": {"name": True, "namespace": True}, "data": True},
+    # a ConfigMap keeps no data here: the data keys a CNI reads are allow-listed per CNI and
+    # key in collectors/allowlist.py (config_map), which names the keys it drops
+    "ConfigMap": {"metadata": {"name": True, "namespace": True}},
 }
 # Other kinds (EndpointSlices, NetworkPolicies, policy CRDs) are read whole, minus these:
 _DROP_META = ("managedFields", "annotations")
@@ -522,26 +523,6 @@ class Kube:
             if last is not None:
                 problems.append((file, f"{plural}.{versions[0].split('/')[0]}", last))
         return out, problems
-
-    def list_crds(self, warn) -> dict[str, list[dict]]:
-        """file -> items for every CNI policy CRD the API serves (404 = not installed)."""
-        out = {}
-        for file, versions, kind, plural in CRD_RESOURCES:
-            for version in versions:
-                res = Resource(file, version, kind, plural, custom=True)
-                try:
-                    out[file] = self.list_kind(res)
-                    break
-                except ApiError as err:
-                    if err.status == 404:
-                        continue
-                    if err.status == 403:
-                        warn(f"cannot list {plural}.{version.split('/')[0]}: forbidden "
-                             "(grant it in deploy/rbac.yaml); policies of that kind are not in "
-                             "the bundle")
-                        break
-                    raise
-        return out
 
 
 def _with_type(item: dict, api_version: str, kind: str) -> dict:
