@@ -239,14 +239,15 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
 
     def ssh_run(items: list[str], why: str) -> CollectionError | None:
         status(f"ssh {target.describe()} ({why})")
+        sinks = ctx.sinks(node, f"nodes/{node}")      # streamed to disk, as exec output is
         try:
-            stdout, stderr, _rc, cut = S.run_script(target, items, ctx.token, deadline,
-                                                     opts.insecure_accept_host_keys,
-                                                     warn=ctx.display.message,
-                                                     max_bytes=opts.max_output)
+            _stdout, _stderr, _rc, cut = S.run_script(target, items, ctx.token, deadline,
+                                                       opts.insecure_accept_host_keys,
+                                                       warn=ctx.display.message,
+                                                       max_bytes=opts.max_output, sinks=sinks)
         except CollectionError as exc:
             return exc
-        got = A.split_output(stdout, stderr, ctx.token, cut)
+        got = A.spooled_results(sinks, cut)
         for f in items if cut else ():
             got.setdefault(f, A.Result(f, None, b"", why=cut))
         for f, r in got.items():
