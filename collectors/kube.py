@@ -268,6 +268,11 @@ def _read_capped(resp, cap: int, what: str, deadline: float | None = None) -> by
     deadline (a socket timeout bounds each read, not a server that drips bytes)."""
     import time
     body, size = bytearray(), 0
+    declared = (getattr(resp, "headers", None) or {}).get("Content-Length")
+    if declared is not None and str(declared).isdigit() and int(declared) > cap:
+        resp.release_conn()            # refused before a byte of it is read
+        raise CollectionError(f"the API server's answer for {what} is larger than {cap} bytes "
+                              f"({declared} announced): refused")
     read1 = getattr(resp, "read1", None)      # urllib3 >= 2: what one recv() brings
     pieces = (iter(lambda: read1(1 << 16), b"") if read1 is not None
               else resp.stream(1 << 12, decode_content=True))

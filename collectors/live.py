@@ -13,23 +13,23 @@ else: the trace goes as far as it can and the CLI exits 3.
 
 from __future__ import annotations
 
-import io
 import queue
 import re
 import sys
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
-
-import yaml
 
 from collectors import agents as A
 from collectors import spool as SP
 from collectors.bundle import FORMAT, Bundle
+from collectors.output import (_head, _spooled_bundle, _tunnel_dev,  # noqa: F401
+                               _write_list, _yaml, detect_kube_proxy,
+                               write_bundle)  # re-exported: collectors.live.write_bundle
+from collectors.query import _resolve
 from traceflow.errors import CollectionError, InputError
 
 VIAS = ("auto", "exec", "ssh")
@@ -707,52 +707,6 @@ def _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool: Path) 
     return _spooled_bundle(spool, files, f"live:{kube.cluster}")
 
 
-def _spooled_bundle(spool: Path, files: dict[str, object], origin: str) -> Bundle:
-    """The bundle over its spool folder: bytes still in memory are written there, spool files
-    that are not part of the bundle (failed commands) are removed."""
-    import os
-    from collectors.bundle import FolderFiles
-    keep = set()
-    for name, data in files.items():
-        target = spool / name
-        keep.add(str(target))
-        if isinstance(data, (bytes, bytearray)):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        elif Path(data) != target:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(data, target)
-    for root, _dirs, names in os.walk(spool, topdown=False):
-        for n in names:
-            if os.path.join(root, n) not in keep:
-                os.unlink(os.path.join(root, n))
-        if root != str(spool) and not os.listdir(root):
-            os.rmdir(root)
-    return Bundle(FolderFiles(spool), origin)
-
-
-def _head(data, limit: int = 4 << 20) -> bytes:
-    """The first ``limit`` bytes of a file kept as bytes or spooled on disk."""
-    if data is None:
-        return b""
-    if isinstance(data, (bytes, bytearray)):
-        return bytes(data[:limit])
-    with open(data, "rb") as fh:
-        return fh.read(limit)
-
-
-def _contains(data, needle: bytes) -> bool:
-    if isinstance(data, (bytes, bytearray)):
-        return needle in data
-    tail = b""
-    with open(data, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            if needle in tail + chunk:
-                return True
-            tail = chunk[-len(needle):]
-    return False
-
-
 def _cilium_config(kube, warn, api_errors, not_installed, dropped) -> dict | None:
     """The one ConfigMap a Cilium trace reads (routing mode, KPR, masquerade...): by name,
     only its allow-listed keys (collectors/allowlist.py); the names of the keys dropped go to
@@ -819,232 +773,3 @@ def _grouped(notes: list[str], nodes: list[str], agents: dict) -> list[str]:
             out.append(f"{key} (on {len(members)} nodes: {', '.join(names[:5])}"
                        + (", ..." if len(names) > 5 else "") + ")")
     return out
-
-
-def _by_bundle_rules(state, ref: str, namespace: str, role: str, what: str) -> dict | None:
-    """An IP or a ``svc/`` reference resolved by the rules a bundle trace uses
-    (traceflow.resolve: a pod's IP, a node's IP for its hostNetwork pods, a Service's cluster
-    IP, a Service as a source refused with the same advice), over what the API returned: the
-    object it names, or None when ``ref`` is neither an IP nor a ``svc/`` reference."""
-    import ipaddress
-    from traceflow import resolve as R
-    try:
-        ipaddress.ip_address(ref.strip())
-        is_ip = True
-    except ValueError:
-        is_ip = False
-    if not is_ip and not (role == "source" and ref.startswith(R.SVC_PREFIXES)):
-        return None
-    from collectors import kube as K
-    from traceflow.kube import load_cluster
-    texts = {f"k8s/{f}": _yaml(K.list_document(items)).decode()
-             for f, items in state.objects.items()}
-    cluster = load_cluster(texts.get)
-    if what == "service":
-        got = R.service(cluster, ref, namespace)
-        return state.service(got.namespace, got.name)
-    got = R.pod(cluster, ref, namespace, role)
-    return state.pod(got.namespace, got.name)
-
-
-def _resolve(opts: CollectOptions, kube, state, notes: list, warn, api_errors=()):
-    """(query facts for the manifest, nodes the trace touches, pods to exec into).
-    CollectionError when a kind the query needs was not collected (``api_errors``)."""
-    from collectors import kube as K
-    if opts.source is None and opts.selector is None and opts.destination is None:
-        return None, [], []
-    missing = {e["file"]: e["reason"] for e in api_errors if "kind" in e}
-
-    def need(file: str, what: str) -> None:
-        if f"k8s/{file}" in missing:
-            raise CollectionError(f"cannot resolve {what}: k8s/{file} was not collected "
-                                  f"({missing[f'k8s/{file}']})")
-    if opts.selector is None:
-        need("pods.yaml", f"the source {opts.source!r}")
-    src = (_by_bundle_rules(state, opts.source, opts.namespace, "source", "pod")
-           if opts.source is not None and opts.selector is None else None) \
-        or K.resolve_pod(kube, state, opts.source, opts.namespace, opts.selector,
-                         what="source pod", notes=notes)
-    K._require_running(src, "source pod")
-    query = {"kind": opts.kind, "source": f"{src['metadata']['namespace']}/"
-                                          f"{src['metadata']['name']}"}
-    touched = [K.pod_node(src)]
-    pods = [src]
-    if opts.destination is not None:
-        kind = {"pod-to-svc": "service", "pod-to-pod": "pod"}.get(opts.kind or "")
-        if kind == "service":
-            need("services.yaml", f"the Service {opts.destination!r}")
-            dkind, dst = "service", (
-                _by_bundle_rules(state, opts.destination, opts.namespace, "destination",
-                                 "service")
-                or K.resolve_service(state, opts.destination, opts.namespace))
-        elif kind == "pod":
-            dkind, dst = "pod", (
-                _by_bundle_rules(state, opts.destination, opts.namespace, "destination", "pod")
-                or K.resolve_pod(kube, state, opts.destination, opts.namespace,
-                                 what="destination pod", notes=notes))
-        else:
-            need("services.yaml", f"the destination {opts.destination!r}")
-            dkind, dst = K.resolve_destination(state, opts.destination, opts.namespace)
-        dns, dname = dst["metadata"]["namespace"], dst["metadata"]["name"]
-        query["destination"] = f"{dns}/{dname}"
-        query["destination_kind"] = dkind
-        query["kind"] = opts.kind or ("pod-to-svc" if dkind == "service" else "pod-to-pod")
-        if dkind == "service":
-            port = K.resolve_port(dst, opts.port)
-            query["port"] = port.port
-            if port.name:
-                query["port_name"] = port.name
-            eps = state.endpoints(dns, dname)
-            if f"k8s/{K.CORE_RESOURCES[2].file}" in missing:
-                # the EndpointSlices were not collected: the Service's selector over the pods
-                # says which nodes its endpoints are on (the trace reads them off the datapath)
-                eps = state.selected_pods(dst)
-                warn(f"traceflow: warning: EndpointSlices were not collected: the nodes of "
-                     f"service {dns}/{dname}'s endpoints are taken from its selector "
-                     f"({len(eps)} Running pods)")
-            elif not eps:
-                warn(f"traceflow: warning: service {dns}/{dname} has no endpoints: the trace "
-                     "will end at the load balancer")
-            query["endpoints"] = [e[0] for e in eps]
-            for _addr, pod, node in eps:
-                if node:
-                    touched.append(node)
-                if pod:
-                    p = state.pod(*pod.split("/", 1))
-                    if p is not None and K.pod_phase(p) == "Running":
-                        pods.append(p)
-        else:
-            touched.append(K.pod_node(dst))
-            pods.append(dst)
-    touched = sorted({t for t in touched if t})
-    query["nodes"] = touched
-    seen, uniq = set(), []
-    for p in pods:
-        key = (p["metadata"]["namespace"], p["metadata"]["name"])
-        if key not in seen:
-            seen.add(key)
-            uniq.append(p)
-    return query, touched, uniq
-
-
-# ---- manifest facts read off the collected outputs ----------------------------------------------
-
-def detect_kube_proxy(files: dict[str, bytes], kube_proxy_pods: bool) -> str:
-    """iptables | ipvs | nftables | none, from what the nodes print."""
-    def any_file(names: tuple[str, ...], needle: bytes) -> bool:
-        return any(p.rsplit("/", 1)[-1] in names and _contains(data, needle)
-                   for p, data in files.items() if p.startswith("nodes/"))
-    if any_file(("ip-link.txt", "ip-addr.txt"), b"kube-ipvs0"):
-        return "ipvs"
-    if any_file(("nft.txt",), b"table ip kube-proxy"):
-        return "nftables"
-    if any_file(("iptables-save.txt", "iptables-nat-list.txt"), b"KUBE-SERVICES"):
-        return "iptables"
-    return "iptables" if kube_proxy_pods else "none"
-
-
-_TUNNEL = re.compile(rb"\b(genev_sys_\d+|vxlan_sys_\d+|gre_sys|stt_sys_\d+|cilium_vxlan|"
-                     rb"cilium_geneve)\b")
-
-
-def _tunnel_dev(text: bytes) -> str | None:
-    m = _TUNNEL.search(text)
-    return m.group(1).decode() if m else None
-
-
-def _write_list(path: Path, items: list[dict], chunk: int = 200) -> Path:
-    """``_yaml(list_document(items))`` written to ``path`` a few hundred items at a time:
-    PyYAML represents a whole document as nodes before it writes, which for 10,000 pods is
-    hundreds of MB; a block sequence written in pieces is the same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:
-        if not items:
-            fh.write(_yaml({"apiVersion": "v1", "kind": "List", "items": [],
-                            "metadata": {"resourceVersion": ""}}))
-            return path
-        fh.write(b"apiVersion: v1\nkind: List\nitems:\n")
-        for i in range(0, len(items), chunk):
-            fh.write(_yaml(items[i:i + chunk]))
-        fh.write(_yaml({"metadata": {"resourceVersion": ""}}))
-    return path
-
-
-def _yaml(doc) -> bytes:
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=4096).encode()
-
-
-# ---- writing ------------------------------------------------------------------------------------
-
-def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
-                 force: bool = False) -> Path:
-    """Write a bundle as a folder, or as a ``.tar.gz`` / ``.tgz`` of one folder.
-
-    An existing file is replaced only with ``force``; the archive is written to a temporary
-    file created exclusively (random name, O_EXCL, in the target folder, so nothing can be
-    planted there in advance and no symlink is followed) and renamed over the target at the
-    end. A folder must be new or empty; its files are created exclusively too."""
-    if isinstance(bundle_or_files, Bundle):
-        # a collected bundle's files are on disk (the spool): streamed from there, never
-        # read whole into memory
-        paths = getattr(getattr(bundle_or_files, "_files", None), "_paths", None)
-        files = {n: (paths[n] if paths is not None and n in paths else bundle_or_files.raw(n))
-                 for n in bundle_or_files.names()}
-    else:
-        files = dict(bundle_or_files)
-    for name in files:
-        p = PurePosixPath(name)
-        if p.is_absolute() or ".." in p.parts or not p.parts:
-            raise InputError(f"refusing to write a bundle file outside the bundle: {name!r}")
-    path = Path(path)
-    if path.name.endswith((".tar.gz", ".tgz")):
-        if (path.exists() or path.is_symlink()) and not force:
-            raise InputError("the output file exists: pass --force to replace it, or choose "
-                             "another name", str(path))
-        if path.is_dir():
-            raise InputError("the output path is a folder, not a file", str(path))
-        top = re.sub(r"\.(tar\.gz|tgz)$", "", path.name) or "bundle"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        import os
-        import tempfile
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-        try:
-            now = int(time.time())
-            with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
-                for name in sorted(files):
-                    data = files[name]
-                    info = tarfile.TarInfo(f"{top}/{name}")
-                    info.mtime, info.mode = now, 0o644
-                    if isinstance(data, (bytes, bytearray)):
-                        info.size = len(data)
-                        tar.addfile(info, io.BytesIO(data))
-                    else:
-                        with open(data, "rb") as src:
-                            info.size = os.fstat(src.fileno()).st_size
-                            tar.addfile(info, src)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)      # a symlink at `path` is replaced, never followed
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
-    if path.is_symlink() or (path.exists() and (not path.is_dir() or any(path.iterdir()))):
-        raise InputError("the output folder exists and is not empty (write a new folder or "
-                         "a .tar.gz)", str(path))
-    import os
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    for name in sorted(files):
-        target = path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, flags, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            data = files[name]
-            if isinstance(data, (bytes, bytearray)):
-                fh.write(data)
-            else:
-                import shutil
-                with open(data, "rb") as src:
-                    shutil.copyfileobj(src, fh, 1 << 20)
-    return path

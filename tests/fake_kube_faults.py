@@ -17,7 +17,7 @@ import json
 import re
 import socket
 import time
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 from fake_kube_api import WS_GUID, FakeKubeAPI, _Handler, ws_frame
 
@@ -127,6 +127,27 @@ class _FaultHandler(_Handler):
         except OSError:
             pass
         self.fake.sent["huge"] = sent
+        self.close_connection = True
+
+    def _fault_hugechunked(self):
+        """The same 300 MB, chunked: no Content-Length to refuse it by."""
+        item = b'{"metadata":{"name":"' + b"n" * 200 + b'"}},'
+        block = item * ((1 << 20) // len(item))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = 0
+        try:
+            head = b'{"apiVersion":"v1","kind":"List","metadata":{},"items":['
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(head), head))
+            chunk = b"%x\r\n%s\r\n" % (len(block), block)
+            while sent < HUGE and not self.fake._stop.is_set():
+                self.wfile.write(chunk)
+                sent += len(block)
+        except OSError:
+            pass
+        self.fake.sent["hugechunked"] = sent
         self.close_connection = True
 
     def _exec(self, ns, name, q):
