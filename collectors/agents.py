@@ -263,10 +263,18 @@ class Result:
     stdout: bytes
     stderr: bytes = b""
     why: str = ""        # why the output was cut off, when it was (rc None)
+    path: object = None  # the spool file holding stdout (streamed to disk), else None
+    size: int = 0        # bytes kept in ``path``
+    truncated: str = ""  # why bytes were dropped (a cap), when they were
 
     @property
     def ok(self) -> bool:
         return self.rc == 0
+
+    @property
+    def data(self):
+        """What the bundle keeps: the spool file's path, or the bytes."""
+        return self.path if self.path is not None else self.stdout
 
     def error_text(self, where: str = "") -> str:
         """Why it failed; ``where`` says where it ran (`the agent container ...`)."""
@@ -428,10 +436,15 @@ def _handshake_error(reason: str) -> tuple[int, str]:
 
 
 def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str], token: str,
-               deadline: float, node: str, max_bytes: int = MAX_OUTPUT) -> ExecOutcome:
+               deadline: float, node: str, max_bytes: int = MAX_OUTPUT,
+               sinks: tuple | None = None) -> ExecOutcome:
     """Run the script in one container through the API's exec websocket, bounded by
     ``deadline`` (time.monotonic()) and ``max_bytes`` of output (past it the stream is closed
-    and the outcome says so). CollectionError with a clear reason otherwise."""
+    and the outcome says so). CollectionError with a clear reason otherwise.
+
+    ``sinks``: (stdout sink, stderr sink) (``collectors.spool.ItemSink``): the output is
+    streamed to them as it arrives and nothing is kept in memory; a sink whose node budget is
+    exhausted closes the stream (``cut`` says so)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
     from kubernetes.stream import stream
@@ -469,22 +482,22 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
         size = 0
         status = b""
         try:
-            while ws.is_open():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeLimit(f"exec into {where} did not finish within the time limit "
-                                    "(per-node --timeout / --deadline)", node)
-                ws.update(timeout=min(left, 1.0))
-                for chunks, channel in ((chunks_out, 1), (chunks_err, 2)):
-                    data = ws.read_channel(channel) or b""
-                    size += len(data)
-                    chunks.append(data)
-                if size > max_bytes:
+            # one websocket frame at a time, read here rather than with ws.update(): update()
+            # keeps a copy of everything in ws._all and drains every frame already available
+            # before returning, so a container that floods stdout grows memory without end
+            for channel, data in _frames(ws, deadline, where, node):
+                if channel == 3:
+                    status += data
+                    continue
+                if channel not in (1, 2):
+                    continue
+                if sinks is None:
+                    (chunks_out if channel == 1 else chunks_err).append(data)
+                else:       # nothing past the cap is kept
+                    sinks[channel - 1].feed(data[:max(0, max_bytes - size)])
+                size += len(data)
+                if size > max_bytes or (sinks is not None and sinks[0].exhausted):
                     break
-            if size <= max_bytes:
-                chunks_out.append(ws.read_channel(1) or b"")
-                chunks_err.append(ws.read_channel(2) or b"")
-                status = ws.read_channel(3) or b""
         except CollectionError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken stream, named
@@ -494,9 +507,15 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                 ws.close()
             except Exception:  # noqa: BLE001
                 pass
-        out.stdout = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_out)
-        out.stderr = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks_err)
-        if len(out.stdout) + len(out.stderr) > max_bytes:
+        out.stdout = b"".join(_bytes(c) for c in chunks_out)
+        out.stderr = b"".join(_bytes(c) for c in chunks_err)
+        if sinks is not None and (size > max_bytes or sinks[0].exhausted):
+            out.cut = (f"output cut off: the exec into {where} printed more than {max_bytes} "
+                       "bytes" if size > max_bytes else
+                       f"output cut off: the files of node {node} reached the per-node cap "
+                       f"({sinks[0].budget.cap} bytes) during the exec into {where}")
+            status = b""
+        elif len(out.stdout) + len(out.stderr) > max_bytes:
             # keep nothing past the cap: the item it cuts through has no end marker (rc None)
             out.stdout = out.stdout[:max_bytes]
             out.stderr = out.stderr[:max(0, max_bytes - len(out.stdout))]
@@ -506,8 +525,9 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
             out.status = json.loads(status) if status else {}
         except ValueError:
             out.status = {"status": "Failure", "message": status.decode("utf-8", "replace")}
-        if out.status.get("status") == "Failure" and f"### traceflow {token} begin" not in \
-                out.stdout.decode("utf-8", "replace"):
+        began = (sinks[0].seen_begin if sinks is not None else
+                 f"### traceflow {token} begin" in out.stdout.decode("utf-8", "replace"))
+        if out.status.get("status") == "Failure" and not began:
             raise CollectionError(f"exec into {where} failed: "
                                   f"{out.status.get('message', 'unknown error')}", node)
         return out
@@ -516,6 +536,56 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
             api_client.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _frames(ws, deadline: float, where: str, node: str):
+    """(channel, data) of each websocket frame of an exec, until the server closes the stream;
+    TimeLimit at ``deadline``. Holds nothing but the frame in hand."""
+    import select
+    import ssl
+    from websocket import ABNF
+    sock = ws.sock
+    v5 = getattr(ws, "subprotocol", "") == "v5.channel.k8s.io"
+    while sock.connected:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeLimit(f"exec into {where} did not finish within the time limit "
+                            "(per-node --timeout / --deadline)", node)
+        raw = sock.sock
+        if not (isinstance(raw, ssl.SSLSocket) and raw.pending()):
+            poll = select.poll()
+            poll.register(raw, select.POLLIN)
+            if not poll.poll(min(left, 1.0) * 1000):
+                continue
+        op_code, frame = sock.recv_data_frame(True)
+        if op_code == ABNF.OPCODE_CLOSE:
+            return
+        if op_code not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) or not frame.data:
+            continue
+        data = frame.data if isinstance(frame.data, bytes) else _bytes(frame.data)
+        if data[0] == 255 and v5:          # v5: a channel closed
+            continue
+        yield data[0], data[1:]
+
+
+def _bytes(c) -> bytes:
+    return c if isinstance(c, bytes) else c.encode()
+
+
+def spooled_results(sinks: tuple, cut: str = "") -> dict[str, Result]:
+    """One Result per item from the (stdout, stderr) sinks of a streamed exec: stdout stays in
+    its spool file (``Result.path``); items without an end marker get rc None and ``cut``."""
+    outs = sinks[0].finish()
+    errs = sinks[1].finish()
+    results = {}
+    for file, it in outs.items():
+        err = errs.get(file)
+        results[file] = Result(file, it.rc, b"", err.tail if err else b"",
+                               (cut or "output cut off before the command finished")
+                               if it.rc is None else "", it.path, it.size,
+                               f"cut at {it.truncated} ({it.size} bytes kept of at least "
+                               f"{it.seen} printed)" if it.truncated else "")
+    return results
 
 
 _timeout_lock = __import__("threading").Lock()

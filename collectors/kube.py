@@ -152,7 +152,12 @@ def _read_capped(resp, cap: int, what: str, deadline: float | None = None) -> by
     """The response body, read in chunks: refused past ``cap`` bytes, and abandoned at the
     deadline (a socket timeout bounds each read, not a server that drips bytes)."""
     import time
-    chunks, size = [], 0
+    body, size = bytearray(), 0
+    declared = (getattr(resp, "headers", None) or {}).get("Content-Length")
+    if declared is not None and str(declared).isdigit() and int(declared) > cap:
+        resp.release_conn()            # refused before a byte of it is read
+        raise CollectionError(f"the API server's answer for {what} is larger than {cap} bytes "
+                              f"({declared} announced): refused")
     read1 = getattr(resp, "read1", None)      # urllib3 >= 2: what one recv() brings
     pieces = (iter(lambda: read1(1 << 16), b"") if read1 is not None
               else resp.stream(1 << 12, decode_content=True))
@@ -165,10 +170,10 @@ def _read_capped(resp, cap: int, what: str, deadline: float | None = None) -> by
             if deadline is not None and time.monotonic() > deadline:
                 raise DeadlinePassed(f"the overall --deadline passed while reading {what} "
                                      "from the API server (the answer was still arriving)")
-            chunks.append(chunk)
+            body += chunk
     finally:
         resp.release_conn()
-    return b"".join(chunks)
+    return body
 
 
 class Kube:
@@ -182,6 +187,7 @@ class Kube:
         self.timeout = timeout
         self.deadline = deadline
         self.max_response = MAX_RESPONSE
+        self.dropped: dict[str, set[str]] = {}     # bundle file -> key paths not kept
         cfg = client.Configuration()
         # the client reads $KUBECONFIG once, at import: resolve it now (a list of paths is
         # merged by the client, as kubectl does)
@@ -268,6 +274,16 @@ class Kube:
         except ApiException as exc:
             raise self._api_error(exc, what) from None
         except (HTTPError, OSError) as exc:
+            from urllib3.exceptions import ProtocolError, ReadTimeoutError
+            inner = getattr(exc, "reason", None)      # MaxRetryError wraps the last failure
+            inner = inner if isinstance(inner, BaseException) else exc
+            if isinstance(inner, ReadTimeoutError) or isinstance(exc, ReadTimeoutError):
+                raise CollectionError(f"the API server did not answer {what} in time (it "
+                                      f"stalled): {_short(exc)}") from None
+            if isinstance(inner, ProtocolError) or isinstance(exc, ProtocolError) \
+                    or "IncompleteRead" in repr(exc):
+                raise CollectionError(f"the API server's answer for {what} was cut off: "
+                                      f"{_short(exc)}") from None
             raise CollectionError(f"cannot reach the Kubernetes API server {self.server} "
                                   f"({what}): {_short(exc)}") from None
         try:
@@ -352,33 +368,51 @@ class Kube:
         return {"metadata": {"name": name, "namespace": namespace},
                 "spec": {"selector": ((dep.get("spec") or {}).get("selector") or {})}}
 
-    def get_config_map(self, namespace: str, name: str) -> dict:
-        """One named ConfigMap (cilium-config), cut down to its name and data."""
+    def get_config_map(self, namespace: str, name: str,
+                       keys: frozenset | None = None) -> tuple[dict, list[str]]:
+        """One named ConfigMap (cilium-config), cut down to its name and the data keys in
+        ``keys`` (collectors/allowlist.py): (object, the names of the keys dropped)."""
+        from collectors.allowlist import config_map
         validate_name("namespace", namespace)
         validate_name("pod", name)     # a DNS-1123 subdomain, as ConfigMap names are
         cm = self._call("CoreV1Api", "read_namespaced_config_map",
                         f"configmap {namespace}/{name}", name, namespace)
-        return _with_type(sanitize(cm, "ConfigMap"), "v1", "ConfigMap")
+        if not isinstance(cm, dict):
+            raise CollectionError(f"the API server returned a configmap {namespace}/{name} "
+                                  "that is not an object")
+        kept, dropped = config_map(cm, keys or frozenset())
+        return _with_type(kept, "v1", "ConfigMap"), dropped
 
-    def list_crds(self, warn) -> dict[str, list[dict]]:
-        """file -> items for every CNI policy CRD the API serves (404 = not installed)."""
-        out = {}
+    def list_crds_status(self) -> tuple[dict[str, list[dict]], list]:
+        """(file -> items for every CNI policy CRD the API serves, [(file, kind, error)] for
+        those it does not: 404 = not installed, 403 = forbidden, anything else). Each object
+        is cut down to its CNI's allow-list (collectors/allowlist.py); the key paths dropped
+        are kept in ``self.dropped`` (names only)."""
+        from collectors.allowlist import crd_object, crd_spec
+        out, problems = {}, []
         for file, versions, kind, plural in CRD_RESOURCES:
+            last = None
             for version in versions:
                 res = Resource(file, version, kind, plural, custom=True)
                 try:
-                    out[file] = self.list_kind(res)
-                    break
+                    items = self.list_kind(res)
                 except ApiError as err:
+                    last = err
                     if err.status == 404:
                         continue
-                    if err.status == 403:
-                        warn(f"cannot list {plural}.{version.split('/')[0]}: forbidden "
-                             "(grant it in deploy/rbac.yaml); policies of that kind are not in "
-                             "the bundle")
-                        break
-                    raise
-        return out
+                    break
+                spec = crd_spec(kind, version)
+                if spec is not None:
+                    gone: set[str] = set()
+                    items = [crd_object(i, spec, gone) for i in items]
+                    if gone:
+                        self.dropped.setdefault(f"k8s/{file}", set()).update(gone)
+                out[file] = items
+                last = None
+                break
+            if last is not None:
+                problems.append((file, f"{plural}.{versions[0].split('/')[0]}", last))
+        return out, problems
 
 
 def _with_type(item: dict, api_version: str, kind: str) -> dict:
@@ -435,6 +469,20 @@ class ClusterState:
 
     def pod(self, namespace: str, name: str) -> dict | None:
         return next((p for p in self.pods if _ns(p) == namespace and _name(p) == name), None)
+
+    def selected_pods(self, svc: dict) -> list[tuple[str, str | None, str | None]]:
+        """(IP, "ns/name", node) of the Running pods a Service's selector selects: its
+        endpoints when the EndpointSlices could not be read."""
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        if not isinstance(sel, dict) or not sel:
+            return []
+        out = []
+        for p in self.pods_in(_ns(svc)):
+            labels = (p.get("metadata") or {}).get("labels") or {}
+            if pod_phase(p) == "Running" and all(labels.get(k) == v for k, v in sel.items()):
+                out.append(((p.get("status") or {}).get("podIP"), f"{_ns(p)}/{_name(p)}",
+                            pod_node(p)))
+        return out
 
     def pods_in(self, namespace: str) -> list[dict]:
         return [p for p in self.pods if _ns(p) == namespace]

@@ -13,26 +13,42 @@ else: the trace goes as far as it can and the CLI exits 3.
 
 from __future__ import annotations
 
-import io
 import queue
 import re
 import sys
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from collectors import agents as A
-from traceflow.bundle.detect import detect_kube_proxy, tunnel_dev
+from collectors import spool as SP
+from collectors.output import (_head, _spooled_bundle, _write_list, _yaml,  # noqa: F401
+                               detect_kube_proxy,
+                               write_bundle)  # re-exported: collectors.live.write_bundle
+from collectors.query import _resolve
+from traceflow.bundle.detect import tunnel_dev
 from traceflow.bundle.reader import FORMAT, Bundle
 from traceflow.model.errors import CollectionError, InputError
 
 VIAS = ("auto", "exec", "ssh")
+
+
+def _env_mb(what: str, default: int) -> int:
+    import os
+    name = f"TRACEFLOW_COLLECT_MAX_{what}_MB"
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(float(raw) * (1 << 20))
+    except ValueError:
+        raise InputError(f"{name}={raw!r}: expected a size in MB", name) from None
+    if value <= 0:
+        raise InputError(f"{name}={raw!r}: must be positive", name)
+    return value
 
 
 @dataclass
@@ -55,7 +71,11 @@ class CollectOptions:
     parallel: int = 10                 # nodes collected at once
     app_exec: bool = False             # exec `ip route/neigh/addr` in the query's own pods
     #                                    (application containers): only when asked to
-    max_output: int = A.MAX_OUTPUT     # bytes per exec / SSH command
+    # bytes per exec / SSH command (read); one bundle file keeps (streamed to disk); all files
+    # of one node keep together. $TRACEFLOW_COLLECT_MAX_{OUTPUT,FILE,NODE}_MB change them.
+    max_output: int = field(default_factory=lambda: _env_mb("OUTPUT", A.MAX_OUTPUT))
+    max_file: int = field(default_factory=lambda: _env_mb("FILE", SP.FILE_CAP))
+    max_node: int = field(default_factory=lambda: _env_mb("NODE", SP.NODE_CAP))
     progress: bool | None = None       # None: when stderr is a terminal
     log: Callable[[str], None] | None = None   # warnings/notes (default: stderr)
 
@@ -164,7 +184,8 @@ def _run_parallel(jobs: dict[str, Callable], workers: int, deadline: float,
 @dataclass
 class NodeOutcome:
     node: str
-    files: dict[str, bytes] = field(default_factory=dict)      # bundle path -> bytes
+    files: dict[str, object] = field(default_factory=dict)     # bundle path -> bytes | Path
+    truncated: dict[str, dict] = field(default_factory=dict)   # bundle path -> why, kept
     commands: dict[str, str] = field(default_factory=dict)     # bundle path -> how
     errors: list[dict] = field(default_factory=list)           # {node, file?, reason}
     notes: list[str] = field(default_factory=list)             # shown and recorded
@@ -185,6 +206,17 @@ class _Context:
     token: str
     display: _Display
     kube_proxy_pods: bool
+    spool: Path | None = None
+    budgets: dict = field(default_factory=dict)      # node -> spool.NodeBudget
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sinks(self, node: str, folder: str, name=lambda f: f) -> tuple:
+        """(stdout, stderr) sinks streaming one exec's items into ``<spool>/<folder>/``."""
+        with self.lock:
+            budget = self.budgets.setdefault(node, SP.NodeBudget(self.options.max_node))
+        return (SP.ItemSink(self.token, self.spool / folder, name, self.options.max_file,
+                            budget),
+                SP.ItemSink(self.token, None, tail=True))
 
 
 SUBSTITUTES = {"iptables-save.txt": "iptables-nat-list.txt"}
@@ -208,14 +240,15 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
 
     def ssh_run(items: list[str], why: str) -> CollectionError | None:
         status(f"ssh {target.describe()} ({why})")
+        sinks = ctx.sinks(node, f"nodes/{node}")      # streamed to disk, as exec output is
         try:
-            stdout, stderr, _rc, cut = S.run_script(target, items, ctx.token, deadline,
-                                                     opts.insecure_accept_host_keys,
-                                                     warn=ctx.display.message,
-                                                     max_bytes=opts.max_output)
+            _stdout, _stderr, _rc, cut = S.run_script(target, items, ctx.token, deadline,
+                                                       opts.insecure_accept_host_keys,
+                                                       warn=ctx.display.message,
+                                                       max_bytes=opts.max_output, sinks=sinks)
         except CollectionError as exc:
             return exc
-        got = A.split_output(stdout, stderr, ctx.token, cut)
+        got = A.spooled_results(sinks, cut)
         for f in items if cut else ():
             got.setdefault(f, A.Result(f, None, b"", why=cut))
         for f, r in got.items():
@@ -234,6 +267,8 @@ def _collect_node(ctx: _Context, node: str, status: Callable[[str], None]) -> No
             for container, items, got in _exec_plan(ctx, agent, deadline, node):
                 if isinstance(got, CollectionError):
                     exec_error = exec_error or got
+                    for f, r in getattr(got, "partial", {}).items():
+                        results[f] = (r, f"exec {agent.key} -c {container}")
                     continue
                 how = f"exec {agent.key} -c {container}"
                 for f in items:
@@ -290,8 +325,10 @@ def _node_failed(out: NodeOutcome, node: str, reason: str, results: dict) -> Nod
     out.failed = True
     for f, (r, how) in results.items():
         if r.ok and f in A.ITEMS:
-            out.files[f"nodes/{node}/{f}"] = r.stdout
+            out.files[f"nodes/{node}/{f}"] = r.data
             out.commands[f"nodes/{node}/{f}"] = f"{A.ITEMS[f].command}  ({how})"
+            if r.truncated:
+                out.truncated[f"nodes/{node}/{f}"] = {"kept_bytes": r.size, "reason": r.truncated}
     return out
 
 
@@ -302,15 +339,19 @@ def _exec_plan(ctx: _Context, agent: A.Agent, deadline: float, node: str) -> lis
     got: dict[str, object] = {}
 
     def one(container: str, items: list[str]) -> None:
+        sinks = ctx.sinks(node, f"nodes/{node}")
         try:
             o = A.exec_batch(ctx.kube, agent.namespace, agent.pod, container, items, ctx.token,
-                             deadline, node, ctx.options.max_output)
-            res = A.split_output(o.stdout, o.stderr, ctx.token, o.cut)
+                             deadline, node, ctx.options.max_output, sinks=sinks)
+            res = A.spooled_results(sinks, o.cut)
             if o.cut:      # the items after the cut never ran: say why
                 for f in items:
                     res.setdefault(f, A.Result(f, None, b"", why=o.cut))
             got[container] = res
         except CollectionError as exc:
+            # what finished before the failure (a time limit mid-way) is kept
+            exc.partial = {f: r for f, r in A.spooled_results(sinks, exc.reason).items()
+                           if r.ok}
             got[container] = exc
         except Exception as exc:  # noqa: BLE001 - reported as this node's failure
             got[container] = CollectionError(f"exec into {agent.key} -c {container}: "
@@ -345,9 +386,19 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
         where = (f"the node ({how})" if how.startswith("ssh") else
                  f"the agent container ({how.removeprefix('exec ')})")
         if r.ok:
-            out.files[path] = r.stdout
+            out.files[path] = r.data
             out.commands[path] = f"{_command_text(item, ctx.agents.get(node), how)}  ({how})"
+            if r.truncated:
+                out.truncated[path] = {"kept_bytes": r.size, "reason": r.truncated}
+                out.notes.append(f"{path}: truncated, {r.truncated}; a trace that reads it "
+                                 "says so")
             continue
+        if r.rc is None and r.size and r.path is not None:
+            # cut off mid-way (a cap, the time limit): what arrived is kept, marked truncated
+            out.files[path] = r.data
+            out.commands[path] = f"{_command_text(item, ctx.agents.get(node), how)}  ({how})"
+            out.truncated[path] = {"kept_bytes": r.size,
+                                   "reason": r.truncated or r.why or "output cut off"}
         sub = SUBSTITUTES.get(f)
         if sub and sub in results and results[sub][0].ok:
             out.notes.append(f"{path}: {r.error_text(where)}; `{A.ITEMS[sub].command}` output kept "
@@ -374,20 +425,21 @@ def _record_node_results(ctx: _Context, node: str, results: dict, out: NodeOutco
 def _collect_pod(ctx: _Context, node: str, ns: str, pod: str, container: str, deadline: float,
                  out: NodeOutcome) -> None:
     items = [i.file for i in A.POD_ITEMS]
+    sinks = ctx.sinks(f"pod {ns}/{pod}", f"pods/{ns}/{pod}", lambda f: f.removeprefix("pod:"))
     try:
         o = A.exec_batch(ctx.kube, ns, pod, container, items, ctx.token, deadline, node,
-                         ctx.options.max_output)
+                         ctx.options.max_output, sinks=sinks)
     except CollectionError as exc:
         out.notes.append(f"pods/{ns}/{pod}: no pod-side facts ({exc.reason}); the first hop is "
                          "derived from the CNI's conventions")
         return
-    got = A.split_output(o.stdout, o.stderr, ctx.token)
+    got = A.spooled_results(sinks, o.cut)
     for f in items:
         r = got.get(f)
         name = f.removeprefix("pod:")
-        if r is not None and r.ok:
+        if r is not None and r.ok and not r.truncated:
             path = f"pods/{ns}/{pod}/{name}"
-            out.files[path] = r.stdout
+            out.files[path] = r.data
             out.commands[path] = f"{A.ITEMS[f].command}  (exec {ns}/{pod} -c {container})"
         else:
             out.notes.append(f"pods/{ns}/{pod}/{name} not collected: "
@@ -428,34 +480,98 @@ def collect(options: CollectOptions) -> Bundle:
 
 
 def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
+    import tempfile
+    import weakref
+    spool = Path(tempfile.mkdtemp(prefix="traceflow-collect-"))
+    try:
+        bundle = _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool)
+    except BaseException:
+        import shutil
+        shutil.rmtree(spool, ignore_errors=True)
+        raise
+    import shutil
+    weakref.finalize(bundle, shutil.rmtree, str(spool), True)
+    return bundle
+
+
+# An API failure that ends every further API read: the same credentials and server serve them.
+def _api_unusable(err: CollectionError) -> bool:
+    from collectors import kube as K
+    return (isinstance(err, K.DeadlinePassed) or getattr(err, "status", None) == 401
+            or str(err.reason).startswith("cannot reach the Kubernetes API server"))
+
+
+def _kind_error(file: str, kind: str, err: CollectionError, optional: bool = False) -> dict:
+    """A collection_errors entry for a kind the API did not give (compatible extension of
+    v1: ``file`` is the bundle file that is missing, ``kind`` the resource)."""
+    from collectors import kube as K
+    status = getattr(err, "status", None)
+    why = ("forbidden" if status == 403 else "not-found" if status == 404 else
+           "deadline" if isinstance(err, K.DeadlinePassed) else
+           "unauthorized" if status == 401 else "api-error")
+    entry = {"kind": kind, "file": f"k8s/{file}", "missing": why, "reason": err.reason}
+    if status:
+        entry["status"] = status
+    if optional:       # a trace goes on without it (said in the trace): not a failed collection
+        entry["optional"] = True
+    return entry
+
+
+def _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool: Path) -> Bundle:
     from collectors import kube as K
     warn = display.message
     state = K.ClusterState()
+    api_errors: list[dict] = []        # kinds the API did not give, and why
+    not_installed: list[str] = []      # CRDs (and cilium-config) the cluster does not have
+    fatal: CollectionError | None = None
+
+    def api_failed(file: str, kind: str, err: CollectionError, optional: bool = False) -> None:
+        nonlocal fatal
+        api_errors.append(_kind_error(file, kind, err, optional))
+        warn(f"traceflow: collection error: k8s/{file} not collected: {err.reason}")
+        if _api_unusable(err):
+            fatal = fatal or err
+
     for res in K.CORE_RESOURCES:
+        if fatal is not None:
+            api_failed(res.file, res.plural, CollectionError(f"not read: {fatal.reason}"))
+            continue
         try:
             state.objects[res.file] = kube.list_kind(res)
-        except K.ApiError as err:
-            if res.file == "networkpolicies.yaml" and err.status in (403, 404):
-                warn(f"traceflow: warning: {err.reason}; drops cannot be explained by policy name")
-                continue
-            raise
-    state.objects.update(kube.list_crds(lambda m: warn("traceflow: warning: " + m)))
-    if time.monotonic() > deadline:
-        raise CollectionError("the overall --deadline passed while reading the API")
+        except CollectionError as err:
+            api_failed(res.file, res.plural, err)
+    if fatal is None:
+        try:
+            crds, problems = kube.list_crds_status()
+        except CollectionError as err:       # unreachable mid-way: recorded like a list
+            crds, problems = {}, [("crds", "policy CRDs", err)]
+        state.objects.update(crds)
+        for file, kind, err in problems:
+            if getattr(err, "status", None) == 404:
+                not_installed.append(f"k8s/{file}")
+            else:
+                api_failed(file, kind, err, optional=True)
 
     notes: list[str] = []
-    query, touched, pod_targets = _resolve(opts, kube, state, notes, warn)
+    query_error: CollectionError | None = None
+    query, touched, pod_targets = None, [], []
+    try:
+        query, touched, pod_targets = _resolve(opts, kube, state, notes, warn, api_errors)
+    except CollectionError as err:           # a kind the query needs was not collected
+        query_error = err
     for n in notes:
         warn(f"traceflow: {n}")
-    all_nodes = state.node_names()
+    all_nodes = state.node_names() if "nodes.yaml" in state.objects else []
     for n in opts.nodes:
-        if n not in all_nodes:
+        if all_nodes and n not in all_nodes:
             raise InputError(K._suggest("node", "cluster", n, all_nodes).replace(
                 "node cluster/", "node "), "--nodes")
     if opts.all_nodes:
-        nodes = all_nodes
+        nodes = all_nodes or list(opts.nodes)
     elif query is not None or opts.nodes:
         nodes = sorted(set(touched) | set(opts.nodes))
+    elif query_error is not None:
+        nodes = []
     else:
         nodes = all_nodes
         warn(f"traceflow: no query and no --nodes: collecting all {len(nodes)} nodes")
@@ -464,12 +580,19 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         raise CollectionError(f"the API returned node names that are not valid Kubernetes "
                               f"names: {bad}")
 
-    cni, agents = A.find_agents(kube, lambda m: warn("traceflow: warning: " + m))
-    if cni is None:
+    cni, agents, cilium_config = None, {}, None
+    if fatal is None:
+        try:
+            cni, agents = A.find_agents(kube, lambda m: warn("traceflow: warning: " + m))
+        except CollectionError as err:
+            api_failed("pods.yaml", "agent pods (kube-system)", err)
+    if cni is None and fatal is None:
         warn("traceflow: warning: no antrea-agent (component=antrea-agent) or cilium "
              "(k8s-app=cilium) pods in kube-system: node state can only come over SSH")
-    cilium_config = _cilium_config(kube, warn) if cni == "cilium" else None
-    if opts.via != "ssh":
+    dropped: dict[str, list[str]] = {}
+    if cni == "cilium" and fatal is None:
+        cilium_config = _cilium_config(kube, warn, api_errors, not_installed, dropped)
+    if nodes and opts.via != "ssh":
         A._set_socket_timeout(min(opts.timeout, opts.deadline))
     node_ips = {n: state.node_ip(n) for n in nodes}
     pods_by_node: dict[str, list] = {}
@@ -483,7 +606,7 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
     kube_proxy_pods = any((p["metadata"].get("labels") or {}).get("k8s-app") == "kube-proxy"
                           for p in state.pods)
     ctx = _Context(opts, kube, cni, agents, ssh_cfg, node_ips, pods_by_node, deadline,
-                   A.new_token(), display, kube_proxy_pods)
+                   A.new_token(), display, kube_proxy_pods, spool)
     jobs = {n: (lambda status, n=n: _collect_node(ctx, n, status)) for n in nodes}
     if pods_by_node and not opts.app_exec:
         skipped = [f"pods/{ns}/{pod}" for pods in pods_by_node.values() for ns, pod, _c in pods]
@@ -498,23 +621,26 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
                 jobs[f"pod {ns}/{pod}"] = (lambda status, a=(node, ns, pod, container):
                                            _collect_pod_job(ctx, *a, status))
     with display:
-        outcomes = _run_parallel(jobs, opts.parallel, deadline, display)
+        outcomes = _run_parallel(jobs, opts.parallel, deadline, display) if jobs else {}
 
-    files: dict[str, bytes] = {}
-    for res in K.CORE_RESOURCES:
-        if res.file in state.objects:
-            files[f"k8s/{res.file}"] = _yaml(K.list_document(state.objects[res.file]))
+    files: dict[str, object] = {}
     for file, items in state.objects.items():
-        if f"k8s/{file}" not in files:
-            files[f"k8s/{file}"] = _yaml(K.list_document(items))
+        files[f"k8s/{file}"] = _write_list(spool / "k8s" / file, items)
+    state.objects.clear()                   # the lists are on their way to disk
     commands: dict[str, str] = {}
     if cilium_config is not None:
         files["k8s/cilium-config.yaml"] = _yaml(cilium_config)
         commands["k8s/cilium-config.yaml"] = ("GET ConfigMap kube-system/cilium-config "
-                                              "(name and data only)")
-    errors: list[dict] = []
+                                              "(name and the allow-listed data keys)")
+    for file, paths in getattr(kube, "dropped", {}).items():
+        dropped.setdefault(file, sorted(set(paths)))
+    errors: list[dict] = list(api_errors)
+    if query_error is not None:
+        errors.append({"file": "manifest.yaml", "kind": "query", "missing": "query",
+                       "reason": query_error.reason})
     cnotes: list[str] = []
     quiet: list[str] = []
+    truncated: dict[str, dict] = {}
     for key, o in outcomes.items():
         if key.startswith("pod ") and isinstance(o, CollectionError):
             cnotes.append(f"pods/{key[4:]}: no pod-side facts ({o.reason})")
@@ -524,12 +650,15 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
             continue
         files.update(o.files)
         commands.update(o.commands)
+        truncated.update(o.truncated)
         errors.extend(o.errors)
         cnotes.extend(o.notes)
         quiet.extend(o.quiet)
     if app_note:
         quiet.append(app_note)
     for e in errors:
+        if "kind" in e:
+            continue                     # said when it happened
         warn("traceflow: collection error: " + (f"{e['file']}: " if "file" in e else
                                                  f"node {e['node']}: ") + e["reason"]
              .removeprefix(e.get("file", "") + " not collected: "))
@@ -553,8 +682,8 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         facts = {}
         if node in agents:
             facts["agent_pod"] = agents[node].key
-        dev = tunnel_dev(files.get(f"nodes/{node}/ip-addr.txt", b"") +
-                          files.get(f"nodes/{node}/ip-link.txt", b""))
+        dev = tunnel_dev(_head(files.get(f"nodes/{node}/ip-addr.txt")) +
+                         _head(files.get(f"nodes/{node}/ip-link.txt")))
         if dev:
             facts["tunnel_dev"] = dev
         if facts:
@@ -568,33 +697,55 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         manifest["collection_errors"] = errors
     if cnotes or quiet:
         manifest["collection_notes"] = cnotes + quiet
+    if truncated:
+        manifest["truncated"] = dict(sorted(truncated.items()))
+    if not_installed:
+        manifest["not_installed"] = sorted(set(not_installed))
+    if dropped:
+        manifest["dropped_keys"] = dict(sorted(dropped.items()))
     files["manifest.yaml"] = ("# traceflow bundle v1, collected live by `traceflow collect`\n"
                               .encode() + _yaml(manifest))
-    return Bundle(files, f"live:{kube.cluster}")
+    return _spooled_bundle(spool, files, f"live:{kube.cluster}")
 
 
-def _cilium_config(kube, warn) -> dict | None:
+def _cilium_config(kube, warn, api_errors, not_installed, dropped) -> dict | None:
     """The one ConfigMap a Cilium trace reads (routing mode, KPR, masquerade...): by name,
-    nothing else from ConfigMaps. Missing or forbidden: a warning, the bundle goes on."""
+    only its allow-listed keys (collectors/allowlist.py); the names of the keys dropped go to
+    the manifest's ``dropped_keys``. Missing or forbidden: recorded, the bundle goes on."""
+    from collectors import allowlist as AL
     from collectors import kube as K
+    keys = AL.for_cni("cilium").configmaps[(A.AGENT_NAMESPACE, "cilium-config")]
     try:
-        return kube.get_config_map(A.AGENT_NAMESPACE, "cilium-config")
+        cm, gone = kube.get_config_map(A.AGENT_NAMESPACE, "cilium-config", keys)
     except K.ApiError as err:
         warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}"
              + (" (`traceflow rbac` grants `get` on exactly this ConfigMap)"
                 if err.status == 403 else ""))
+        if err.status == 404:
+            not_installed.append("k8s/cilium-config.yaml")
+        else:
+            api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err,
+                                          optional=True))
         return None
+    except CollectionError as err:
+        warn(f"traceflow: warning: k8s/cilium-config.yaml not collected: {err.reason}")
+        api_errors.append(_kind_error("cilium-config.yaml", "configmaps/cilium-config", err,
+                                          optional=True))
+        return None
+    if gone:
+        dropped["k8s/cilium-config.yaml"] = gone
+    return cm
 
 
 _STATUS_VERSION = re.compile(rb"^Cilium:\s+\S+\s+v?(\d+\.\d+\.\d+[^\s(]*)", re.M)
 
 
-def _version_from_status(files: dict[str, bytes]) -> str | None:
+def _version_from_status(files: dict[str, object]) -> str | None:
     """The agent's version from `cilium status` (`Cilium:  Ok   1.14.2 (v1.14.2-...)`), when
     the image tag does not say it (a digest, `latest`)."""
     for path, data in sorted(files.items()):
         if path.endswith("/cilium-status.txt"):
-            m = _STATUS_VERSION.search(data)
+            m = _STATUS_VERSION.search(_head(data, 1 << 20))
             if m:
                 return "v" + m.group(1).decode()
     return None
@@ -623,122 +774,3 @@ def _grouped(notes: list[str], nodes: list[str], agents: dict) -> list[str]:
             out.append(f"{key} (on {len(members)} nodes: {', '.join(names[:5])}"
                        + (", ..." if len(names) > 5 else "") + ")")
     return out
-
-
-def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
-    """(query facts for the manifest, nodes the trace touches, pods to exec into)."""
-    from collectors import kube as K
-    if opts.source is None and opts.selector is None and opts.destination is None:
-        return None, [], []
-    src = K.resolve_pod(kube, state, opts.source, opts.namespace, opts.selector,
-                        what="source pod", notes=notes)
-    query = {"kind": opts.kind, "source": f"{src['metadata']['namespace']}/"
-                                          f"{src['metadata']['name']}"}
-    touched = [K.pod_node(src)]
-    pods = [src]
-    if opts.destination is not None:
-        kind = {"pod-to-svc": "service", "pod-to-pod": "pod"}.get(opts.kind or "")
-        if kind == "service":
-            dkind, dst = "service", K.resolve_service(state, opts.destination, opts.namespace)
-        elif kind == "pod":
-            dkind, dst = "pod", K.resolve_pod(kube, state, opts.destination, opts.namespace,
-                                             what="destination pod", notes=notes)
-        else:
-            dkind, dst = K.resolve_destination(state, opts.destination, opts.namespace)
-        dns, dname = dst["metadata"]["namespace"], dst["metadata"]["name"]
-        query["destination"] = f"{dns}/{dname}"
-        query["destination_kind"] = dkind
-        query["kind"] = opts.kind or ("pod-to-svc" if dkind == "service" else "pod-to-pod")
-        if dkind == "service":
-            port = K.resolve_port(dst, opts.port)
-            query["port"] = port.port
-            if port.name:
-                query["port_name"] = port.name
-            eps = state.endpoints(dns, dname)
-            if not eps:
-                warn(f"traceflow: warning: service {dns}/{dname} has no endpoints: the trace "
-                     "will end at the load balancer")
-            query["endpoints"] = [e[0] for e in eps]
-            for _addr, pod, node in eps:
-                if node:
-                    touched.append(node)
-                if pod:
-                    p = state.pod(*pod.split("/", 1))
-                    if p is not None and K.pod_phase(p) == "Running":
-                        pods.append(p)
-        else:
-            touched.append(K.pod_node(dst))
-            pods.append(dst)
-    touched = sorted({t for t in touched if t})
-    query["nodes"] = touched
-    seen, uniq = set(), []
-    for p in pods:
-        key = (p["metadata"]["namespace"], p["metadata"]["name"])
-        if key not in seen:
-            seen.add(key)
-            uniq.append(p)
-    return query, touched, uniq
-
-
-def _yaml(doc) -> bytes:
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=4096).encode()
-
-
-# ---- writing ------------------------------------------------------------------------------------
-
-def write_bundle(bundle_or_files: Bundle | dict[str, bytes], path: str | Path,
-                 force: bool = False) -> Path:
-    """Write a bundle as a folder, or as a ``.tar.gz`` / ``.tgz`` of one folder.
-
-    An existing file is replaced only with ``force``; the archive is written to a temporary
-    file created exclusively (random name, O_EXCL, in the target folder, so nothing can be
-    planted there in advance and no symlink is followed) and renamed over the target at the
-    end. A folder must be new or empty; its files are created exclusively too."""
-    if isinstance(bundle_or_files, Bundle):
-        files = {n: bundle_or_files.raw(n) for n in bundle_or_files.names()}
-    else:
-        files = dict(bundle_or_files)
-    for name in files:
-        p = PurePosixPath(name)
-        if p.is_absolute() or ".." in p.parts or not p.parts:
-            raise InputError(f"refusing to write a bundle file outside the bundle: {name!r}")
-    path = Path(path)
-    if path.name.endswith((".tar.gz", ".tgz")):
-        if (path.exists() or path.is_symlink()) and not force:
-            raise InputError("the output file exists: pass --force to replace it, or choose "
-                             "another name", str(path))
-        if path.is_dir():
-            raise InputError("the output path is a folder, not a file", str(path))
-        top = re.sub(r"\.(tar\.gz|tgz)$", "", path.name) or "bundle"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        import os
-        import tempfile
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-        try:
-            now = int(time.time())
-            with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
-                for name in sorted(files):
-                    data = files[name]
-                    info = tarfile.TarInfo(f"{top}/{name}")
-                    info.size, info.mtime, info.mode = len(data), now, 0o644
-                    tar.addfile(info, io.BytesIO(data))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)      # a symlink at `path` is replaced, never followed
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
-    if path.is_symlink() or (path.exists() and (not path.is_dir() or any(path.iterdir()))):
-        raise InputError("the output folder exists and is not empty (write a new folder or "
-                         "a .tar.gz)", str(path))
-    import os
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    for name in sorted(files):
-        target = path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, flags, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(files[name])
-    return path

@@ -11,7 +11,9 @@ Two parts:
   DaemonSet's current pods) or from a bundle's manifest; a rollout renames the pods, so the
   Role is generated again then (the 403 message says so).
 
-Exec into application pods (``--app-exec``) is never granted here.
+Exec into application pods (``--app-exec``) is granted only when asked for, by name:
+``traceflow rbac --app-exec default/frontend,default/backend1`` adds a Role
+``traceflow-app-exec`` in each of those namespaces with ``pods/exec`` on exactly those pods.
 """
 
 from __future__ import annotations
@@ -76,6 +78,36 @@ def exec_documents(cni: str, pods: list[str], subject: dict) -> list[dict]:
                      "name": "traceflow-agent-exec"},
          "subjects": [subject]},
     ]
+
+
+def app_exec_documents(pods: list[str], subject: dict) -> list[dict]:
+    """Roles granting exec on exactly these application pods (``ns/name``), one per namespace:
+    what ``--app-exec`` needs for the pod-side first hop (``ip route/neigh/addr``)."""
+    by_ns: dict[str, set[str]] = {}
+    for ref in pods:
+        ns, _, name = ref.partition("/")
+        validate_name("namespace", ns, "--app-exec")
+        validate_name("pod", name, "--app-exec")
+        by_ns.setdefault(ns, set()).add(name)
+    docs = []
+    for ns, names in sorted(by_ns.items()):
+        docs += [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "traceflow-app-exec", "namespace": ns},
+             "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"],
+                        "resourceNames": sorted(names)}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "traceflow-app-exec", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "traceflow-app-exec"},
+             "subjects": [subject]}]
+    return docs
+
+
+def app_pods_from_bundle(bundle) -> list[str]:
+    """``ns/name`` of the pods whose pod-side files a bundle holds (collected with --app-exec)."""
+    return sorted({"/".join(n.split("/")[1:3]) for n in bundle.names()
+                   if n.startswith("pods/") and n.count("/") >= 3})
 
 
 def subject(kind: str = "ServiceAccount", name: str = "traceflow",

@@ -267,10 +267,12 @@ def _reason(exc) -> str:
 
 
 def run_script(target: Target, items: list[str], token: str, deadline: float,
-               insecure: bool = False, warn=lambda msg: None, max_bytes: int | None = None
-               ) -> tuple[bytes, bytes, int | None, str]:
+               insecure: bool = False, warn=lambda msg: None, max_bytes: int | None = None,
+               sinks: tuple | None = None) -> tuple[bytes, bytes, int | None, str]:
     """Run the batched script on the node: (stdout, stderr, exit status, cut). ``cut`` says
-    why reading stopped early (more than ``max_bytes`` of output), else ""."""
+    why reading stopped early (more than ``max_bytes`` of output), else "". ``sinks``:
+    (stdout, stderr) ``collectors.spool.ItemSink``s the output streams to as it arrives (then
+    stdout comes back empty and stderr as its last few KB)."""
     from collectors.agents import MAX_OUTPUT, script_argv
     max_bytes = MAX_OUTPUT if max_bytes is None else max_bytes
     argv = script_argv(token, items)
@@ -298,15 +300,15 @@ def run_script(target: Target, items: list[str], token: str, deadline: float,
                                       node) from None
         _connect(client, target.host, target.port, target.user, target.key, target.agent,
                  timeout, sock, node, "node")
-        return _exec(client, command, deadline, target, max_bytes)
+        return _exec(client, command, deadline, target, max_bytes, sinks)
     finally:
         client.close()
         if jump_client is not None:
             jump_client.close()
 
 
-def _exec(client, command: str, deadline: float, target: Target, max_bytes: int
-          ) -> tuple[bytes, bytes, int | None, str]:
+def _exec(client, command: str, deadline: float, target: Target, max_bytes: int,
+          sinks: tuple | None = None) -> tuple[bytes, bytes, int | None, str]:
     transport = client.get_transport()
     try:
         chan = transport.open_session(timeout=max(0.5, deadline - time.monotonic()))
@@ -316,6 +318,25 @@ def _exec(client, command: str, deadline: float, target: Target, max_bytes: int
                               target.node) from None
     out, err = [], []
     size, cut, status = 0, "", None
+
+    class _Kept(list):
+        """stdout/stderr: kept whole, or streamed to a sink (stderr's last 4 KB kept too)."""
+
+        def __init__(self, sink, tail: bool):
+            super().__init__()
+            self.sink, self.tail = sink, tail
+
+        def append(self, data: bytes) -> None:
+            if self.sink is None:
+                super().append(data)
+                return
+            self.sink.feed(data[:max(0, max_bytes - size)])
+            if self.tail:
+                super().append(data)
+                while len(self) > 1 and sum(map(len, self)) > 4096:
+                    del self[0]
+    if sinks is not None:
+        out, err = _Kept(sinks[0], False), _Kept(sinks[1], True)
     try:
         while True:
             # checked on every turn, also while data keeps coming: a command that never stops
@@ -325,9 +346,11 @@ def _exec(client, command: str, deadline: float, target: Target, max_bytes: int
                 raise CollectionError(f"the command over SSH on {target.describe()} did not "
                                       "finish within the time limit (--timeout / --deadline)",
                                       target.node)
-            if size > max_bytes:
+            if size > max_bytes or (sinks is not None and sinks[0].exhausted):
                 cut = (f"output cut off: the command over SSH on {target.describe()} printed "
-                       f"more than {max_bytes} bytes")
+                       f"more than {max_bytes} bytes" if size > max_bytes else
+                       f"output cut off: the files of node {target.node} reached the per-node "
+                       "cap")
                 break
             if chan.recv_ready():
                 data = chan.recv(1 << 16)

@@ -36,7 +36,7 @@ MAY_IMPORT = {
     "cni": {"model", "engines", "bundle", "walk"},
     "questions": {"model", "engines", "bundle", "walk", "cni"},
     "renderers": {"model", "questions"},        # the trace model and the questions' results
-    "collectors": {"model", "bundle"},          # write and validate bundles; never parse
+    "collectors": {"model", "bundle", "questions"},   # write and validate bundles; resolve the query as a trace would
     "cli": set(STAGES),
 }
 # CNI names that only the CNI's own package (and the places below) may use in code

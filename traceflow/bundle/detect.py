@@ -8,10 +8,14 @@ from __future__ import annotations
 from traceflow.bundle.foreign.footprints import TUNNEL_DEVICES
 
 
-def detect_kube_proxy(files: dict[str, bytes], kube_proxy_pods: bool) -> str:
-    """iptables | ipvs | nftables | none, from what the nodes print."""
+def detect_kube_proxy(files: dict, kube_proxy_pods: bool, contains=None) -> str:
+    """iptables | ipvs | nftables | none, from what the nodes print. ``contains(data, needle)``
+    reads a file's data (live collection keeps big outputs spooled on disk); by default the
+    data are bytes."""
+    contains = contains or (lambda data, needle: needle in data)
+
     def any_file(names: tuple[str, ...], needle: bytes) -> bool:
-        return any(p.rsplit("/", 1)[-1] in names and needle in data
+        return any(p.rsplit("/", 1)[-1] in names and contains(data, needle)
                    for p, data in files.items() if p.startswith("nodes/"))
     if any_file(("ip-link.txt", "ip-addr.txt"), b"kube-ipvs0"):
         return "ipvs"

@@ -148,7 +148,10 @@ def load_blob(kind: str, digest: str):
         meta = dict(conn.execute("SELECT key, value FROM meta"))
         if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{kind}:{digest}":
             raise ValueError("not this file's index")
-        return json.loads(meta["value"])
+        value = json.loads(meta["value"])
+        if not _plain_keys(value):          # nested past any index traceflow writes
+            raise ValueError("a stored value nested too deep")
+        return value
     return _read_sqlite(_blob_path(kind, digest), read)
 
 
@@ -164,8 +167,8 @@ def _read_sqlite(path: Path, read):
             value = read(conn)
         finally:
             conn.close()
-    except (sqlite3.Error, KeyError, ValueError, TypeError):
-        _remove(path)
+    except (sqlite3.Error, KeyError, ValueError, TypeError, RecursionError, MemoryError):
+        _remove(path)              # a bad index is discarded, and rebuilt by this command
         return None
     try:
         os.utime(path)             # least recently used goes first when the cache is full

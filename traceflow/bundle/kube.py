@@ -489,6 +489,10 @@ def policy_drop_reason(cluster: Cluster, direction: str, pod: Pod | None, peer_i
     pols = cluster.policies_selecting(pod, ptype)
     what = f"{proto}/{port}" if port else proto
     peer = "to" if direction == "egress" else "from"
+    missing = getattr(cluster, "policies_not_collected", None)
+    if not pols and missing:
+        return (f"{direction} default-deny for {pod.key}; the bundle's NetworkPolicies were not "
+                f"collected ({missing}): which policy drops it is unknown")
     if not pols:
         return (f"{direction} default-deny for {pod.key}, but no NetworkPolicy in the bundle "
                 f"selects it for {ptype}: the node's flows are stale or the bundle lacks the "

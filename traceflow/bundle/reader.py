@@ -23,6 +23,7 @@ class Bundle:
         self._files = files
         self.origin = origin
         self.notes = list(notes or [])     # what was ignored while reading, and why
+        self.read_names: set[str] = set()  # the files read so far (a trace names truncated ones)
         raw = self.text("manifest.yaml")
         if raw is None:
             raise InputError("not a traceflow bundle: manifest.yaml is missing", origin)
@@ -31,8 +32,9 @@ class Bundle:
         check(self.manifest, MANIFEST, raw, "manifest.yaml")
         fmt = self.manifest.get("format")
         if fmt != FORMAT:
-            raise InputError(f"unsupported bundle format {fmt!r} (expected {FORMAT})",
-                             "manifest.yaml")
+            line, text = manifest_line(raw, "format")
+            raise InputError(f"format: unsupported bundle format {fmt!r} (expected {FORMAT})",
+                             "manifest.yaml", line, text)
 
     @classmethod
     def open(cls, path: str | Path) -> "Bundle":
@@ -90,6 +92,7 @@ class Bundle:
         data = self._files.get(name)
         if data is None:
             return None
+        self.read_names.add(name)
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -109,6 +112,16 @@ class Bundle:
         name = f"pods/{namespace}/{pod}/{filename}"
         text = self.text(name)
         return (text, name) if text is not None else None
+
+
+def manifest_line(raw: str, key: str) -> tuple[int | None, str | None]:
+    """(line number, line) of a top-level key of manifest.yaml, (None, None) when absent."""
+    import re
+    rx = re.compile(rf"^{re.escape(key)}\s*:")
+    for n, line in enumerate(raw.splitlines(), 1):
+        if rx.match(line):
+            return n, line
+    return None, None
 
 
 def _say(notes: list[str]) -> None:

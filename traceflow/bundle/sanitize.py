@@ -54,8 +54,9 @@ ALLOWED_FIELDS = {
         "status": {"loadBalancer": {"ingress": [{"ip": True, "hostname": True,
                                                  "ipMode": True}]}},
     },
-    # the cilium-config ConfigMap: its settings (routing mode, KPR, masquerade...), nothing else
-    "ConfigMap": {"metadata": {"name": True, "namespace": True}, "data": True},
+    # a ConfigMap keeps no data here: the data keys a CNI reads are allow-listed per CNI and
+    # key in collectors/allowlist.py (config_map), which names the keys it drops
+    "ConfigMap": {"metadata": {"name": True, "namespace": True}},
 }
 # Other kinds (EndpointSlices, NetworkPolicies, policy CRDs) are read whole, minus these:
 _DROP_META = ("managedFields", "annotations")

@@ -31,6 +31,9 @@ class Conventions(Protocol):
     # node files without which a pod's packet cannot be followed out of the pod on that node
     # (the questions do not try the walk there)
     datapath_files: tuple[str, ...]
+    # the CNI's own bundle files (policy CRDs, ConfigMaps) -> what a trace cannot conclude
+    # when the collection did not get them (traceflow.bundle.collected)
+    collected_file_effects: dict
 
     def gateway_port(self, ports: dict) -> str | None:
         """The OVS port of the node's gateway to the host stack, if the CNI has one."""
@@ -167,8 +170,11 @@ class NodeModel:
     def ip_rules(self):
         from traceflow.engines.routing.parse import parse_ip_rules
         got = self._file("ip-rule.txt")
-        if got is None:
-            # every Linux host has these three; say so rather than fail
+        if got is None or not got[0].strip():
+            # every Linux host has these three; say so rather than fail, and say it visibly
+            self.snapshot.notes.append(
+                f"nodes/{self.name}/ip-rule.txt is {'empty' if got else 'missing'}: the "
+                "kernel's default rules (local, main, default) are assumed")
             return parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
                                   "32767:\tfrom all lookup default\n",
                                   f"(default rules: nodes/{self.name}/ip-rule.txt absent)")
@@ -224,12 +230,18 @@ class Snapshot:
         self.service_cidr = m.get("service_cidr")
         self.conventions = conventions
         self._nodes: dict[str, NodeModel] = {}
+        self.notes: list[str] = []      # what was assumed while reading (said in the trace)
 
     @cached_property
     def cluster(self) -> Cluster:
         from traceflow.bundle.index import load_cluster as load_indexed
+        from traceflow.bundle.collected import policies_missing
         with paused():
-            return load_indexed(self.bundle)
+            cluster = load_indexed(self.bundle)
+        cluster.policies_not_collected = policies_missing(self.bundle)
+        cluster.bundle = self.bundle        # errors about a damaged object name its line
+
+        return cluster
 
     def node(self, name: str) -> NodeModel:
         if name not in self._nodes:

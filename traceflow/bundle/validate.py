@@ -19,8 +19,9 @@ import re
 import yaml
 
 from traceflow.model.errors import InputError, excerpt
+from traceflow.model.yamltext import (MAX_DEPTH, check_depth as _check_depth,  # noqa: F401
+                                      line_of as _line, yaml_error)
 
-MAX_DEPTH = 400          # YAML nesting levels; real bundles use fewer than 30
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -54,40 +55,6 @@ def load_yaml(text: str, name: str, lines: list | None = None):
     except RecursionError:
         raise InputError(f"invalid YAML: nested too deeply (more than {MAX_DEPTH} levels)",
                          name) from None
-
-
-def _line(text: str, line: int | None) -> str | None:
-    if not line:
-        return None
-    lines = text.split("\n", line)
-    return lines[line - 1] if line <= len(lines) else None
-
-
-_PREFIX = re.compile(r"^[ \t\-?:]*", re.M)
-_BRACKETS = re.compile(r"[\[\]{}]")
-
-
-def _check_depth(text: str, name: str) -> None:
-    """An upper bound on the nesting depth: block nesting needs one more column of indentation
-    (or ``- ``) per level; flow nesting one more bracket."""
-    widest = max(map(len, _PREFIX.findall(text)), default=0)     # findall: C speed
-    if widest > MAX_DEPTH:
-        offset = next(m.start() for m in _PREFIX.finditer(text) if len(m.group()) > MAX_DEPTH)
-        _too_deep(text, name, offset)
-    depth = 0
-    for m in _BRACKETS.finditer(text):
-        if m.group() in "[{":
-            depth += 1
-            if depth + widest > MAX_DEPTH:
-                _too_deep(text, name, m.start())
-        elif depth:
-            depth -= 1
-
-
-def _too_deep(text: str, name: str, offset: int) -> None:
-    line = text.count("\n", 0, offset) + 1
-    raise InputError(f"invalid YAML: nested too deeply (more than {MAX_DEPTH} levels)", name,
-                     line, excerpt(_line(text, line)))
 
 
 def locate(text: str, path: tuple) -> int | None:
@@ -259,7 +226,11 @@ TARGET_REF = mapping({"name": STR, "namespace": STR})
 
 POD = mapping({
     "metadata": METADATA,
-    "spec": mapping({"nodeName": STR, "hostNetwork": BOOL}, null=False),
+    "spec": mapping({"nodeName": STR, "hostNetwork": BOOL,
+                     # named container ports: NetworkPolicy and --port by name resolve them
+                     "containers": listof(mapping({"name": STR, "ports": listof(mapping({
+                         "name": STR, "containerPort": port(), "protocol": STR},
+                         null=False))}, null=False))}, null=False),
     "status": mapping({"podIP": ip(("",)), "phase": STR}, null=False),
 }, null=False)
 
@@ -324,8 +295,12 @@ MANIFEST = mapping({
     "nodes": mapping(values=mapping({"agent_pod": STR, "tunnel_dev": STR}, null=False)),
     "files": mapping(values=scalar(str, what="the command that produced the file")),
     "lacks": listof(STR),
-    "collection_errors": listof(mapping({"node": STR, "file": STR}, null=False)),
+    "collection_errors": listof(mapping({"node": STR, "file": STR, "kind": STR, "missing": STR},
+                                        null=False)),
     "collection_notes": listof(STR),
+    "truncated": mapping(values=mapping({"kept_bytes": scalar(int), "reason": STR})),
+    "not_installed": listof(STR),
+    "dropped_keys": mapping(values=listof(STR)),
     "query": mapping(),
 }, null=False)
 

@@ -99,7 +99,7 @@ def _open_snapshot(bundle: Optional[Path], end_to_end: bool = True):
     """The bundle as a Snapshot; an end-to-end trace also needs a CNI traceflow models (the
     component commands read one node's files and do not)."""
     from traceflow.bundle.reader import Bundle
-    from traceflow.cli.resolve import bundle_hint
+    from traceflow.questions.resolve import bundle_hint
     if bundle is None:
         raise InputError("no --bundle given: pass --bundle PATH (collect one from a cluster with "
                          "`traceflow collect -o bundle.tar.gz`; try `traceflow demo`)", "--bundle")
@@ -146,12 +146,20 @@ class _Live:
         if self.save_bundle is not None:
             write_bundle(bundle, self.save_bundle, force=self.force)
             typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
-        self.errors = list(bundle.manifest.get("collection_errors") or [])
-        q = bundle.manifest["query"]
+        from traceflow.bundle.collected import blocking
+        self.errors = blocking(bundle.manifest.get("collection_errors") or [])
+        q = bundle.manifest.get("query")
+        if q is None:       # a list the query needs was not collected (the bundle is saved)
+            from traceflow.bundle.collected import summary
+            raise CollectionError(summary(self.errors))
         return _snapshot(bundle), q["source"], q["destination"]
 
 
 def _collection_summary(errors: list) -> str:
+    if any(isinstance(e, dict) and e.get("kind") for e in errors):
+        from traceflow.bundle.collected import summary
+        return summary(errors) + " (details above; the trace went as far as the collected " \
+            "state allows)"
     nodes = sorted({e["node"] for e in errors if "file" not in e})
     files = [e["file"] for e in errors if "file" in e]
     parts = []
@@ -293,7 +301,7 @@ def pod_to_svc(
                                                   force, app_exec)
 
     def build():
-        from traceflow.cli import resolve
+        from traceflow.questions import resolve
         from traceflow.questions.solver import Query, Solver
         src_ref, svc_ref = source, service
         if live is not None:
@@ -303,8 +311,11 @@ def pod_to_svc(
         pod = resolve.pod(snap.cluster, src_ref, namespace)
         svc = resolve.service(snap.cluster, svc_ref, namespace)
         if not svc.cluster_ip or svc.cluster_ip == "None":
-            raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
-        sp = resolve.service_port(svc, port, protocol.value if protocol else None)
+            from traceflow.bundle.located import object_error
+            raise object_error(snap.bundle, "k8s/services.yaml", svc.namespace, svc.name,
+                               ("spec", "clusterIP"),
+                               f"service {svc.key} has no cluster IP (headless)")
+        sp = resolve.service_port(svc, port, protocol.value if protocol else None, snap.bundle)
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
@@ -352,7 +363,7 @@ def pod_to_pod(
                                                   force, app_exec)
 
     def build():
-        from traceflow.cli import resolve
+        from traceflow.questions import resolve
         from traceflow.questions.solver import Query, Solver
         src_ref, dst_ref = source, destination
         if live is not None:
@@ -388,12 +399,17 @@ def _check_pod(pod, snap=None) -> None:
     if pod.host_network and snap is not None:
         from traceflow.walk.hostnet import check_source
         check_source(snap, pod)
+    from traceflow.bundle.located import object_error
+
+    def bad(path: tuple, reason: str) -> InputError:
+        return object_error(snap.bundle if snap is not None else None, "k8s/pods.yaml",
+                            pod.namespace, pod.name, path, reason)
     if not pod.ip:
-        raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")
+        raise bad(("status", "podIP"), f"pod {pod.key} has no IP (phase {pod.phase})")
     if pod.phase != "Running":
-        raise InputError(f"pod {pod.key} is not Running (phase {pod.phase})", "k8s/pods.yaml")
+        raise bad(("status", "phase"), f"pod {pod.key} is not Running (phase {pod.phase})")
     if not pod.node:
-        raise InputError(f"pod {pod.key} is not scheduled on a node", "k8s/pods.yaml")
+        raise bad(("spec", "nodeName"), f"pod {pod.key} is not scheduled on a node")
 
 
 @app.command("demo")
@@ -468,7 +484,8 @@ def collect_cmd(
         write_bundle(b, out, force=force)
         return b
     b = _run(build)
-    errors = b.manifest.get("collection_errors") or []
+    from traceflow.bundle.collected import blocking
+    errors = blocking(b.manifest.get("collection_errors") or [])
     n_nodes = len(b.node_names())
     typer.echo(f"wrote {out}: {n_nodes} node(s), {len(b.names())} files")
     if errors:
@@ -487,6 +504,10 @@ def rbac_cmd(
     user: Optional[str] = typer.Option(None, "--user", help="Bind to this user instead of the "
                                        "traceflow/traceflow ServiceAccount."),
     group: Optional[str] = typer.Option(None, "--group", help="Bind to this group instead."),
+    app_exec: Optional[str] = typer.Option(
+        None, "--app-exec", help="Also grant exec on these application pods (NS/POD,...), for "
+        "`--app-exec` collection; with --bundle, `bundle` takes the pods whose pod-side files "
+        "it holds."),
 ):
     """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
     current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
@@ -514,6 +535,15 @@ def rbac_cmd(
                                   "nothing to grant exec on")
         docs = ([] if user or group else R.service_account_documents())
         docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        if app_exec:
+            app_pods = [p.strip() for p in app_exec.split(",") if p.strip()]
+            if app_pods == ["bundle"] and bundle is not None:
+                from traceflow.bundle.reader import Bundle
+                app_pods = R.app_pods_from_bundle(Bundle.open(bundle))
+            bad = [p for p in app_pods if p.count("/") != 1]
+            if bad or not app_pods:
+                raise InputError(f"expected NAMESPACE/POD,... (got {app_exec!r})", "--app-exec")
+            docs += R.app_exec_documents(app_pods, subj)
         return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
                               "only; regenerate after the agents are restarted\n")
     typer.echo(_run(build), nl=False)
@@ -589,7 +619,9 @@ def nf_trace(
     """A netfilter trace of one packet at one hook: every chain and rule it meets."""
     def build():
         from traceflow.questions.components import nf_component_trace
-        from traceflow.cli.resolve import mark as parse_mark
+        from traceflow.questions.resolve import mark as parse_mark
+        _ip_option(src, "--src")
+        _ip_option(dst, "--dst")
         snap = _open_snapshot(bundle, end_to_end=False)
         return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
                                   dport, iif, oif, parse_mark(mark))
@@ -615,12 +647,24 @@ def route_get(
     """Like `ip route get`: the rule, table and route the node's kernel would use."""
     def build():
         from traceflow.questions.components import route_component_trace
-        from traceflow.cli.resolve import mark as parse_mark
+        from traceflow.questions.resolve import mark as parse_mark
+        _ip_option(dst, "DST")
+        if src is not None:
+            _ip_option(src, "--from")
         snap = _open_snapshot(bundle, end_to_end=False)
         return route_component_trace(snap, node, dst, src, iif, parse_mark(mark))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
+
+
+def _ip_option(value: str, option: str) -> str:
+    """An IP address given on the command line, or an error naming the option."""
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise InputError(f"{value!r} is not an IPv4 or IPv6 address", option) from None
 
 
 def _register_questions() -> None:

@@ -164,6 +164,7 @@ def _collect_all(context, kubeconfig, save_bundle, timeout, deadline, ssh_config
     if save_bundle is not None:
         write_bundle(b, save_bundle)
         typer.echo(f"traceflow: bundle saved to {save_bundle}", err=True)
-    errors.extend(b.manifest.get("collection_errors") or [])
+    from traceflow.bundle.collected import blocking
+    errors.extend(blocking(b.manifest.get("collection_errors") or []))
     snap = open_snapshot(b, require_supported=True)
     return snap, f"live ({context or 'current context'})"

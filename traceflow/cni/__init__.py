@@ -68,8 +68,10 @@ def open_snapshot(bundle, require_supported: bool = False):
 
 def check_supported(snapshot) -> None:
     if snapshot.cni not in SUPPORTED:
+        from traceflow.bundle.reader import manifest_line
+        line, text = manifest_line(snapshot.bundle.text("manifest.yaml") or "", "cni")
         raise InputError(f"cni {snapshot.cni!r}: traceflow traces {display_names()} bundles "
-                         "end to end", "manifest.yaml")
+                         "end to end", "manifest.yaml", line, text)
 
 
 def datapath_for(snapshot):

@@ -188,11 +188,14 @@ def _fmt_port(p: ServicePort) -> str:
     return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
 
 
-def service_port(svc: Service, port: str | None, protocol: str | None) -> ServicePort:
+def service_port(svc: Service, port: str | None, protocol: str | None,
+                 bundle=None) -> ServicePort:
     """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
     Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
     if not svc.ports:
-        raise InputError(f"service {svc.key} has no ports", SERVICES)
+        from traceflow.bundle.located import object_error
+        raise object_error(bundle, SERVICES, svc.namespace, svc.name, ("spec", "ports"),
+                           f"service {svc.key} has no ports")
     has = ", ".join(_fmt_port(p) for p in svc.ports)
     proto = protocol.upper() if protocol else None
     cands = list(svc.ports)

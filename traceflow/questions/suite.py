@@ -78,17 +78,20 @@ def load_suite(path: str) -> Suite:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"not UTF-8 text ({err.reason} at byte {err.start})", path) from None
+        line = data[:err.start].count(b"\n") + 1
+        text = data.split(b"\n")[line - 1].decode("utf-8", "replace")
+        raise InputError(f"not UTF-8 text ({err.reason})", path, line, text) from None
     return parse_suite(text, path)
 
 
 def parse_suite(text: str, file: str) -> Suite:
+    from traceflow.bundle.validate import _check_depth
+    _check_depth(text, file)        # PyYAML's composer recurses: bound the nesting first
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(err, 'problem', None) or err}", file,
-                         mark.line + 1 if mark else None) from None
+        from traceflow.bundle.validate import yaml_error
+        raise yaml_error(err, text, file) from None
     if root is None:
         raise InputError("the suite is empty (it needs an `expectations:` list)", file)
     top = _mapping(file, root, "")

@@ -51,7 +51,17 @@ class Walk:
         paths = []
         for b in branches:
             verdict, drop, endpoint = b.end
-            if verdict == Verdict.DELIVERED and q.reply:
+            if verdict == Verdict.DELIVERED and q.reply and not isinstance(endpoint, kube.Pod):
+                # delivered to an address no pod object of the bundle describes (an object
+                # without name or IP, an endpoint outside the cluster): no reply to walk
+                why = (f"the reply from {endpoint or 'the endpoint'} is not traced: no pod of "
+                       "k8s/pods.yaml has that address (a damaged or missing pod object?)")
+                self.warnings.append(why)
+                path = self._path(b, endpoint)
+                path.verdict = Verdict.UNKNOWN
+                path.drop = path.drop or Drop("?", "pod", None, None, why)
+                paths.append(path)
+            elif verdict == Verdict.DELIVERED and q.reply:
                 for rb in self._reply(b, endpoint, q):
                     paths.append(self._path(rb, endpoint))
             else:
@@ -64,6 +74,8 @@ class Walk:
         for check in self.checks:
             check(self, q, trace)
         trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
+        from traceflow.bundle.collected import annotate   # lists not collected, truncated files
+        annotate(self.snap, trace)
         return trace
 
     def _path(self, b: Branch, endpoint) -> Path:

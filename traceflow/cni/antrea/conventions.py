@@ -445,6 +445,11 @@ class AntreaConventions:
     name = "Antrea"
     # a node reaches other nodes' pod CIDRs through its gateway (routes via antrea-gw0)
     kernel_routes_pod_cidrs = True
+    # what a trace cannot conclude when the collection did not get Antrea's own objects
+    collected_file_effects = {
+        "k8s/clusternetworkpolicies.yaml": "Antrea ClusterNetworkPolicies are not in the bundle",
+        "k8s/antreanetworkpolicies.yaml": "Antrea-native NetworkPolicies are not in the bundle",
+    }
     # a pod's packet goes into the OVS bridge: without the flows there is no walk
     datapath_files = ("ovs-flows.txt",)
     _POLICY_TABLES = {"EgressRule": "egress", "EgressDefaultRule": "egress",

@@ -45,6 +45,13 @@ class CiliumConventions:
     # other nodes' pod CIDRs: the underlay routes them (native routing: BGP, VPC, a default
     # route) or BPF does (tunnel endpoint from the ipcache); no kernel route is required
     kernel_routes_pod_cidrs = False
+    # what a trace cannot conclude when the collection did not get Cilium's own objects
+    collected_file_effects = {
+        "k8s/ciliumnetworkpolicies.yaml": "CiliumNetworkPolicies cannot be named for a drop",
+        "k8s/ciliumclusterwidenetworkpolicies.yaml": "CiliumClusterwideNetworkPolicies cannot be "
+                                                     "named for a drop",
+        "k8s/cilium-config.yaml": "Cilium datapath settings come from cilium-status.txt only",
+    }
     # the BPF maps are read file by file as the walk needs them, a missing one said in the trace
     datapath_files = ()
 

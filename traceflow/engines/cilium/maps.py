@@ -59,10 +59,23 @@ def parse_ipcache(text: str, path: str, version=None) -> list[IpcacheEntry]:
     return out
 
 
+def _tunnel_endpoint(tep: str | None, src: Source) -> str | None:
+    """The tunnel endpoint, checked: an address (or one of the no-tunnel forms)."""
+    if tep is None or tep in _NO_TUNNEL:
+        return tep
+    import ipaddress
+    try:
+        ipaddress.ip_address(tep)
+    except ValueError:
+        raise bad(src, "cilium ipcache", f"tunnel endpoint {tep!r} is not an IP address") \
+            from None
+    return tep
+
+
 def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
     m = _OLD_VALUE.match(line)
     if m:
-        tep = m.group("tep")
+        tep = _tunnel_endpoint(m.group("tep"), src)
         return IpcacheEntry(m.group("prefix"), int(m.group("id")),
                             None if tep in _NO_TUNNEL else tep, int(m.group("key")), (), src,
                             m.group("state"))
@@ -85,7 +98,7 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
         node_id = int(values["nodeid"], 0) if "nodeid" in values else None
     except ValueError:
         raise bad(src, "cilium ipcache", "a number field is not a number") from None
-    tep = values.get("tunnelendpoint")
+    tep = _tunnel_endpoint(values.get("tunnelendpoint"), src)
     flags = tuple(f for f in re.split(r"[|,]", values.get("flags", "<none>")) if f and f != "<none>")
     return IpcacheEntry(m.group("prefix"), identity, None if tep in _NO_TUNNEL else tep, key,
                         flags, src, m.group("state"), node_id)

@@ -143,14 +143,12 @@ def parse_config(text: str, path: str, version=None) -> CiliumConfig:
     with the line it is on."""
     import yaml     # lazy: yaml is only needed when a bundle has the ConfigMap
 
+    from traceflow.model.yamltext import check_depth as _check_depth, yaml_error
+    _check_depth(text, path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        raise InputError(f"not valid YAML: {getattr(e, 'problem', e)}", path, line,
-                         text.splitlines()[line - 1] if line and line <= len(text.splitlines())
-                         else None) from None
+        raise yaml_error(e, text, path) from None
     if root is None or not isinstance(root, yaml.MappingNode):
         raise InputError("expected a ConfigMap object (kind: ConfigMap, data: ...)", path)
     top = {k.value: v for k, v in root.value}

@@ -96,12 +96,17 @@ def _parse_line(source: Source) -> Neighbour:
                                     "lladdr MAC STATE')") from None
     fields: dict = {"ip": ip, "dev": None, "source": source}
     states, flags, extra = [], set(), []
+    seen: set = set()
     pos = 1
     while pos < len(words):
         word = words[pos]
         if word in _VALUED:
             if pos + 1 >= len(words):
                 raise InputError.at(source, f"'{word}' needs a value")
+            if word in seen:
+                raise InputError.at(source, f"'{word}' twice: not one 'ip neigh' line (two "
+                                    "records glued together?)")
+            seen.add(word)
             value = words[pos + 1]
             if word in ("dev", "lladdr"):
                 fields[word] = _lladdr(value, source) if word == "lladdr" else value
@@ -112,7 +117,13 @@ def _parse_line(source: Source) -> Neighbour:
         elif word in FLAGS:
             flags.add(word)
         else:
-            extra.append(word)
+            try:
+                ipaddress.ip_address(word)
+            except ValueError:
+                extra.append(word)
+            else:
+                raise InputError.at(source, f"a second address {word!r}: not one 'ip neigh' "
+                                    "line (two records glued together?)")
         pos += 1
     return Neighbour(**fields, states=tuple(states), flags=frozenset(flags), extra=tuple(extra))
 

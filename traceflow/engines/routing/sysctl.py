@@ -29,6 +29,9 @@ def parse_sysctls(text: str, name: str) -> dict[str, Sysctls]:
         if not m:
             raise InputError.at(Source(name, n, raw), "not a `net.ipv4... = value` line")
         key, value = m.groups()
+        if value.isdigit() and len(value) > 10:
+            raise InputError.at(Source(name, n, raw), f"{key}: value out of range "
+                                f"({len(value)} digits)")
         parts = key.split(".")
         if len(parts) == 5 and parts[2] == "conf" and parts[4] in _KEYS and value.isdigit():
             conf.setdefault(parts[3], {})[parts[4]] = int(value)

@@ -71,7 +71,46 @@ def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod
     found = cluster.find_pod(ns, name)
     if found is not None:
         return found
-    raise InputError(_pod_not_found(cluster, ns, name, role), PODS)
+    bundle = getattr(cluster, "bundle", None)
+    from traceflow.bundle.located import empty_file
+    empty = empty_file(bundle, PODS)
+    if empty is not None:
+        raise InputError(f"pod {ns}/{name} not found: {empty.reason}", empty.file, empty.line)
+    raise _located_not_found(cluster, PODS, _pod_not_found(cluster, ns, name, role), ns)
+
+
+def _located_not_found(cluster: Cluster, file: str, msg: str, ns: str) -> InputError:
+    """"not found" naming, when it suggests a close name, where that object's name is: a
+    damaged name is the likely cause (``did you mean: fr0ntend (k8s/pods.yaml, line 9:
+    metadata.name)?``)."""
+    import re
+    from traceflow.bundle.located import field_location
+    m = re.search(r"; did you mean: ([^?]+)\?$", msg)
+    bundle = getattr(cluster, "bundle", None)
+    other = re.search(r"^\w+ [^/]*/(\S+) not found; it exists in namespace ([^:,]*)", msg)
+    if other is not None and bundle is not None:     # a damaged namespace is the likely cause
+        read, line, text = field_location(bundle, file, other.group(2), other.group(1),
+                                          ("metadata", "namespace"))
+        return InputError(msg, read, line, text) if line else InputError(msg, file)
+    if m is None and bundle is not None:
+        from traceflow.bundle.located import damaged_name
+        bad = damaged_name(bundle, file, ns)
+        if bad is not None:
+            read, line, text, name = bad
+            return InputError(f"{msg}; metadata.name {name!r} at line {line} is no valid "
+                              "Kubernetes name (a damaged object?)", read, line, text)
+    if m is None or bundle is None:
+        return InputError(msg, file)
+    names = [n.strip() for n in m.group(1).split(",")]
+    first = None
+    shown = []
+    for n in names:
+        read, line, text = field_location(bundle, file, ns, n, ("metadata", "name"))
+        if line is not None and first is None:
+            first = (read, line, text)
+        shown.append(f"{n} ({read}, line {line}: metadata.name)" if line else n)
+    msg = msg[:m.start()] + f"; did you mean: {', '.join(shown)}?"
+    return InputError(msg, *first) if first else InputError(msg, file)
 
 
 def _svc_hint(cluster: Cluster, role: str, svc: Service) -> str:
@@ -165,8 +204,9 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     msg = f"service {ns}/{name} not found"
     elsewhere = sorted(s.namespace for s in cluster.services if s.name == name)
     if elsewhere:
-        raise InputError(f"{msg}; it exists in namespace {', '.join(elsewhere)}: use -n "
-                         f"{elsewhere[0]} or {elsewhere[0]}/{name}", SERVICES)
+        raise _located_not_found(cluster, SERVICES, f"{msg}; it exists in namespace "
+                                 f"{', '.join(elsewhere)}: use -n {elsewhere[0]} or "
+                                 f"{elsewhere[0]}/{name}", ns)
     p = next((p for p in cluster.pods if p.name == name), None)
     if p is not None:
         raise InputError(f"{msg}: {p.key} is a pod, not a Service: use `traceflow pod-to-pod "
@@ -175,7 +215,11 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     close = difflib.get_close_matches(name, [s.name for s in cluster.services if s.namespace == ns], n=3)
     if close:
         msg += f"; did you mean: {', '.join(close)}?"
-    raise InputError(msg, SERVICES)
+    from traceflow.bundle.located import empty_file
+    empty = empty_file(getattr(cluster, "bundle", None), SERVICES)
+    if empty is not None:
+        raise InputError(f"{msg}: {empty.reason}", empty.file, empty.line)
+    raise _located_not_found(cluster, SERVICES, msg, ns)
 
 
 def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
