@@ -11,7 +11,7 @@ import json
 
 from traceflow.errors import Source
 from traceflow.packet import Packet
-from traceflow.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.trace import Drop, Exit, Hop, Leg, Path, Trace, Verdict
 
 SCHEMA = "traceflow.trace/v1"
 
@@ -51,6 +51,8 @@ def path_to_dict(path: Path) -> dict:
         "drop": drop_to_dict(path.drop),
         "legs": [leg_to_dict(leg) for leg in path.legs],
         "choices": [str(c) for c in path.choices],
+        "disposition": _disposition(path.disposition),
+        "left_cluster": exit_to_dict(path.exit),
     }
 
 
@@ -63,7 +65,19 @@ def drop_to_dict(drop: Drop | None) -> dict | None:
         "table": _str_or_none(drop.table),
         "rule": drop.rule,
         "reason": drop.reason,
+        "disposition": _disposition(drop.disposition),
+        "policies": [str(p) for p in drop.policies],
     }
+
+
+def exit_to_dict(exit: Exit | None) -> dict | None:
+    """Where a left-cluster leg left: node, device, next hop, and the addresses it left with
+    (the source after SNAT/masquerade)."""
+    if exit is None:
+        return None
+    return {"node": exit.node, "device": exit.device, "nexthop": exit.nexthop,
+            "src": exit.src, "src_port": exit.src_port, "dst": exit.dst,
+            "dst_port": exit.dst_port}
 
 
 def leg_to_dict(leg: Leg) -> dict:
@@ -72,7 +86,27 @@ def leg_to_dict(leg: Leg) -> dict:
         "verdict": _verdict(leg.verdict),
         "hops": [hop_to_dict(h) for h in leg.hops],
         "description": leg.description,
+        "disposition": _disposition(leg.disposition),
+        "left_cluster": exit_to_dict(leg.exit),
     }
+
+
+# a hop's typed detail when the hop does not name it: by the component that made it
+_DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
+                        "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
+                        "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
+                        "host": "host", "tc": "bpf-program"}
+
+
+def hop_detail(hop: Hop) -> str | None:
+    """The typed detail a hop carries (traceflow.trace.HOP_DETAILS)."""
+    if hop.detail is not None:
+        return hop.detail
+    if hop.component == "bpf":
+        return "bpf-map" if hop.map else "bpf-program"
+    if hop.component in ("iptables", "nft") and hop.chain == "conntrack":
+        return "conntrack"
+    return _DETAIL_BY_COMPONENT.get(hop.component)
 
 
 def hop_to_dict(hop: Hop) -> dict:
@@ -94,6 +128,7 @@ def hop_to_dict(hop: Hop) -> dict:
         "matched": [_plain(m) for m in hop.matched],
         "notes": [_plain(n) for n in hop.notes],
         "unknown": bool(hop.unknown),
+        "detail": hop_detail(hop),
     })
     if hop.program is not None or hop.map is not None or hop.entry is not None:
         out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
@@ -121,6 +156,10 @@ def changed_to_dict(changed: dict) -> dict:
 
 def _verdict(value) -> str:
     return Verdict(value).value
+
+
+def _disposition(value) -> str | None:
+    return None if value is None else str(getattr(value, "value", value))
 
 
 def _str_or_none(value) -> str | None:

@@ -255,7 +255,10 @@ def query_line(query: dict) -> str:
         text += " " + "/".join(str(x) for x in (proto, port) if x not in (None, ""))
     if q.get("src_port") is not None:
         text += f", source port {q['src_port']}"
-    shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port"}
+    if q.get("via"):
+        text += f", entering at {q['via']}"
+    shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port",
+             "source_endpoint", "destination_endpoint", "via"}
     extra = [f"{k}={v}" for k, v in q.items() if k not in shown and v is not None]
     if extra:
         text += "  " + " ".join(extra)

@@ -152,6 +152,23 @@ class _Live:
         q = bundle.manifest["query"]
         return _snapshot(bundle), q["source"], q["destination"]
 
+    def collect_all(self, namespace: str):
+        """Every node (a trace from or to a node or an outside address can touch any)."""
+        from collectors.live import CollectOptions, collect, write_bundle
+        from traceflow.clihelp import require_cluster_access
+        require_cluster_access(self.kubeconfig)
+        bundle = collect(CollectOptions(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
+            namespace=namespace, all_nodes=True,
+            ssh_config=str(self.ssh_config) if self.ssh_config else None,
+            insecure_accept_host_keys=self.insecure, timeout=self.timeout,
+            deadline=self.deadline, app_exec=self.app_exec))
+        if self.save_bundle is not None:
+            write_bundle(bundle, self.save_bundle, force=self.force)
+            typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
+        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        return _snapshot(bundle)
+
 
 def _collection_summary(errors: list) -> str:
     nodes = sorted({e["node"] for e in errors if "file" not in e})
@@ -258,6 +275,67 @@ def _internal(err: Exception) -> None:
     _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
+@app.command("trace")
+def trace_cmd(
+    source: str = typer.Argument(..., help="Who sends: a pod (NAME, NAMESPACE/NAME, deploy/NAME, "
+                                           "its IP), node/NAME (the node's own stack) or an "
+                                           "address outside the cluster (203.0.113.7)."),
+    destination: str = typer.Argument(..., help="Where to: a pod, svc/NAME (or a Service's "
+                                                "name or cluster IP), node/NAME[:PORT], "
+                                                "NODE_IP:NODEPORT, a LoadBalancer or externalIP "
+                                                "[:PORT], a pod's hostPort (NODE_IP:HOSTPORT), "
+                                                "or any outside address (1.1.1.1:443)."),
+    namespace: str = NamespaceOpt,
+    port: Optional[str] = typer.Option(None, "--port", "-p", help="Destination port (number, or "
+                                       "a Service's or pod's port name; default: the "
+                                       "Service's only port, else 80)."),
+    protocol: Optional[Protocol] = typer.Option(None, "--protocol",
+                                                help="Transport protocol (default: the port's)."),
+    via: Optional[str] = typer.Option(None, "--via", help="The node an outside client's packet "
+                                      "enters by (LoadBalancer, externalIP; default: one branch "
+                                      "per node)."),
+    src_port: int = SrcPortOpt,
+    endpoint: Optional[str] = EndpointOpt,
+    no_reply: bool = NoReplyOpt,
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+):
+    """Trace a connection between any two ends: pods, nodes, Service frontends (ClusterIP,
+    NodePort, LoadBalancer, externalIP, hostPort) and addresses outside the cluster.
+
+    Every load-balancer branch, the request and the reply, each ending in a disposition
+    (delivered-pod, delivered-host, left-cluster, dropped-policy, rejected, ...). Without
+    --bundle, every node of the cluster is collected first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force)
+
+    def build():
+        from traceflow import resolve
+        from traceflow.solver import Solver
+        snap = live.collect_all(namespace) if live is not None else _open_snapshot(bundle)
+        q = resolve.trace_query(snap, source, destination, namespace, port,
+                                protocol.value if protocol is not None else None, src_port,
+                                via, endpoint, not no_reply)
+        return Solver(snap).trace(q)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop, context)
+    _exit_for(trace, live)
+
+
 @app.command("pod-to-svc")
 def pod_to_svc(
     source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
@@ -286,7 +364,8 @@ def pod_to_svc(
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
 ):
-    """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
+    """Trace a pod's connection to a Service: every load-balancer branch, request and reply
+    (the same as `traceflow trace SOURCE svc/SERVICE`).
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
@@ -345,7 +424,8 @@ def pod_to_pod(
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
 ):
-    """Trace a connection from one pod to another pod's IP, request and reply.
+    """Trace a connection from one pod to another pod's IP, request and reply (the same as
+    `traceflow trace SOURCE pod/DESTINATION`).
 
     Without --bundle, the nodes the trace can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
@@ -387,15 +467,8 @@ def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
 
 
 def _check_pod(pod, snap=None) -> None:
-    if pod.host_network and snap is not None:
-        from traceflow.walk.hostnet import check_source
-        check_source(snap, pod)
-    if not pod.ip:
-        raise InputError(f"pod {pod.key} has no IP (phase {pod.phase})", "k8s/pods.yaml")
-    if pod.phase != "Running":
-        raise InputError(f"pod {pod.key} is not Running (phase {pod.phase})", "k8s/pods.yaml")
-    if not pod.node:
-        raise InputError(f"pod {pod.key} is not scheduled on a node", "k8s/pods.yaml")
+    from traceflow.resolve import check_pod
+    check_pod(pod, snap)
 
 
 @app.command("demo")

@@ -22,6 +22,47 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
+class Disposition(str, enum.Enum):
+    """How a leg (and a path) ended: a closed list, set where the end is created, never read
+    back from text (after Batfish's FlowDisposition). docs/trace-json-v1.md lists them."""
+
+    DELIVERED_POD = "delivered-pod"      # a pod's own network stack received it
+    DELIVERED_HOST = "delivered-host"    # a node's own stack (INPUT) received it
+    LEFT_CLUSTER = "left-cluster"        # sent out of a node towards an address outside it
+    DROPPED_POLICY = "dropped-policy"    # a NetworkPolicy (or the CNI's policy) dropped it
+    DROPPED_RULE = "dropped-rule"        # a filter rule or flow that is no NetworkPolicy
+    NO_ROUTE = "no-route"                # no usable route (unreachable, blackhole, none)
+    NO_NEIGHBOUR = "no-neighbour"        # the next hop's neighbour entry is FAILED/INCOMPLETE
+    NO_BACKEND = "no-backend"            # a Service frontend with nothing to balance to
+    REJECTED = "rejected"                # refused with an ICMP error or a TCP reset
+    TABLE_MISS = "table-miss"            # no flow matched in an OVS table
+    LOOP = "loop"                        # the packet keeps visiting places
+    UNKNOWN = "unknown"                  # the trace met something it cannot model
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def verdict(self) -> "Verdict":
+        """The v1 verdict of a leg ending this way."""
+        if self in (Disposition.DELIVERED_POD, Disposition.DELIVERED_HOST,
+                    Disposition.LEFT_CLUSTER):
+            return Verdict.DELIVERED
+        if self in (Disposition.UNKNOWN, Disposition.LOOP):
+            return Verdict.UNKNOWN
+        return Verdict.DROPPED
+
+    @property
+    def delivered(self) -> bool:
+        return self.verdict is Verdict.DELIVERED
+
+
+# what a hop's ``detail`` names: the typed fact it carries (docs/trace-json-v1.md)
+HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
+               "conntrack", "nat", "bpf-map", "bpf-program", "tunnel", "underlay", "pod",
+               "host", "entry", "exit")
+
+
 @dataclass
 class Hop:
     node: str
@@ -43,15 +84,32 @@ class Hop:
     program: str | None = None      # e.g. "from-container", "cil_from_netdev"
     map: str | None = None          # e.g. "cilium_lb4_services_v2", "cilium_policy_02215"
     entry: str | None = None        # the map entry that decided, verbatim
+    detail: str | None = None       # the typed detail it carries (HOP_DETAILS); None: by component
 
 
 @dataclass
 class Drop:
+    """Where and why a leg did not arrive. ``disposition`` is set where the drop is made."""
     node: str
     component: str
     table: str | None
     rule: str | None
     reason: str
+    disposition: Disposition | None = None
+    policies: tuple = ()            # dropped-policy: the policies that drop it ("ns/name")
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Where a packet left the cluster (disposition left-cluster): the node and device it was
+    sent out of, the next hop, and the addresses it left with (after SNAT/masquerade)."""
+    node: str
+    device: str
+    nexthop: str | None
+    src: str | None
+    src_port: int | None
+    dst: str | None
+    dst_port: int | None
 
 
 @dataclass
@@ -60,6 +118,8 @@ class Leg:
     verdict: Verdict
     hops: list = field(default_factory=list)
     description: str = ""           # e.g. "frontend -> backendsvc (10.104.65.133:80)"
+    disposition: Disposition | None = None
+    exit: Exit | None = None        # left-cluster: where and as what it left
 
 
 @dataclass
@@ -70,6 +130,8 @@ class Path:
     drop: Drop | None
     legs: list = field(default_factory=list)
     choices: list = field(default_factory=list)   # the branch decisions, in plain English
+    disposition: Disposition | None = None        # the request's end, or the reply's failure
+    exit: Exit | None = None                      # left-cluster: where and as what it left
 
 
 @dataclass

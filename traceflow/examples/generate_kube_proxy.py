@@ -1267,6 +1267,29 @@ def ip_route(cluster: Cluster, node: NodeSpec, mode: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+ROUTER_MAC = "00:00:5e:00:01:0a"          # the default gateway 192.168.10.1 (a VRRP MAC)
+# Antrea's global virtual MAC: in encap mode the agent adds a PERMANENT neighbour with it for
+# every other node's gateway IP on antrea-gw0 (pkg/agent/route/route_linux.go, addRoutes /
+# the onlink routes' next hops; pkg/agent/config GlobalVirtualMAC)
+GLOBAL_VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+
+
+def ip_neigh(cluster: Cluster, node: NodeSpec, mode: str) -> str:
+    """``ip neigh show``: the default gateway and the other nodes on ens192 (learnt by ARP),
+    the other nodes' gateway IPs on antrea-gw0 (permanent, Antrea's global virtual MAC), and
+    the link-local router. Local pods' entries come and go with traffic: none are listed."""
+    lines = [f"192.168.10.1 dev ens192 lladdr {ROUTER_MAC} REACHABLE"]
+    for other in cluster.nodes:
+        if other.name != node.name:
+            lines.append(f"{other.ip} dev ens192 lladdr {other.mac} STALE")
+    for other in cluster.nodes:
+        if other.name != node.name:
+            lines.append(f"{other.gateway_ip} dev antrea-gw0 lladdr {GLOBAL_VIRTUAL_MAC} "
+                         "PERMANENT")
+    lines.append(f"fe80::200:5eff:fe00:10a dev ens192 lladdr {ROUTER_MAC} router STALE")
+    return "\n".join(lines) + "\n"
+
+
 IP_RULE = ("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
            "32767:\tfrom all lookup default\n")
 
@@ -1450,16 +1473,18 @@ def nodes_yaml(cluster: Cluster) -> str:
 
 
 NODE_FILES = {
-    "iptables": ("iptables-save.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt"),
-    "nftables": ("nft.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt"),
+    "iptables": ("iptables-save.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt",
+                 "ip-neigh.txt"),
+    "nftables": ("nft.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt", "ip-neigh.txt"),
     "ipvs": ("iptables-save.txt", "ipset.txt", "ipvs.txt", "ip-addr.txt", "ip-route.txt",
-             "ip-rule.txt"),
+             "ip-rule.txt", "ip-neigh.txt"),
 }
 
 
 def node_files(cluster: Cluster, node: NodeSpec, mode: str) -> dict[str, str]:
     files = {"ip-addr.txt": ip_addr(cluster, node, mode),
-             "ip-route.txt": ip_route(cluster, node, mode), "ip-rule.txt": IP_RULE}
+             "ip-route.txt": ip_route(cluster, node, mode), "ip-rule.txt": IP_RULE,
+             "ip-neigh.txt": ip_neigh(cluster, node, mode)}
     if mode == "iptables":
         files["iptables-save.txt"] = iptables_save(cluster, node.name)
     elif mode == "nftables":

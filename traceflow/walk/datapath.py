@@ -47,3 +47,24 @@ class Datapath:
 
     def describe_mac(self, mac):
         return None
+
+    # ---- traffic from and to outside the cluster -------------------------------------------
+    def enter_from_outside(self, branch, node_name: str, device: str, packet, q):
+        """Where a packet from outside the cluster (a client of a NodePort, LoadBalancer or
+        externalIP, or the answer of an outside server) goes first when it arrives on
+        ``node_name``'s ``device``: the next Location, or None when the branch already ended.
+
+        The default is the kernel's host stack (``AtHost`` with that interface), which is where
+        kube-proxy's rules and every iptables-based datapath see it. A datapath that handles
+        such packets before the kernel overrides it (Cilium with kube-proxy replacement:
+        ``from-netdev`` on the native device, nodeport_lb4; Antrea with proxyAll: the host
+        stack, then OVS through the gateway with its NodePortMark)."""
+        return AtHost(node_name, device, packet)
+
+    def untraced_gateway(self, node_name: str, node):
+        """(device, missing file) when ``node_name`` lacks the files of this datapath's own
+        part altogether (a host-only bundle, e.g. kube-proxy rules without OVS flows) and
+        ``device`` is where the host stack hands pods' packets to it; else None. The walk then
+        stops at that device and says what it assumes (the pod owning the address receives it,
+        its reply comes back through the same device)."""
+        return None
