@@ -53,6 +53,8 @@ def path_to_dict(path: Path) -> dict:
         "choices": [str(c) for c in path.choices],
         "disposition": _disposition(path.disposition),
         "left_cluster": exit_to_dict(path.exit),
+        # dropped-policy: the policies that drop it, as the datapath named them
+        "policies": [str(p) for p in path.drop.policies] if path.drop is not None else [],
     }
 
 
@@ -65,8 +67,6 @@ def drop_to_dict(drop: Drop | None) -> dict | None:
         "table": _str_or_none(drop.table),
         "rule": drop.rule,
         "reason": drop.reason,
-        "disposition": _disposition(drop.disposition),
-        "policies": [str(p) for p in drop.policies],
     }
 
 
@@ -91,24 +91,6 @@ def leg_to_dict(leg: Leg) -> dict:
     }
 
 
-# a hop's typed detail when the hop does not name it: by the component that made it
-_DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
-                        "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
-                        "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
-                        "host": "host", "tc": "bpf-program"}
-
-
-def hop_detail(hop: Hop) -> str | None:
-    """The typed detail a hop carries (traceflow.trace.HOP_DETAILS)."""
-    if hop.detail is not None:
-        return hop.detail
-    if hop.component == "bpf":
-        return "bpf-map" if hop.map else "bpf-program"
-    if hop.component in ("iptables", "nft") and hop.chain == "conntrack":
-        return "conntrack"
-    return _DETAIL_BY_COMPONENT.get(hop.component)
-
-
 def hop_to_dict(hop: Hop) -> dict:
     out: dict = {
         "node": hop.node,
@@ -128,8 +110,9 @@ def hop_to_dict(hop: Hop) -> dict:
         "matched": [_plain(m) for m in hop.matched],
         "notes": [_plain(n) for n in hop.notes],
         "unknown": bool(hop.unknown),
-        "detail": hop_detail(hop),
     })
+    if hop.detail is not None:       # set on every hop a walk makes (traceflow.trace.typed_detail)
+        out["detail"] = hop.detail
     if hop.program is not None or hop.map is not None or hop.entry is not None:
         out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
     return out

@@ -27,12 +27,23 @@ def check_to_dict(report, with_traces: bool = False) -> dict:
             "name": r.expectation.name, "line": r.expectation.line, "source": r.source,
             "destination": r.destination, "expect": r.expectation.expect,
             **({"branches": r.expectation.branches} if r.expectation.expect == "delivered" else {}),
+            **({"via": r.expectation.via} if r.expectation.via else {}),
+            "dispositions": _dispositions(r.trace),
             **({"policy": r.expectation.policy} if r.expectation.policy else {}),
             "verdict": r.verdict, "scope": r.scope, "passed": r.passed, "observed": r.observed,
             "message": r.message, "details": r.details,
             **({"trace": trace_to_dict(r.trace)} if with_traces and r.trace else {}),
         } for r in report.results],
     }
+
+
+def _dispositions(trace) -> list:
+    """Each path's disposition, in path order (traceflow.trace.Disposition values)."""
+    if trace is None:
+        return []
+    return [None if p.disposition is None else str(getattr(p.disposition, "value",
+                                                            p.disposition))
+            for p in trace.paths]
 
 
 def render_check_text(report, console: Console) -> None:
@@ -105,7 +116,10 @@ def render_diff_text(report, console: Console) -> None:
     s = d["summary"]
     console.print(f"[bold]diff[/] {escape(d['before'])} -> {escape(d['after'])}: "
                   f"{s['questions']} questions, {s['changed']} changed "
-                  f"({s['verdict_changed']} verdict, {s['path_changed']} path only); "
+                  f"({s['verdict_changed']} verdict, "
+                  + (f"{s['disposition_changed']} disposition, "
+                     if s.get("disposition_changed") else "")
+                  + f"{s['path_changed']} path only); "
                   f"{s['raw_changes']} raw changes ({s['raw_used']} on a traced path)")
     for c in d["changed"]:
         console.print(f"\n[yellow]{escape(c['question'])}[/]: {c['before_verdict']} -> "

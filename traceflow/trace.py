@@ -61,6 +61,23 @@ class Disposition(str, enum.Enum):
 HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
                "conntrack", "nat", "bpf-map", "bpf-program", "tunnel", "underlay", "pod",
                "host", "entry", "exit")
+# the detail of a hop whose maker did not name one: by the component that made it
+_DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
+                        "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
+                        "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
+                        "host": "host", "tc": "bpf-program"}
+
+
+def typed_detail(hop: "Hop") -> str | None:
+    """The typed detail a hop carries (one of HOP_DETAILS): the one its maker named, else
+    the one its component's hops carry (an OVS table hit, a netfilter rule, a route ...)."""
+    if hop.detail is not None:
+        return hop.detail
+    if hop.component == "bpf":
+        return "bpf-map" if hop.map else "bpf-program"
+    if hop.component in ("iptables", "nft") and hop.chain == "conntrack":
+        return "conntrack"
+    return _DETAIL_BY_COMPONENT.get(hop.component)
 
 
 @dataclass

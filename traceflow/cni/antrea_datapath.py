@@ -272,8 +272,11 @@ class AntreaDatapath(Datapath):
             return None       # no OVS flows: no ARP responder to ask
         answered = self._arp_via_ovs(node_name, node, dev, target)
         if answered:
+            pod_mac = node.pod_ports.get(target, (None, None))[1]
+            who = (f"the local pod with that address (its MAC from the SpoofGuard flows)"
+                   if pod_mac and answered == pod_mac else "OVS's ARP responder")
             return answered, (f"{target} is not in ip-neigh.txt; an ARP request on {dev} is "
-                              f"answered by OVS's ARP responder with {answered}")
+                              f"answered by {who} with {answered}")
         return None
 
     def _arp_via_ovs(self, node_name: str, node: NodeModel, dev: str, target: str) -> str | None:
@@ -291,4 +294,15 @@ class AntreaDatapath(Datapath):
             for out in run.outputs:
                 if out.state.get("arp_op") == 2:
                     return F.format_value(F.FIELDS["arp_sha"], out.state.get("arp_sha", 0))
+        # no responder flow answers: the request goes out (NORMAL floods it, L2 learning) to
+        # the local pod that has the address, whose own stack answers with its MAC (the pod's
+        # port and MAC from the SpoofGuard flows)
+        port, mac = node.pod_ports.get(target, (None, None))
+        if not mac:
+            return None
+        for run in simulate(node.bridge, state, Conntrack(), 0, node.annotator):
+            for out in run.outputs:
+                if out.port == "NORMAL" or (isinstance(out.port, int)
+                                            and node.bridge.port_name(out.port) == port):
+                    return mac
         return None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from traceflow import kube
 from traceflow.conntrack import Conntrack
 from traceflow.packet import Packet
-from traceflow.trace import Disposition, Drop, Exit, Hop, Leg, Verdict
+from traceflow.trace import Disposition, Drop, Exit, Hop, Leg, Verdict, typed_detail
 from traceflow.walk.endpoints import Endpoint, Frontend, Kind
 
 MAX_LOCATIONS = 64          # a packet visiting more places than this is looping
@@ -167,6 +167,8 @@ class Branch:
         return self._legs[-1]
 
     def add(self, hop: Hop) -> None:
+        if hop.detail is None:
+            hop.detail = typed_detail(hop)
         self.leg.add(hop)
 
     def ct(self, node: str) -> Conntrack:
