@@ -673,10 +673,16 @@ def entry_nodes(cluster: Cluster, src, dst, via: str | None, node_names) -> tupl
         raise InputError(f"the bundle holds no node's files for {dst.address} to enter by",
                          "--via")
     what = "LoadBalancer" if dst.frontend is Frontend.LOADBALANCER else "externalIP"
-    return nodes, [f"{dst.address} is a {what} address of {dst.name}: which node the network "
-                   f"(the load balancer, the router) hands it to is not in the bundle; one "
-                   f"branch per node ({', '.join(nodes)}), each an equal share (--via NODE "
-                   "picks one)"]
+    said = [f"{dst.address} is a {what} address of {dst.name}: which node the network (the "
+            f"load balancer, the router) hands it to is not in the bundle; one branch per node "
+            f"({', '.join(nodes)}), each an equal share (--via NODE picks one)"]
+    svc = dst.service
+    if svc is not None and svc.external_traffic_policy == "Local":
+        check = (f" by probing healthCheckNodePort {svc.health_check_node_port}"
+                 if svc.health_check_node_port else "")
+        said.append(f"{dst.name} has externalTrafficPolicy: Local: a node without a local "
+                    f"endpoint drops it; a cloud load balancer avoids such nodes{check}")
+    return nodes, said
 
 
 def check_pod(pod, snap=None, role: str = "source") -> None:

@@ -258,6 +258,27 @@ class AntreaDatapath(Datapath):
     def describe_mac(self, mac):
         return self.cni.describe_mac(mac)
 
+    def enter_from_outside(self, branch, node_name, device, packet, q):
+        """Without kube-proxy (AntreaProxy proxyAll), NodePort, LoadBalancer and externalIP
+        traffic from outside is AntreaProxy's: its iptables (ANTREA-NODE-PORT, the
+        ANTREA-NODE-PORT-IP ipset) mark it with NodePortMark and send it through antrea-gw0
+        into OVS, whose ServiceLB flows translate it (pkg/agent/proxy, pkg/agent/route).
+        That is not modelled yet: said, rather than handed to kernel rules that do not hold
+        it. With kube-proxy the kernel's host stack takes it (the default)."""
+        from traceflow.walk.endpoints import Frontend, Kind
+        front = q.dst.frontend if q is not None and q.dst is not None \
+            and q.dst.kind is Kind.SERVICE else None
+        if self.snap.kube_proxy == "none" and branch.leg.direction == "request" and front in (
+                Frontend.NODEPORT, Frontend.LOADBALANCER, Frontend.EXTERNALIP):
+            why = (f"kube-proxy does not run (manifest kube_proxy: none): AntreaProxy (proxyAll) "
+                   f"serves {q.dst.label} from outside (NodePortMark, the gateway, OVS's "
+                   "ServiceLB flows), which traceflow does not model yet")
+            branch.add(Hop(node_name, "route", None, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "route", None, None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        return super().enter_from_outside(branch, node_name, device, packet, q)
+
     def untraced_gateway(self, node_name, node):
         """A node without ovs-flows.txt (the generated kube-proxy bundles hold host files
         only): its gateway device, by Antrea's naming, from ip-addr.txt."""
@@ -268,8 +289,6 @@ class AntreaDatapath(Datapath):
         return (gw, f"nodes/{node_name}/ovs-flows.txt") if gw else None
 
     def answer_arp(self, node_name, node, dev, target):
-        if self.untraced_gateway(node_name, node) is not None:
-            return None       # no OVS flows: no ARP responder to ask
         answered = self._arp_via_ovs(node_name, node, dev, target)
         if answered:
             pod_mac = node.pod_ports.get(target, (None, None))[1]

@@ -1275,13 +1275,10 @@ GLOBAL_VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
 
 
 def ip_neigh(cluster: Cluster, node: NodeSpec, mode: str) -> str:
-    """``ip neigh show``: the default gateway and the other nodes on ens192 (learnt by ARP),
-    the other nodes' gateway IPs on antrea-gw0 (permanent, Antrea's global virtual MAC), and
-    the link-local router. Local pods' entries come and go with traffic: none are listed."""
+    """``ip neigh show``: the default gateway on ens192 (learnt by ARP), the other nodes'
+    gateway IPs on antrea-gw0 (permanent, Antrea's global virtual MAC), and the link-local
+    router. Entries for peers and local pods come and go with traffic: none are listed."""
     lines = [f"192.168.10.1 dev ens192 lladdr {ROUTER_MAC} REACHABLE"]
-    for other in cluster.nodes:
-        if other.name != node.name:
-            lines.append(f"{other.ip} dev ens192 lladdr {other.mac} STALE")
     for other in cluster.nodes:
         if other.name != node.name:
             lines.append(f"{other.gateway_ip} dev antrea-gw0 lladdr {GLOBAL_VIRTUAL_MAC} "

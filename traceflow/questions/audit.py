@@ -243,6 +243,8 @@ def policy_drift(cluster, client, trace) -> list[Finding]:
             and any(p.key == path.endpoint for p in cluster.pods) else None
         if server is None or path.verdict == Verdict.UNKNOWN or server.key == client.key:
             continue        # a pod cannot block connections to itself (Kubernetes' rule)
+        if server.host_network:
+            continue        # NetworkPolicy is undefined for hostNetwork pods (Kubernetes docs)
         port, seen_src = _at_server(path, server.ip)
         port = port or trace.query.get("dst_port")
         if seen_src and seen_src != client.ip:

@@ -74,9 +74,10 @@ class Solver:
         if verdict == Verdict.DELIVERED:
             b.set_verdicts(Verdict.DELIVERED, only_unknown=True)
         name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
-        # the path's disposition: how the request ended, unless the reply then failed
+        # the path's disposition: how the request ended, unless the reply then failed (a
+        # reply the walk cannot decide leaves the request's: the verdict says unknown)
         disposition, exit = request.disposition, request.exit
-        if b is not request and verdict != Verdict.DELIVERED:
+        if b is not request and verdict == Verdict.DROPPED:
             disposition, exit = b.disposition, b.exit
         return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices, disposition,
                     exit)

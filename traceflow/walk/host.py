@@ -182,11 +182,13 @@ class HostStack:
                 before, opkt = opkt, opkt.copy()
                 opkt.nw_src, opkt.tp_src = ip, port
                 ob.add(_ct_hop(loc.node, entry, is_reply, before, opkt, "POSTROUTING"))
-            if new_conn and _tuple(opkt) != orig_tuple:
+            if new_conn:
+                # the kernel confirms every new connection it forwards or sends (nf_confirm at
+                # POSTROUTING), NAT or not: its reply is ESTABLISHED, the nat table skipped
                 nat_kind = "+".join(k for k, changed in
                                     (("dst", (opkt.nw_dst, opkt.tp_dst) != (orig_tuple[3], orig_tuple[4])),
                                      ("src", (opkt.nw_src, opkt.tp_src) != (orig_tuple[1], orig_tuple[2])))
-                                    if changed)
+                                    if changed) or None
                 ob.ct(loc.node).commit(HOST_ZONE, orig_tuple, _tuple(opkt),
                                        where=f"{loc.node} kernel conntrack", nat=nat_kind)
             results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
@@ -213,8 +215,8 @@ class HostStack:
             if branches is not None:
                 outcomes.extend(self._ipvs(ib, loc, node, ipkt, ctx, branches))
             elif receiver is not None:
-                results.append((hostnet.receive(self, ib, loc, node, ipkt, late_src, receiver),
-                                None))
+                results.append((hostnet.receive(self, ib, loc, node, ipkt, late_src, receiver,
+                                                orig_tuple if new_conn else None), None))
             else:
                 why = ("the packet goes up to the host's own sockets"
                        if node.ipvs is None or new_conn
@@ -264,7 +266,14 @@ class HostStack:
         if iface is not None and iface.mac:
             pkt.dl_src = iface.mac
         neigh = node.neighbours
-        if neigh is None:
+        if iface is not None and "NOARP" in iface.flags and iface.mac:
+            # a NOARP device (cilium_host, tunnels): no neighbour lookup; the kernel's entry is
+            # NUD_NOARP with the device's own address (net/ipv4/arp.c, arp_constructor)
+            result_mac, text, src, ok = iface.mac, None, iface.source, True
+            reason = (f"{dec.dev} is a NOARP device ({iface.source.file}:{iface.source.line}): "
+                      f"no neighbour lookup for {nexthop}, the frame goes to {dec.dev}'s own "
+                      f"address {iface.mac}")
+        elif neigh is None:
             result_mac, text, src, ok = None, None, None, None
             reason = f"needs nodes/{loc.node}/ip-neigh.txt to resolve {nexthop} on {dec.dev}"
         else:

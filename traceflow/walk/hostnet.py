@@ -183,11 +183,18 @@ def _primary_ip(iface) -> str | None:
     return primary_ip(iface) if iface is not None else None
 
 
-def receive(host, b, loc, node, ipkt, late_src, receiver):
+def receive(host, b, loc, node, ipkt, late_src, receiver, orig=None):
     """The last step of local delivery, after the INPUT hook: the reply's source un-NAT, then
     the socket of ``receiver`` (a hostNetwork pod, or the node's own stack)."""
     from traceflow.walk.host import _ct_hop
     from traceflow.walk.endpoints import Endpoint
+    if late_src is None and b.leg.direction == "request" and orig is not None:
+        # confirmed at LOCAL_IN (nf_confirm): the local socket's answer is ESTABLISHED
+        from traceflow.walk.state import HOST_ZONE, tuple5
+        if b.ct_view(loc.node).lookup(HOST_ZONE, orig)[0] is None:
+            b.ct(loc.node).commit(HOST_ZONE, orig, tuple5(ipkt),
+                                  where=f"{loc.node} kernel conntrack (local delivery)",
+                                  nat=None if tuple5(ipkt) == orig else "dst")
     if late_src is not None:             # conntrack's source rewrite happens at INPUT
         entry, is_reply, (ip, port) = late_src
         before, ipkt = ipkt, ipkt.copy()
