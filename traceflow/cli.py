@@ -449,8 +449,9 @@ def pod_to_pod(
         from traceflow.clihelp import given_on_command_line
         chosen = protocol.value if given_on_command_line("protocol") else None
         number, named_proto = resolve.pod_port(dst, port, chosen)
+        from traceflow.walk.endpoints import Endpoint
         q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
-                  src_port, dst.key, reply=not no_reply)
+                  src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)

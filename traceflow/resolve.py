@@ -376,16 +376,16 @@ def _port_number(text: str | None, where: str) -> int | None:
     return _check_port(int(text), where)
 
 
-def _node(cluster: Cluster, name: str, role: str):
+def _node(cluster: Cluster, name: str, where: str, prefix: str = "node/"):
     found = next((n for n in cluster.nodes if n.name == name), None)
     if found is not None:
         return found
     import difflib
-    names = [n.name for n in cluster.nodes]
-    close = difflib.get_close_matches(name, names, n=3)
-    hint = f"; did you mean: {', '.join('node/' + c for c in close)}?" if close else (
-        f" (nodes: {', '.join('node/' + n for n in names[:8])})" if names else "")
-    raise InputError(f"node {name} is not in the bundle's k8s/nodes.yaml{hint}", role.upper())
+    names = sorted(n.name for n in cluster.nodes)
+    close = sorted(difflib.get_close_matches(name, names, n=3))
+    hint = f"; did you mean: {', '.join(prefix + c for c in close)}?" if close else (
+        f" (nodes: {', '.join(prefix + n for n in names[:8])})" if names else "")
+    raise InputError(f"node {name} is not in the bundle's k8s/nodes.yaml{hint}", where)
 
 
 def _inside_cluster(cluster: Cluster, ip: str, service_cidr: str | None) -> str | None:
@@ -425,7 +425,7 @@ def source_endpoint(cluster: Cluster, ref: str, namespace: str,
         if ":" in name:
             raise InputError(f"a source has no port: write {ref.split(':')[0]} and give the "
                              "source port with --src-port", "SOURCE")
-        node = _node(cluster, name, "source")
+        node = _node(cluster, name, "SOURCE")
         return Endpoint.of_node(node.name, node.internal_ip)
     host, port = _split_port(ref)
     ip = _ip(host)
@@ -472,7 +472,7 @@ def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str |
     name = _strip(ref, NODE_PREFIXES)
     if name is not None:
         host, inline = _split_port(name)
-        node = _node(cluster, host, "destination")
+        node = _node(cluster, host, "DESTINATION")
         if not node.internal_ip:
             raise InputError(f"node {node.name} has no InternalIP in k8s/nodes.yaml",
                              "k8s/nodes.yaml")
@@ -639,7 +639,7 @@ def entry_nodes(cluster: Cluster, src, dst, via: str | None, node_names) -> tupl
     if via is not None:
         via = via.strip()
         via = _strip(via, NODE_PREFIXES) or via
-        _node(cluster, via, "--via")
+        _node(cluster, via, "--via", prefix="")
     if src.kind is not Kind.EXTERNAL:
         if via is not None:
             raise InputError(f"--via is the node an outside client's packet enters by; the "

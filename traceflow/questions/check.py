@@ -65,7 +65,8 @@ def resolve(suite: Suite, resolver: Resolver, node_names=None) -> list[tuple]:
                              exp.line_of("to")) from None
         for pod in pods:
             try:    # an outside client needs a node to enter by: checked now, not mid-run
-                if dst.endpoint is not None or exp.via is not None:
+                if dst.endpoint is not None or exp.via is not None or \
+                        source_endpoint_of(pod).kind.value == "external":
                     entry_nodes(resolver.cluster, source_endpoint_of(pod), dst_endpoint(dst),
                                 exp.via, node_names if node_names is not None else ())
             except InputError as err:
