@@ -479,3 +479,18 @@ def test_every_drop_states_its_disposition():
                 if len(drop.args) < 6 and not any(k.arg == "disposition" for k in drop.keywords):
                     missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, missing
+
+
+def test_a_reply_leaving_by_another_node_is_said():
+    """An outside client reaches the octant pod's address through worker2 (--via): the
+    request crosses the tunnel to worker1; the answer takes worker1's own way out, where
+    Antrea's masquerade rewrites it (worker1's conntrack never saw the request), so the client
+    gets it from another address and resets; the asymmetry is said."""
+    doc = trace("203.0.113.7", "kube-system/antrea-octant-6d56b6df4f-x8wpn", "--via",
+                "worker2", code=1)
+    (path,) = doc["paths"]
+    reply = [leg for leg in path["legs"] if leg["direction"] == "reply"][-1]
+    assert reply["left_cluster"]["node"] == "worker1"
+    assert hops(path, "request")[0]["node"] == "worker2"
+    assert any("leaves the cluster by worker1, not by worker2" in w for w in doc["warnings"])
+    assert path["disposition"] == "rejected" and "the client resets" in path["drop"]["reason"]

@@ -312,10 +312,10 @@ def trace_cmd(
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
 ):
-    """Trace a connection between any two ends: pods, nodes, Service frontends (ClusterIP,
-    NodePort, LoadBalancer, externalIP, hostPort) and addresses outside the cluster.
+    """Trace a connection between any two ends: pods, nodes, frontends, outside addresses.
 
-    Every load-balancer branch, the request and the reply, each ending in a disposition
+    Service frontends are ClusterIP, NodePort, LoadBalancer, externalIP and hostPort. Every
+    load-balancer branch, the request and the reply, each ending in a disposition
     (delivered-pod, delivered-host, left-cluster, dropped-policy, rejected, ...). Without
     --bundle, every node of the cluster is collected first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
@@ -364,10 +364,10 @@ def pod_to_svc(
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
 ):
-    """Trace a pod's connection to a Service: every load-balancer branch, request and reply
-    (the same as `traceflow trace SOURCE svc/SERVICE`).
+    """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
-    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    The same as `traceflow trace SOURCE svc/SERVICE`. Without --bundle, the nodes the trace
+    can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
@@ -424,10 +424,10 @@ def pod_to_pod(
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
 ):
-    """Trace a connection from one pod to another pod's IP, request and reply (the same as
-    `traceflow trace SOURCE pod/DESTINATION`).
+    """Trace a connection from one pod to another pod's IP, request and reply.
 
-    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    The same as `traceflow trace SOURCE pod/DESTINATION`. Without --bundle, the nodes the
+    trace can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
