@@ -98,11 +98,12 @@ def render_audit_text(report, console: Console) -> None:
     groups: dict = {}
     for p in d["pairs"]:
         if p["verdict"] != "delivered":
-            groups.setdefault(p["reason"], []).append(p)
+            groups.setdefault((p.get("disposition") or "", p["reason"]), []).append(p)
     if groups:
-        console.print("\n[bold]Pairs not delivered[/] (grouped by reason)")
-        for reason, pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            console.print(f"[red]{len(pairs)}[/] x {escape(reason)}")
+        console.print("\n[bold]Pairs not delivered[/] (grouped by disposition and reason)")
+        for (disposition, reason), pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            label = f"{disposition}: " if disposition else ""
+            console.print(f"[red]{len(pairs)}[/] x {escape(label + reason)}")
             for p in pairs[:8]:
                 console.print(f"    {escape(p['client'])} -> {escape(p['service'])} "
                               f"[{p['verdict']}]")

@@ -477,7 +477,7 @@ def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str |
             raise InputError(f"node {node.name} has no InternalIP in k8s/nodes.yaml",
                              "k8s/nodes.yaml")
         number = _one_port(_port_number(inline, "DESTINATION"), port, "node", node.name)
-        return _at_node(cluster, node, node.internal_ip, number, proto, bool(inline or port))
+        return _at_node(cluster, node, node.internal_ip, number, proto)
     svc_name = _strip(ref, SVC_PREFIXES)
     if svc_name is not None:
         base, inline = _split_port(svc_name)
@@ -500,7 +500,7 @@ def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str |
     node = cluster.node_by_ip(ip)
     if node is not None:
         number = _one_port(inline_n, port, "node", node.name)
-        return _at_node(cluster, node, ip, number, proto, bool(inline or port))
+        return _at_node(cluster, node, ip, number, proto)
     front = _frontend_owner(cluster, ip)
     if front is not None:
         svc, kind = front
@@ -529,8 +529,7 @@ def _one_port(inline: int | None, option: str | None, what: str, name: str) -> i
     return inline if inline is not None else opt
 
 
-def _at_node(cluster: Cluster, node, ip: str, port: int | None, proto: str | None,
-             port_given: bool):
+def _at_node(cluster: Cluster, node, ip: str, port: int | None, proto: str | None):
     """``NODE_IP:PORT``: a NodePort of a Service, a pod's hostPort on that node, a hostNetwork
     pod's declared port, else the node's own stack on that port."""
     from traceflow.walk.endpoints import Endpoint, Frontend

@@ -42,20 +42,6 @@ class Disposition(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    @property
-    def verdict(self) -> "Verdict":
-        """The v1 verdict of a leg ending this way."""
-        if self in (Disposition.DELIVERED_POD, Disposition.DELIVERED_HOST,
-                    Disposition.LEFT_CLUSTER):
-            return Verdict.DELIVERED
-        if self in (Disposition.UNKNOWN, Disposition.LOOP):
-            return Verdict.UNKNOWN
-        return Verdict.DROPPED
-
-    @property
-    def delivered(self) -> bool:
-        return self.verdict is Verdict.DELIVERED
-
 
 # what a hop's ``detail`` names: the typed fact it carries (docs/trace-json-v1.md)
 HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
