@@ -494,3 +494,13 @@ def test_a_reply_leaving_by_another_node_is_said():
     assert hops(path, "request")[0]["node"] == "worker2"
     assert any("leaves the cluster by worker1, not by worker2" in w for w in doc["warnings"])
     assert path["disposition"] == "rejected" and "the client resets" in path["drop"]["reason"]
+
+
+def test_an_outside_packet_arrives_by_a_real_interface():
+    """IPVS mode binds every LoadBalancer IP to kube-ipvs0 (a NOARP dummy): the client's
+    packet still arrives on ens192, the interface facing the network."""
+    doc = trace("203.0.113.7", "172.18.255.1:80", "--via", "node1", bundle=KP["ipvs"], code=0)
+    for path in doc["paths"]:
+        first = hops(path)[0]
+        assert (first["detail"], first["table"], first["node"]) == ("entry", "ens192", "node1")
+        assert any(h["component"] == "ipvs" for h in hops(path, "request"))

@@ -171,6 +171,10 @@ class Solver:
         n = next((x for x in self.cluster.nodes if x.name == node), None)
         for want in (address, n.internal_ip if n else None):
             for iface in model.interfaces:
+                # an address held by a device that cannot receive from the network (a NOARP
+                # dummy such as kube-ipvs0, lo) arrives by the node's own interface instead
+                if iface.name == "lo" or "NOARP" in iface.flags:
+                    continue
                 if want and any(a.address == want for a in iface.ipv4()):
                     return iface.name
         raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface holding {node}'s InternalIP "
