@@ -504,3 +504,18 @@ def test_an_outside_packet_arrives_by_a_real_interface():
         first = hops(path)[0]
         assert (first["detail"], first["table"], first["node"]) == ("entry", "ens192", "node1")
         assert any(h["component"] == "ipvs" for h in hops(path, "request"))
+
+
+def test_completion_knows_the_new_ends():
+    from traceflow import completion
+    b = f"--bundle={KP['iptables']}"
+    assert completion.candidates(["trace", b, "node/"]) == ["node/node1", "node/node2",
+                                                            "node/node3"]
+    assert "node/node2" in completion.candidates(["trace", b, "203.0.113.7", ""])
+    assert "192.168.10.11:31901" in completion.candidates(["trace", b, "203.0.113.7",
+                                                           "192.168.10.11:"])
+    assert "node/node1:31901" in completion.candidates(["trace", b, "203.0.113.7", "node/node1:"])
+    assert completion.candidates(["trace", b, "203.0.113.7", "172.18.255.1:80", "--via",
+                                  ""]) == ["node1", "node2", "node3"]
+    assert "svc/catalog" in completion.candidates(["trace", b, "-n", "shop", "node/node1",
+                                                   "svc/"])
