@@ -25,4 +25,4 @@ benchmark: install
 	$(VENV)/bin/python benchmarks/run.py
 
 completions: install
-	$(VENV)/bin/python -m traceflow.completion write completions
+	$(VENV)/bin/python -m traceflow.cli.completion write completions

@@ -20,12 +20,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 CHILD = """
 import resource, sys, time
 sys.path.insert(0, {root!r})
-from collectors.bundle import Bundle
-from traceflow.snapshot import Snapshot
-from traceflow.solver import Query, Solver
+from traceflow.bundle.reader import Bundle
+from traceflow.cni import open_snapshot
+from traceflow.questions.solver import Query, Solver
 t = time.perf_counter()
 b = Bundle.open({path!r})
-s = Snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')
+s = open_snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')
 tr = Solver(s).trace(Query('pod-to-svc', c.pod('frontend', 'default'), svc.cluster_ip, 80, 'TCP',
                            54321, svc.key, svc))
 print(f"{{time.perf_counter() - t:.1f}} {{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}}")
@@ -38,7 +38,7 @@ def main() -> None:
     import tarfile
 
     from test_hostile_input import _bomb, _sparse_member
-    from traceflow.cli import example_path
+    from traceflow.cli.app import example_path
     mb = int(sys.argv[1]) if len(sys.argv) > 1 else 512
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

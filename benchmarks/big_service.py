@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save  # noqa: E402
-from traceflow.netfilter.nft import parse_nft_ruleset  # noqa: E402
-from traceflow.packet import Packet  # noqa: E402
+from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save  # noqa: E402
+from traceflow.engines.netfilter.nft import parse_nft_ruleset  # noqa: E402
+from traceflow.model.packet import Packet  # noqa: E402
 
 VIP = "10.96.0.50"
 

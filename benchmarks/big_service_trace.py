@@ -55,7 +55,7 @@ def rules(n: int) -> str:
 def build(n: int, dest: Path) -> Path:
     import yaml
 
-    from traceflow.cli import example_path
+    from traceflow.cli.app import example_path
     shutil.copytree(example_path(), dest)
     for node in (dest / "nodes").iterdir():
         old = node / "iptables-nat-list.txt"
@@ -70,14 +70,14 @@ def build(n: int, dest: Path) -> Path:
 
 def one(n: int) -> None:
     """Runs in the child: build, trace, print one JSON line of numbers."""
-    from collectors.bundle import Bundle
+    from traceflow.bundle.reader import Bundle
     from renderers.json_out import render_json
-    from traceflow.snapshot import Snapshot
-    from traceflow.solver import Query, Solver
+    from traceflow.cni import open_snapshot
+    from traceflow.questions.solver import Query, Solver
     with tempfile.TemporaryDirectory() as tmp:
         path = build(n, Path(tmp) / "bundle")
         started = time.perf_counter()
-        snap = Snapshot(Bundle.open(path))
+        snap = open_snapshot(Bundle.open(path))
         c = snap.cluster
         svc = c.service("backendsvc", "default")
         trace = Solver(snap).trace(Query("pod-to-svc", c.pod("frontend", "default"), VIP, PORT,

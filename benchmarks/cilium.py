@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.bundle import Bundle  # noqa: E402
-from traceflow.snapshot import Snapshot  # noqa: E402
-from traceflow.solver import Query, Solver  # noqa: E402
+from traceflow.bundle.reader import Bundle  # noqa: E402
+from traceflow.cni import open_snapshot  # noqa: E402
+from traceflow.questions.solver import Query, Solver  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 CASES = [  # bundle, kind, source, destination, port
@@ -25,7 +25,7 @@ CASES = [  # bundle, kind, source, destination, port
 
 
 def trace_once(name, kind, src, dst, port):
-    snap = Snapshot(Bundle.open(EXAMPLES / name))
+    snap = open_snapshot(Bundle.open(EXAMPLES / name))
     cl = snap.cluster
     pod = cl.pod(src, "default")
     if kind == "pod-to-svc":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traceflow.cilium import lb, maps  # noqa: E402
+from traceflow.engines.cilium import lb, maps  # noqa: E402
 
 
 def timed(fn, repeat=3):

@@ -247,7 +247,7 @@ def build(dest: Path, nodes: int = 2, flows: int = 100_000, services: int = 100,
     if jsonl:
         import json
 
-        from traceflow.fastyaml import load
+        from traceflow.bundle.fastyaml import load
         for path in sorted(k8s.glob("*.yaml")):
             items = load(path.read_text())["items"] or []
             with open(path.with_suffix(".jsonl"), "w") as f:

@@ -1,7 +1,7 @@
 """kube-proxy in nftables mode with N Services: reading `nft list table ip kube-proxy` whole
-against reading it lazily (traceflow.netfilter.nft_lazy), and one trace over the lazy ruleset.
+against reading it lazily (traceflow.engines.netfilter.nft_lazy), and one trace over the lazy ruleset.
 
-The ruleset is the one traceflow/examples/generate_kube_proxy.py writes for node1 (its
+The ruleset is the one tools/generate_kube_proxy.py writes for node1 (its
 chains, maps and sets, in nft's order), for that cluster plus synthetic Services up to N:
 ClusterIP Services with 1-3 endpoints spread over the three nodes, every 10th a NodePort (while
 NodePorts last), every 50th with session affinity. Deterministic (no randomness beyond the
@@ -47,7 +47,8 @@ CLIENT = "10.244.1.5"
 def ruleset_text(services: int) -> tuple[str, str, int]:
     """(node1's kube-proxy table with ``services`` Services, a VIP in the middle of the added
     ones and its port)."""
-    from traceflow.examples import generate_kube_proxy as g
+    sys.path.insert(0, str(ROOT / "tools"))
+    import generate_kube_proxy as g
     cluster = g.build_cluster()
     taken_ips = {s.cluster_ip for s in cluster.services}
     taken_ports = {p.node_port for s in cluster.services for p in s.ports if p.node_port}
@@ -81,10 +82,10 @@ def ruleset_text(services: int) -> tuple[str, str, int]:
 
 def _child(mode: str, path: str, vip: str, dport: int, traced: bool) -> dict:
     # imports first: the steps are timed without them
-    from traceflow import bundleindex  # noqa: F401
-    from traceflow.lowgc import paused
-    from traceflow.netfilter import engine, nft_lazy, nft_parse, nft_sim  # noqa: F401
-    from traceflow.packet import Packet  # noqa: F401
+    from traceflow.bundle import index as bundleindex  # noqa: F401
+    from traceflow.model.lowgc import paused
+    from traceflow.engines.netfilter import engine, nft_lazy, nft_parse, nft_sim  # noqa: F401
+    from traceflow.model.packet import Packet  # noqa: F401
     text = Path(path).read_text()
     name = "nodes/node1/nft.txt"
     if traced:
@@ -94,17 +95,17 @@ def _child(mode: str, path: str, vip: str, dport: int, traced: bool) -> dict:
     if mode == "cold":                    # an empty index: the pass over the lines
         os.environ["TRACEFLOW_CACHE_DIR"] = tempfile.mkdtemp()
     if mode == "eager":
-        from traceflow.netfilter.nft_parse import parse_nft_ruleset
+        from traceflow.engines.netfilter.nft_parse import parse_nft_ruleset
         with paused():
             rs = parse_nft_ruleset(text, name)
     else:
-        from traceflow.bundleindex import parse_nft_ruleset
+        from traceflow.bundle.index import parse_nft_ruleset
         with paused():
             rs = parse_nft_ruleset(text, name)
         out["lazy"] = type(rs).__name__ == "LazyNftRuleset"
     if mode == "trace":
-        from traceflow.netfilter.engine import NodeContext
-        from traceflow.packet import Packet
+        from traceflow.engines.netfilter.engine import NodeContext
+        from traceflow.model.packet import Packet
         pkt = Packet(nw_src=CLIENT, nw_dst=vip, nw_proto=6, tp_src=54321, tp_dst=dport)
         ctx = NodeContext(node="node1", local_addresses={"192.168.10.11", "10.244.1.1"})
         branches = rs.evaluate_hook("PREROUTING", pkt, ctx)

@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.synth import _pod_flows  # noqa: E402
-from traceflow import bundleindex  # noqa: E402
-from traceflow.cni import antrea  # noqa: E402
-from traceflow.lowgc import paused  # noqa: E402
-from traceflow.ovs.flows import FlowDump  # noqa: E402
+from traceflow.bundle import index as bundleindex  # noqa: E402
+from traceflow.cni.antrea import conventions as antrea  # noqa: E402
+from traceflow.model.lowgc import paused  # noqa: E402
+from traceflow.engines.ovs.flows import FlowDump  # noqa: E402
 
 NODE = ROOT / "traceflow" / "examples" / "antrea-encap-kube-proxy" / "nodes" / "worker1"
 

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from traceflow.conntrack import Conntrack  # noqa: E402
-from traceflow.ovs.bridge import parse_groups, parse_show  # noqa: E402
-from traceflow.ovs.flows import FlowDump  # noqa: E402
-from traceflow.ovs.pipeline import Bridge, simulate  # noqa: E402
+from traceflow.model.conntrack import Conntrack  # noqa: E402
+from traceflow.engines.ovs.bridge import parse_groups, parse_show  # noqa: E402
+from traceflow.engines.ovs.flows import FlowDump  # noqa: E402
+from traceflow.engines.ovs.pipeline import Bridge, simulate  # noqa: E402
 
 NODE = ROOT / "examples" / "antrea-proxy-v1" / "nodes" / "node1"
 GROUPS = 22_000
@@ -169,7 +169,7 @@ def main() -> None:
         simulate(bridge, dict(big_state), Conntrack())
     every_fresh = _median_ms(unremembered, 15)
     # as the CLI runs it: with Antrea's explanations of tables, registers and ports
-    from traceflow.cni.antrea import AntreaAnnotator
+    from traceflow.cni.antrea.conventions import AntreaAnnotator
     notes = AntreaAnnotator("1.4.0", "node1", ports, {"192.168.77.100": "node1",
                                                       "192.168.77.101": "node2"})
     every_annotated = _median_ms(lambda: simulate(bridge, dict(big_state), Conntrack(), 0,

@@ -23,11 +23,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from benchmarks.synth import build  # noqa: E402
 from ovs_oracle import PortSpec, PrivateOvs  # noqa: E402
-from traceflow.cli import example_path  # noqa: E402
-from traceflow.conntrack import Conntrack  # noqa: E402
-from traceflow.ovs.bridge import parse_show  # noqa: E402
-from traceflow.ovs.flows import FlowDump  # noqa: E402
-from traceflow.ovs.pipeline import Bridge, simulate  # noqa: E402
+from traceflow.cli.app import example_path  # noqa: E402
+from traceflow.model.conntrack import Conntrack  # noqa: E402
+from traceflow.engines.ovs.bridge import parse_show  # noqa: E402
+from traceflow.engines.ovs.flows import FlowDump  # noqa: E402
+from traceflow.engines.ovs.pipeline import Bridge, simulate  # noqa: E402
 
 SPEC = ("in_port=49,tcp,dl_src=be:2c:bf:e4:ec:c5,dl_dst=4e:99:08:c1:53:be,nw_src=10.222.1.48,"
         "nw_dst=10.104.65.133,tp_src=54444,tp_dst=80,nw_ttl=64")

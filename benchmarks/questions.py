@@ -53,7 +53,7 @@ def suite_1000(path: Path) -> None:
 
 def run_one(args: list[str]) -> dict:
     """Run the CLI in this process; return wall time, peak RSS and the JSON summary."""
-    from traceflow.cli import app
+    from traceflow.cli.app import app
     out = tempfile.TemporaryFile(mode="w+")
     t0 = time.perf_counter()
     saved = sys.stdout

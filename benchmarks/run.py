@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.bundle import Bundle  # noqa: E402
-from traceflow.cli import example_path  # noqa: E402
-from traceflow.ovs.flows import FlowDump, parse_flows  # noqa: E402
-from traceflow.snapshot import Snapshot  # noqa: E402
-from traceflow.solver import Query, Solver  # noqa: E402
+from traceflow.bundle.reader import Bundle  # noqa: E402
+from traceflow.cli.app import example_path  # noqa: E402
+from traceflow.engines.ovs.flows import FlowDump, parse_flows  # noqa: E402
+from traceflow.cni import open_snapshot  # noqa: E402
+from traceflow.questions.solver import Query, Solver  # noqa: E402
 
 
 def timed(fn, repeat=5):
@@ -38,7 +38,7 @@ def timed(fn, repeat=5):
 
 
 def trace_once(path: Path):
-    snap = Snapshot(Bundle.open(path))
+    snap = open_snapshot(Bundle.open(path))
     cl = snap.cluster
     svc = cl.service("backendsvc", "default")
     q = Query("pod-to-svc", cl.pod("frontend", "default"), svc.cluster_ip, 80, "TCP", 54321,
@@ -70,7 +70,7 @@ def main() -> None:
     save = example_path().parent / "kube-proxy-iptables" / "nodes"
     save = next(iter(sorted(save.glob("*/iptables-save.txt"))), None)
     if save is not None:
-        from traceflow.netfilter.iptables import parse_iptables_save
+        from traceflow.engines.netfilter.iptables import parse_iptables_save
         text = save.read_text()
         t_ipt, rs = timed(lambda: parse_iptables_save(text, str(save)), repeat=3)
         n_rules = sum(1 for _ in rs.rules())

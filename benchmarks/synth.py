@@ -11,7 +11,7 @@ import ipaddress
 import shutil
 from pathlib import Path
 
-from traceflow.cli import example_path
+from traceflow.cli.app import example_path
 
 
 def _pod_flows(i: int) -> list[str]:

@@ -26,7 +26,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from traceflow.errors import CollectionError
+from traceflow.model.errors import CollectionError
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from typing import Callable
 import yaml
 
 from collectors import agents as A
-from collectors.bundle import FORMAT, Bundle
-from traceflow.errors import CollectionError, InputError
+from traceflow.bundle.detect import detect_kube_proxy, tunnel_dev
+from traceflow.bundle.reader import FORMAT, Bundle
+from traceflow.model.errors import CollectionError, InputError
 
 VIAS = ("auto", "exec", "ssh")
 
@@ -552,7 +553,7 @@ def _collect(opts, kube, ssh_cfg, deadline, started, display) -> Bundle:
         facts = {}
         if node in agents:
             facts["agent_pod"] = agents[node].key
-        dev = _tunnel_dev(files.get(f"nodes/{node}/ip-addr.txt", b"") +
+        dev = tunnel_dev(files.get(f"nodes/{node}/ip-addr.txt", b"") +
                           files.get(f"nodes/{node}/ip-link.txt", b""))
         if dev:
             facts["tunnel_dev"] = dev
@@ -677,31 +678,6 @@ def _resolve(opts: CollectOptions, kube, state, notes: list, warn):
             seen.add(key)
             uniq.append(p)
     return query, touched, uniq
-
-
-# ---- manifest facts read off the collected outputs ----------------------------------------------
-
-def detect_kube_proxy(files: dict[str, bytes], kube_proxy_pods: bool) -> str:
-    """iptables | ipvs | nftables | none, from what the nodes print."""
-    def any_file(names: tuple[str, ...], needle: bytes) -> bool:
-        return any(p.rsplit("/", 1)[-1] in names and needle in data
-                   for p, data in files.items() if p.startswith("nodes/"))
-    if any_file(("ip-link.txt", "ip-addr.txt"), b"kube-ipvs0"):
-        return "ipvs"
-    if any_file(("nft.txt",), b"table ip kube-proxy"):
-        return "nftables"
-    if any_file(("iptables-save.txt", "iptables-nat-list.txt"), b"KUBE-SERVICES"):
-        return "iptables"
-    return "iptables" if kube_proxy_pods else "none"
-
-
-_TUNNEL = re.compile(rb"\b(genev_sys_\d+|vxlan_sys_\d+|gre_sys|stt_sys_\d+|cilium_vxlan|"
-                     rb"cilium_geneve)\b")
-
-
-def _tunnel_dev(text: bytes) -> str | None:
-    m = _TUNNEL.search(text)
-    return m.group(1).decode() if m else None
 
 
 def _yaml(doc) -> bytes:

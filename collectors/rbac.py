@@ -21,6 +21,9 @@ import yaml
 from collectors.agents import AGENT_NAMESPACE
 from collectors.kube import validate_name
 
+# the agent pods exec is granted on, as a message names them when none is found
+AGENT_PODS = f"antrea-agent or cilium in {AGENT_NAMESPACE}"
+
 # (apiGroups, resources, verbs, why): every permission and what it is for.
 READER_RULES = (
     ([""], ["pods", "services", "nodes"], ["get", "list"],

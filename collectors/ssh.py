@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from traceflow.errors import CollectionError, InputError
+from traceflow.model.errors import CollectionError, InputError
 
 _KEYS = {"host", "user", "port", "key", "known_hosts", "sudo", "connect_timeout", "jump",
          "agent"}

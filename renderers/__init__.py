@@ -1,4 +1,4 @@
-"""Renderers: pure functions of the trace model (``traceflow.trace``) to text.
+"""Renderers: pure functions of the trace model (``traceflow.model.trace``) to text.
 
 - ``render_json`` / ``trace_to_dict``: the v1 JSON contract (docs/trace-json-v1.md).
 - ``render_yaml``: the same document as YAML.

@@ -17,7 +17,7 @@ from html import escape as _html
 
 from renderers import walk
 from renderers.textfit import escape as _esc, fit
-from traceflow.trace import Path, Trace, Verdict
+from traceflow.model.trace import Path, Trace, Verdict
 
 # component -> the place it belongs to on the node
 PLACES = {"pod": "pod", "ovs": "ovs", "iptables": "host", "nft": "host", "ipvs": "host",

@@ -19,7 +19,7 @@ from renderers import walk
 from renderers.text import _Out, hop_details
 from renderers.textfit import escape
 from renderers.theme import missing_styles
-from traceflow.trace import Trace
+from traceflow.model.trace import Trace
 
 _SET = re.compile(r"\bset ([\w\[\].]+) = ([^;\s]+)")
 _CT = re.compile(r"\b(ct_state|ct_mark|ct_label|zone)[= ]([+\-\w/]+)")

@@ -15,7 +15,7 @@ from renderers.diagram import path_graph, path_svg
 from renderers.hopstory import why_lines
 from renderers.textfit import escape as _esc
 from renderers.walk import About
-from traceflow.trace import Path, Trace, Verdict
+from traceflow.model.trace import Path, Trace, Verdict
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#202124}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 import json
 
-from traceflow.errors import Source
-from traceflow.packet import Packet
-from traceflow.trace import Drop, Exit, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.errors import Source
+from traceflow.model.packet import Packet
+from traceflow.model.trace import Drop, Exit, Hop, Leg, Path, Trace, Verdict
 
 SCHEMA = "traceflow.trace/v1"
 

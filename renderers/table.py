@@ -24,8 +24,8 @@ from rich.text import Text
 from renderers.json_out import field_sort_key
 from renderers.textfit import escaped
 from renderers.theme import THEME, VERDICT_STYLES, missing_styles
-from traceflow.packet import PROTO_NAMES, Packet
-from traceflow.trace import Hop, Leg, Path, Trace, Verdict
+from traceflow.model.packet import PROTO_NAMES, Packet
+from traceflow.model.trace import Hop, Leg, Path, Trace, Verdict
 
 NOTHING = "\u2014"      # em dash: nothing changed
 ARROW = "->"

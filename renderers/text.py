@@ -24,7 +24,7 @@ from renderers import walk
 from renderers.textfit import escape, fit, wrap
 from renderers.theme import VERDICT_STYLES, missing_styles
 from renderers.walk import About, Numbered
-from traceflow.trace import Path, Trace, Verdict
+from traceflow.model.trace import Path, Trace, Verdict
 
 CHANGED = "=>"
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.errors import MissingStyle
 from rich.theme import Theme
 
-from traceflow.trace import Verdict
+from traceflow.model.trace import Verdict
 
 STYLES: dict[str, str] = {
     "tf.header": "bold",

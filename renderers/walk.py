@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 
 from renderers.json_out import field_sort_key
-from traceflow.packet import PROTO_NAMES, Packet
-from traceflow.trace import Hop, Leg, Path, Trace, Verdict
+from traceflow.model.packet import PROTO_NAMES, Packet
+from traceflow.model.trace import Hop, Leg, Path, Trace, Verdict
 
 ARROW = "->"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from renderers.json_out import trace_to_dict
-from traceflow.trace import Trace
+from traceflow.model.trace import Trace
 
 
 def render_yaml(trace: Trace) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "traceflow" / "examples"
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""Every test runs with its own empty bundle-index cache (traceflow.bundleindex), so that no
+"""Every test runs with its own empty bundle-index cache (traceflow.bundle.index), so that no
 test reads or writes the user's cache and no test depends on what another one indexed."""
 
 import pytest

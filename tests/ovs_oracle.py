@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceflow.ovs import fields as F
+from traceflow.engines.ovs import fields as F
 
 SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin",
                              os.environ.get("PATH", "")])
@@ -210,7 +210,7 @@ class PrivateOvs:
     def start_node(cls, node_dir: Path) -> PrivateOvs:
         """A bundle node's switch: ports of ovs-show.txt (antrea-tun*: Geneve), the table
         names of ovs-tables.txt if present, ovs-groups.txt if present, then ovs-flows.txt."""
-        from traceflow.ovs.bridge import parse_tables
+        from traceflow.engines.ovs.bridge import parse_tables
         show = (node_dir / "ovs-show.txt").read_text()
         ports = [PortSpec(name, int(num), name.startswith("antrea-tun"))
                  for num, name in re.findall(r"^ (\d+)\(([^)]+)\):", show, re.MULTILINE)]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "traceflow" / "examples"
@@ -309,7 +309,7 @@ def test_unknown_meaning_without_cni_version(tmp_path, bundle, client, svc):
 
 
 def test_unvouched_version_is_unknown_meaning():
-    from traceflow.cni.antrea import AntreaAnnotator
+    from traceflow.cni.antrea.conventions import AntreaAnnotator
     for version in ("v1.2.0", "v1.5.1", "v2.8.0"):
         ann = AntreaAnnotator(version, "node1", {}, {})
         note = ann.describe_write("reg0", 21, 22, 1, {})
@@ -321,23 +321,24 @@ def test_unvouched_version_is_unknown_meaning():
 # ============================================================================ conventions
 
 def _snapshot(bundle):
-    from collectors.bundle import Bundle
-    from traceflow.snapshot import Snapshot
-    return Snapshot(Bundle.open(bundle))
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    return open_snapshot(Bundle.open(bundle))
 
 
 def test_pod_ports_from_spoofguard_flows():
-    v2 = _snapshot(V2).node("node1").pod_ports
+    from traceflow.cni.antrea.conventions import node_pod_ports
+    v2 = node_pod_ports(_snapshot(V2).node("node1"))
     assert v2 == {"10.10.0.26": ("client-6-3353ef", "5e:b5:e3:a6:90:b7"),
                   "10.10.0.24": ("web-7975-274540", "fa:b7:53:74:21:a6"),
                   "10.10.0.25": ("db-755c6-5080e3", "36:48:21:a2:9d:b4")}   # not the gateway's
-    v1 = _snapshot(V1).node("node1").pod_ports    # dumped without --names: in_port=4 -> name
+    v1 = node_pod_ports(_snapshot(V1).node("node1"))    # dumped without --names: in_port=4 -> name
     assert v1["10.10.0.3"] == ("client-4f7a21", "ce:f2:73:e6:af:8f")
 
 
 @pytest.mark.parametrize("bundle", [V1, V2])
 def test_arp_responder_answers_for_the_peer_gateway(bundle):
-    from traceflow.solver import Solver
+    from traceflow.questions.solver import Solver
     snap = _snapshot(bundle)
     node = snap.node("node1")
     assert Solver(snap)._arp_via_ovs("node1", node, "antrea-gw0", "10.10.1.1") == "aa:bb:cc:dd:ee:ff"
@@ -449,7 +450,7 @@ def test_real_ovs_accepts_every_flow_and_dumps_the_same(bundle, node):
             groups = ovs.ofctl("-O", "OpenFlow15", "dump-groups", "br-int", "--names")
             assert ovs.ofctl("dump-tables", "br-int") == (d / "ovs-tables.txt").read_text()
             # the other accepted source of table names reads the same
-            from traceflow.ovs.bridge import parse_tables
+            from traceflow.engines.ovs.bridge import parse_tables
             features = ovs.ofctl("-O", "OpenFlow15", "dump-table-features", "br-int")
             assert parse_tables(features, "features") == parse_tables(
                 (d / "ovs-tables.txt").read_text(), "tables")
@@ -468,10 +469,10 @@ CT_NEXT = ["trk,new", "trk,new", "trk,new,dnat", "trk,new,dnat"]
 
 @pytest.mark.parametrize("bundle,spec,outputs", [(V1, V1_SPEC, {1, 5}), (V2, V2_SPEC, {32768, 37})])
 def test_real_ovs_agrees_on_the_first_leg_for_every_bucket(bundle, spec, outputs):
-    from traceflow.components import parse_flow_spec
-    from traceflow.conntrack import Conntrack
-    from traceflow.ovs import fields as F
-    from traceflow.ovs.pipeline import simulate
+    from traceflow.questions.components import parse_flow_spec
+    from traceflow.model.conntrack import Conntrack
+    from traceflow.engines.ovs import fields as F
+    from traceflow.engines.ovs.pipeline import simulate
     node = _snapshot(bundle).node("node1")
     bits = F.CT_STATE_BITS
     states = [sum(bits[b] for b in s.split(",")) for s in CT_NEXT]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

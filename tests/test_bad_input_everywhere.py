@@ -6,7 +6,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from traceflow.cli import app, example_path
+from traceflow.cli.app import app, example_path
 
 runner = CliRunner()
 EXAMPLE = example_path()

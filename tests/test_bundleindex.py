@@ -1,4 +1,4 @@
-"""The bundle index (traceflow.bundleindex): the second command on a bundle reads its
+"""The bundle index (traceflow.bundle.index): the second command on a bundle reads its
 Kubernetes objects from the index and gets the same cluster; a changed, corrupt or foreign
 index is never trusted; two processes at once are safe; the cache stays within its budget;
 bad input is still a located error; k8s/<kind>.jsonl bundles read like YAML ones."""
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.bundle import Bundle
-from traceflow import bundleindex
-from traceflow.errors import InputError
-from traceflow.kube import load_cluster
+from traceflow.bundle.reader import Bundle
+from traceflow.bundle import index as bundleindex
+from traceflow.model.errors import InputError
+from traceflow.bundle.kube import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "traceflow" / "examples" / "antrea-encap-kube-proxy"
@@ -53,7 +53,7 @@ def test_second_open_reads_the_layout_and_gets_the_same_cluster(bundle, monkeypa
     assert len(_blobs("k8s-layout")) == 1
     assert _plain(first) == want
     # the second open locates nothing: the layout says where each object is
-    from traceflow import kubecatalog
+    from traceflow.bundle import kubecatalog
     monkeypatch.setattr(kubecatalog, "scan_yaml", lambda *a: pytest.fail("located again"))
     second = bundleindex.load_cluster(Bundle.open(bundle))
     assert second.find_pod("default", "backend2").ip == "10.222.2.34"
@@ -66,14 +66,14 @@ def test_a_file_read_whole_is_kept_as_json_for_the_next_command(bundle, monkeypa
     assert _plain(bundleindex.load_cluster(Bundle.open(bundle))) == want   # reads all
     assert len(_blobs("k8s-items")) >= 3        # pods, services, endpointslices
     # the next command's whole read comes from the stored objects, not from the YAML
-    from traceflow import kubecatalog
+    from traceflow.bundle import kubecatalog
     monkeypatch.setattr(kubecatalog, "_read_whole", lambda cat: pytest.fail("parsed again"))
     c = bundleindex.load_cluster(Bundle.open(bundle))
     assert _plain(c) == want
 
 
 def test_layout_lines_point_at_the_items(bundle):
-    from traceflow.kubecatalog import Objects
+    from traceflow.bundle.kubecatalog import Objects
     objects = Objects(Bundle.open(bundle).text)
     cat = objects.catalog("k8s/pods.yaml")
     text = (bundle / "k8s/pods.yaml").read_text().splitlines()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 xmlschema = pytest.importorskip("xmlschema")
 

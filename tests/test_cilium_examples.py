@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.bundle import Bundle
-from traceflow.cni.cilium import CiliumNode
-from traceflow.snapshot import Snapshot
+from traceflow.bundle.reader import Bundle
+from traceflow.cni.cilium.node import CiliumNode
+from traceflow.cni import open_snapshot
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "traceflow" / "examples"
 NAMES = ["cilium-kpr-native", "cilium-eni", "cilium-vxlan-policy"]
@@ -69,7 +69,7 @@ def test_text_kept_from_the_walks_is_there(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_files_of_each_node_agree(name):
-    snap = Snapshot(Bundle.open(EXAMPLES / name))
+    snap = open_snapshot(Bundle.open(EXAMPLES / name))
     for node_name in snap.bundle.node_names():
         cn = CiliumNode(snap, snap.node(node_name))
         cn.maps.parse_all()

@@ -1,12 +1,12 @@
-"""Cilium's lookups over parsed maps (traceflow.cilium.lookup): which service entry a packet
+"""Cilium's lookups over parsed maps (traceflow.engines.cilium.lookup): which service entry a packet
 hits, which slots a new connection can take, which policy entry decides. Inputs are the
 versions' real text formats; expectations follow lb.h / policy.h of Cilium's source."""
 
-from traceflow.cilium.common import CiliumVersion
-from traceflow.cilium.lb import parse_lb_list, parse_service_list
-from traceflow.cilium.lookup import ipcache_lookup, policy_verdict, service_lookup
-from traceflow.cilium.maps import parse_ipcache
-from traceflow.cilium.policy import parse_policy_get
+from traceflow.engines.cilium.common import CiliumVersion
+from traceflow.engines.cilium.lb import parse_lb_list, parse_service_list
+from traceflow.engines.cilium.lookup import ipcache_lookup, policy_verdict, service_lookup
+from traceflow.engines.cilium.maps import parse_ipcache
+from traceflow.engines.cilium.policy import parse_policy_get
 
 TWO_SCOPES = """SERVICE ADDRESS         BACKEND ADDRESS (REVNAT_ID) (SLOT)
 10.96.50.5:80/i         0.0.0.0:0 (9) (0) [ClusterIP, InternalLocal, two-scopes]

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from traceflow.cilium import CiliumVersion, detect_version, load_node
-from traceflow.cilium import attach, conntrack, lb, maps, policy
-from traceflow.cilium import parse as C
-from traceflow.cilium import settings as S
-from traceflow.errors import InputError
+from traceflow.engines.cilium import CiliumVersion, detect_version, load_node
+from traceflow.engines.cilium import attach, conntrack, lb, maps, policy
+from traceflow.engines.cilium import parse as C
+from traceflow.engines.cilium import settings as S
+from traceflow.model.errors import InputError
 
 HERE = Path(__file__).resolve().parent
 REAL = HERE / "data" / "realworld" / "cilium"

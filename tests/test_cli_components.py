@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from traceflow import completion
-from traceflow.cli import app, example_path
+from traceflow.cli import completion
+from traceflow.cli.app import app, example_path
 
 EXAMPLE = str(example_path())
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_bash_completion_script_is_valid_bash():
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    code = ("import sys, traceflow.cli as c\n"
+    code = ("import sys, traceflow.cli.app as c\n"
             "heavy = [m for m in ('kubernetes', 'paramiko', 'scapy', 'scapy.all') if m in sys.modules]\n"
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "traceflow" / "examples"
@@ -288,7 +288,7 @@ def test_usage_names_kubectl_traceflow_as_a_plugin(tmp_path):
     for name, expect in (("kubectl-traceflow", "Usage: kubectl traceflow pod-to-svc"),
                          ("traceflow", "Usage: traceflow pod-to-svc")):
         code = (f"import sys; sys.argv = [{name!r}, 'pod-to-svc', '--help']; "
-                "from traceflow.cli import run; run()")
+                "from traceflow.cli.app import run; run()")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100"))
         assert r.returncode == 0 and expect in r.stdout, r.stdout[:300]

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_kube_api import CILIUM_DEVICES, REALWORLD, cilium_cluster  # noqa: E402
 
 from collectors import agents as A  # noqa: E402
-from collectors.bundle import Bundle  # noqa: E402
-from traceflow.cli import app  # noqa: E402
+from traceflow.bundle.reader import Bundle  # noqa: E402
+from traceflow.cli.app import app  # noqa: E402
 
 runner = CliRunner()
 

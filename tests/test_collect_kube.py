@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_kube_api import FakeKubeAPI, free_port  # noqa: E402
 
 from collectors import agents as A  # noqa: E402
-from collectors.bundle import Bundle  # noqa: E402
+from traceflow.bundle.reader import Bundle  # noqa: E402
 from collectors.live import CollectOptions, collect, write_bundle  # noqa: E402
-from traceflow.cli import app, example_path  # noqa: E402
+from traceflow.cli.app import app, example_path  # noqa: E402
 
 EXAMPLE = example_path()
 ROOT = Path(__file__).resolve().parents[1]
@@ -512,7 +512,7 @@ def test_script_runs_in_a_plain_posix_shell(tmp_path):
 
 
 def test_write_bundle_refuses_paths_outside(tmp_path):
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     with pytest.raises(InputError):
         write_bundle({"manifest.yaml": b"", "../evil": b"x"}, tmp_path / "b")
     (tmp_path / "full").mkdir()
@@ -522,7 +522,7 @@ def test_write_bundle_refuses_paths_outside(tmp_path):
 
 
 def test_write_bundle_never_overwrites_without_force(tmp_path):
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     out = tmp_path / "x.tar.gz"
     out.write_bytes(b"precious")
     with pytest.raises(InputError, match="exists: pass --force"):
@@ -545,7 +545,7 @@ def test_write_bundle_follows_no_symlink(tmp_path):
     assert victim.read_bytes() == b"keep"
     out.unlink()
     out.symlink_to(victim)
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     with pytest.raises(InputError, match="exists"):
         write_bundle({"manifest.yaml": b""}, out)
     write_bundle({"manifest.yaml": b""}, out, force=True)
@@ -567,7 +567,7 @@ def test_collect_refuses_to_overwrite_without_force(fake, tmp_path):
 
 
 def test_cli_start_up_imports_no_kubernetes_or_paramiko():
-    code = ("import sys, traceflow.cli, collectors.live, collectors.agents, collectors.kube, "
+    code = ("import sys, traceflow.cli.app, collectors.live, collectors.agents, collectors.kube, "
             "collectors.ssh\n"
             "print(','.join(m for m in ('kubernetes', 'paramiko', 'websocket') "
             "if m in sys.modules))")

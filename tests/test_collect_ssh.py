@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from collectors import agents as A  # noqa: E402
 from collectors import ssh as S  # noqa: E402
-from traceflow.errors import CollectionError  # noqa: E402
+from traceflow.model.errors import CollectionError  # noqa: E402
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 HOST_ITEMS = ["ip-rule.txt", "ip-route.txt", "ip-neigh.txt", "ip-addr.txt", "ip-link.txt",
@@ -226,8 +226,9 @@ def test_collected_files_equal_the_commands_output_in_the_node(sshd, node_ns):
 
 
 def test_collected_files_parse_with_traceflows_parsers(sshd):
-    from traceflow.netfilter.iptables import parse_iptables_save
-    from traceflow.routing.parse import parse_ip_addr, parse_ip_routes, parse_ip_rules
+    from traceflow.engines.netfilter.iptables import parse_iptables_save
+    from traceflow.engines.routing.addr import parse_ip_addr
+    from traceflow.engines.routing.parse import parse_ip_routes, parse_ip_rules
     results, _ = _collect(sshd.target(), ["ip-rule.txt", "ip-route.txt", "ip-addr.txt",
                                           "iptables-save.txt"])
     text = {k: v.stdout.decode() for k, v in results.items()}
@@ -350,7 +351,7 @@ def test_config_file_per_node_overrides(tmp_path):
     assert t2.key.endswith("/.ssh/k") and not t2.key.startswith("~")
     bad = tmp_path / "bad.yaml"
     bad.write_text("ssh: {usr: x}\n")
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     with pytest.raises(InputError, match="unknown ssh settings"):
         S.SshConfig.load(bad)
 
@@ -380,7 +381,7 @@ def _ssh_config(path: Path, sshd: Sshd, port: int | None = None) -> Path:
 
 def test_cli_unreachable_ssh_exits_3_naming_the_node(sshd, fake_api, tmp_path):
     from typer.testing import CliRunner
-    from traceflow.cli import app
+    from traceflow.cli.app import app
     api, kc = fake_api
     cfg = _ssh_config(tmp_path / "config.yaml", sshd, port=_free_port())
     t0 = time.monotonic()
@@ -391,7 +392,7 @@ def test_cli_unreachable_ssh_exits_3_naming_the_node(sshd, fake_api, tmp_path):
     assert r.exit_code == 3, r.output
     assert "worker1" in r.stderr and "worker2" in r.stderr
     assert "cannot connect" in r.stderr and "refused" in r.stderr.lower()
-    from collectors.bundle import Bundle
+    from traceflow.bundle.reader import Bundle
     b = Bundle.open(tmp_path / "b.tar.gz")       # written anyway, recording the failure
     assert {e["node"] for e in b.manifest["collection_errors"]} == {"worker1", "worker2"}
     assert b.has("k8s/pods.yaml") and not b.node_names()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from traceflow import completion
+from traceflow.cli import completion
+from traceflow.cli.app import app  # noqa: F401  (the CLI completion offers, bound as it loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "traceflow" / "examples" / "antrea-encap-kube-proxy"
@@ -25,7 +26,7 @@ def bin_dir(tmp_path_factory):
     for name, target in (("traceflow", "-m traceflow"),
                          ("kubectl-traceflow", "-m traceflow"),
                          ("kubectl_complete-traceflow",
-                          "-c 'import sys; from traceflow.completion import kubectl_complete; "
+                          "-c 'import sys; from traceflow.cli.app import kubectl_complete; "
                           "sys.argv[0] = \"kubectl_complete-traceflow\"; kubectl_complete()'")):
         p = d / name
         p.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" {target} "$@"\n')
@@ -153,11 +154,11 @@ def test_kubectl_plugin_completion_protocol(bin_dir):
 
 
 def test_module_help_creates_nothing(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "traceflow.completion", "--help"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "traceflow.cli.completion", "--help"], cwd=tmp_path,
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0 and "usage" in r.stdout
     assert list(tmp_path.iterdir()) == []
-    r = subprocess.run([sys.executable, "-m", "traceflow.completion", "write", "out"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "traceflow.cli.completion", "write", "out"], cwd=tmp_path,
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(completion.FILES.values())

@@ -2,8 +2,8 @@
 rule files (iptables, nftables, IPVS with its ipsets and iptables rules); nf-trace and route-get
 do not need a CNI traceflow models; marks are read in decimal or hex.
 
-The three kube-proxy example bundles describe one cluster (traceflow/examples/
-generate_kube_proxy.py), so for a sample of service ports on every node, nf-trace must find the
+The three kube-proxy example bundles describe one cluster (tools/generate_kube_proxy.py),
+so for a sample of service ports on every node, nf-trace must find the
 same verdict and endpoints in each. Where IPVS balances is the one documented difference: the
 kernel's IPVS schedules a new connection at LOCAL_IN (net/netfilter/ipvs/ip_vs_core.c,
 ip_vs_ops4), after routing to the virtual address that kube-ipvs0 holds, so an nf-trace at
@@ -17,19 +17,22 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from collectors.bundle import Bundle
-from traceflow.cli import app
-from traceflow.components import nf_component_trace
-from traceflow.examples import generate_kube_proxy as gen
-from traceflow.snapshot import Snapshot
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))   # not installed
+import generate_kube_proxy as gen  # noqa: E402
+from traceflow.bundle.reader import Bundle
+from traceflow.cli.app import app
+from traceflow.questions.components import nf_component_trace
+from traceflow.bundle.snapshot import Snapshot
+from traceflow.cni import open_snapshot
 
-EXAMPLES = Path(gen.__file__).resolve().parent
+EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 CLIENT = "192.168.50.7"
 PER_NODE = int(os.environ.get("TRACEFLOW_NF_SAMPLE", "4"))   # per node; more via env
 runner = CliRunner()
@@ -37,7 +40,7 @@ runner = CliRunner()
 
 @cache
 def snap(mode: str) -> Snapshot:
-    return Snapshot(Bundle.open(EXAMPLES / f"kube-proxy-{mode}"))
+    return open_snapshot(Bundle.open(EXAMPLES / f"kube-proxy-{mode}"))
 
 
 def sample() -> list:
@@ -197,7 +200,7 @@ def test_nf_trace_without_rules_names_the_files_it_needs(tmp_path):
 
 
 def test_ovs_trace_bad_ct_next_is_refused(tmp_path):
-    from traceflow.cli import example_path
+    from traceflow.cli.app import example_path
     r = runner.invoke(app, ["ovs-trace", "worker1", "in_port=1,ip", "--ct-next", "trk,bogus",
                             "--bundle", str(example_path())])
     assert r.exit_code == 2 and "--ct-next" in r.stderr and "bogus" in r.stderr

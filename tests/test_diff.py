@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from traceflow.cli import app
+from traceflow.cli.app import app
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

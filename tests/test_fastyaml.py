@@ -1,4 +1,4 @@
-"""traceflow.fastyaml gives exactly what yaml.safe_load gives, on every YAML file of the
+"""traceflow.bundle.fastyaml gives exactly what yaml.safe_load gives, on every YAML file of the
 examples and test data and on the YAML features kubectl and PyYAML write; what it leaves to
 PyYAML (explicit tags, merge keys, several documents) is said, and load_yaml still locates
 errors."""
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceflow import fastyaml
-from traceflow.errors import InputError
-from traceflow.validate import load_yaml
+from traceflow.bundle import fastyaml
+from traceflow.model.errors import InputError
+from traceflow.bundle.validate import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(p for d in ("traceflow/examples", "tests/data") for p in (ROOT / d).rglob("*.yaml"))

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from traceflow.cli import app, example_path
-from traceflow.errors import InputError
+from traceflow.cli.app import app, example_path
+from traceflow.model.errors import InputError
 
 HERE = Path(__file__).parent
 REALWORLD = HERE / "data" / "realworld"
@@ -85,77 +85,77 @@ def mutate(text: str, ops) -> str:
 # ---- parsers, one per file kind -----------------------------------------------------------------
 
 def _pkt():
-    from traceflow.packet import Packet
+    from traceflow.model.packet import Packet
     return Packet(nw_src="10.244.1.5", nw_dst="10.96.0.10", nw_proto=6, tp_src=40000,
                   tp_dst=80)
 
 
 def _iptables_save(text, name):
-    from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+    from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
     ruleset = parse_iptables_save(text, name)
     evaluate_hook(ruleset, "PREROUTING", _pkt(), NodeContext(node="n1"))
 
 
 def _iptables_list(text, name):
-    from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_list
+    from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_list
     ruleset = parse_iptables_list(text, name)
     evaluate_hook(ruleset, "PREROUTING", _pkt(), NodeContext(node="n1"))
 
 
 def _nft(text, name):
-    from traceflow.netfilter import NodeContext
-    from traceflow.netfilter.nft import parse_nft_ruleset
+    from traceflow.engines.netfilter import NodeContext
+    from traceflow.engines.netfilter.nft import parse_nft_ruleset
     ruleset = parse_nft_ruleset(text, name)
     ruleset.evaluate_hook("PREROUTING", _pkt(), NodeContext(node="n1"))
 
 
 def _ipvs(text, name):
-    from traceflow.netfilter.ipvs import parse_ipvsadm
+    from traceflow.engines.netfilter.ipvs import parse_ipvsadm
     parse_ipvsadm(text, name)
 
 
 def _flows(text, name):
-    from traceflow.ovs.flows import parse_flows
+    from traceflow.engines.ovs.flows import parse_flows
     parse_flows(text, name)
 
 
 def _groups(text, name):
-    from traceflow.ovs.bridge import parse_groups
+    from traceflow.engines.ovs.bridge import parse_groups
     parse_groups(text, name)
 
 
 def _show(text, name):
-    from traceflow.ovs.bridge import parse_show
+    from traceflow.engines.ovs.bridge import parse_show
     parse_show(text, name)
 
 
 def _neigh(text, name):
-    from traceflow.neigh import parse_ip_neigh
+    from traceflow.engines.neigh import parse_ip_neigh
     parse_ip_neigh(text, name)
 
 
 def _routes(text, name):
-    from traceflow.routing.parse import parse_ip_routes
+    from traceflow.engines.routing.parse import parse_ip_routes
     parse_ip_routes(text, name)
 
 
 def _rules(text, name):
-    from traceflow.routing.parse import parse_ip_rules
+    from traceflow.engines.routing.parse import parse_ip_rules
     parse_ip_rules(text, name)
 
 
 def _addr(text, name):
-    from traceflow.routing.parse import parse_ip_addr
+    from traceflow.engines.routing.addr import parse_ip_addr
     parse_ip_addr(text, name)
 
 
 def _ipset(text, name):
-    from traceflow.netfilter.ipset import parse_ipset_list
+    from traceflow.engines.netfilter.ipset import parse_ipset_list
     parse_ipset_list(text, name)
 
 
 def _k8s(text, name):
-    from traceflow.kube import load_cluster
+    from traceflow.bundle.kube import load_cluster
     load_cluster(lambda n: text if n == name else None)
 
 
@@ -303,9 +303,9 @@ CLUSTERINFO = ("#pods\n" + (TRACE_BUNDLE / "k8s/pods.yaml").read_text() + "---\n
 
 @pytest.mark.parametrize("which", ["agentinfo", "clusterinfo"])
 def test_mutated_support_bundle_file_maps_or_fails_located(which):
-    from collectors.bundle import Bundle
-    from collectors.supportbundle import to_bundle_files
-    from traceflow.kube import load_cluster
+    from traceflow.bundle.reader import Bundle
+    from traceflow.bundle.foreign.antrea_support import to_bundle_files
+    from traceflow.bundle.kube import load_cluster
 
     @FUZZ
     @given(mutations())

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from collectors.bundle import Bundle
-from traceflow.cli import app, example_path
-from traceflow.errors import InputError
+from traceflow.bundle.reader import Bundle
+from traceflow.cli.app import app, example_path
+from traceflow.model.errors import InputError
 
 EXAMPLE = example_path()
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,12 +302,12 @@ def test_gzip_bomb_member_is_never_read_and_memory_stays_bounded(tmp_path):
     bomb = _bomb(tmp_path, size)
     assert bomb.stat().st_size < 3 * 1024 * 1024
     rss, out = _peak_rss_of(
-        "from collectors.bundle import Bundle\n"
-        "from traceflow.snapshot import Snapshot\n"
-        "from traceflow.solver import Query, Solver\n"
+        "from traceflow.bundle.reader import Bundle\n"
+        "from traceflow.cni import open_snapshot\n"
+        "from traceflow.questions.solver import Query, Solver\n"
         f"b = Bundle.open({str(bomb)!r})\n"
         "assert 'nodes/worker1/huge.txt' in b.names()\n"
-        "s = Snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')\n"
+        "s = open_snapshot(b); c = s.cluster; svc = c.service('backendsvc', 'default')\n"
         "t = Solver(s).trace(Query('pod-to-svc', c.pod('frontend', 'default'), svc.cluster_ip,"
         " 80, 'TCP', 54321, svc.key, svc))\n"
         "print('VERDICT', t.verdict)\n")
@@ -342,12 +342,12 @@ def test_sparse_member_of_1gb_costs_no_memory_and_is_refused_when_read(tmp_path)
     path.write_bytes(gzip.compress(plain.getvalue()))
     assert path.stat().st_size < 200_000
     rss, out = _peak_rss_of(
-        "from collectors.bundle import Bundle\n"
-        "from traceflow.errors import InputError\n"
+        "from traceflow.bundle.reader import Bundle\n"
+        "from traceflow.model.errors import InputError\n"
         f"b = Bundle.open({str(path)!r})\n"
         "assert 'nodes/worker1/sparse.txt' in b.names()\n"
-        "from traceflow.snapshot import Snapshot\n"
-        "s = Snapshot(b); s.cluster; s.node('worker1')\n"
+        "from traceflow.cni import open_snapshot\n"
+        "s = open_snapshot(b); s.cluster; s.node('worker1')\n"
         "try:\n    b.raw('nodes/worker1/sparse.txt')\n"
         "except InputError as e:\n    print('REFUSED', e)\n")
     assert "REFUSED nodes/worker1/sparse.txt: file is 1024 MB, more than the 256 MB" in out
@@ -408,7 +408,7 @@ def test_symlink_inside_the_bundle_works(tmp_path):
 # ---- the last resort ----------------------------------------------------------------------------
 
 def test_internal_error_has_its_own_exit_code_and_a_crash_report(tmp_path, monkeypatch):
-    from traceflow import solver
+    from traceflow.questions import solver
 
     def boom(self, q):
         raise RuntimeError("simulated bug")
@@ -425,7 +425,7 @@ def test_internal_error_has_its_own_exit_code_and_a_crash_report(tmp_path, monke
 
 
 def test_debug_shows_the_traceback_for_every_exception(monkeypatch):
-    from traceflow import solver
+    from traceflow.questions import solver
 
     def boom(self, q):
         raise KeyError("simulated")

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.netfilter.ipvs import (
-    IpvsSyntaxError,
-    IpvsTable,
-    parse_endpoint,
-    parse_ipvsadm,
-)
-from traceflow.packet import Packet
+from traceflow.model.errors import InputError
+from traceflow.engines.netfilter.ipvs import (IpvsSyntaxError, IpvsTable, parse_endpoint,
+                                              parse_ipvsadm)
+from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 IPVS_DIR = DATA / "realworld" / "ipvs"

@@ -1,6 +1,6 @@
 """The generated kube-proxy example bundles: they parse, and traceflow reads kube-proxy's intent.
 
-``traceflow/examples/generate_kube_proxy.py`` renders one synthetic cluster as kube-proxy writes
+``tools/generate_kube_proxy.py`` renders one synthetic cluster as kube-proxy writes
 it in iptables, nftables and IPVS mode. Here traceflow reads the shipped files and, for a
 deterministic sample of 50 service ports on every node, must find exactly what the cluster
 description says: every ready endpoint reachable with equal shares summing to 1, NodePorts with
@@ -12,19 +12,21 @@ regenerating gives the shipped files byte for byte.
 from __future__ import annotations
 
 import random
+import sys
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from traceflow.examples import generate_kube_proxy as gen
-from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
-from traceflow.netfilter.ipset import parse_ipset_list
-from traceflow.netfilter.iptables import NotModelled, RuleSyntaxError
-from traceflow.packet import PROTO_NUMBERS, Packet
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))   # not installed
+import generate_kube_proxy as gen  # noqa: E402
+from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+from traceflow.engines.netfilter.ipset import parse_ipset_list
+from traceflow.engines.netfilter.iptables import NotModelled, RuleSyntaxError
+from traceflow.model.packet import PROTO_NUMBERS, Packet
 
-EXAMPLES = Path(gen.__file__).resolve().parent
+EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 BUNDLES = {mode: EXAMPLES / f"kube-proxy-{mode}" for mode in gen.MODES}
 CLIENT = "192.168.50.7"                  # outside the cluster (not a node, not a pod)
 SAMPLE = 50
@@ -103,7 +105,7 @@ def test_generator_is_deterministic_and_shipped_bundles_are_current(tmp_path):
         for rel in names:
             assert (fresh / rel).read_bytes() == (shipped / rel).read_bytes(), (
                 f"{shipped / rel} differs from what the generator writes now: run "
-                "python -m traceflow.examples.generate_kube_proxy traceflow/examples")
+                "python tools/generate_kube_proxy.py traceflow/examples")
 
 
 def test_cluster_has_every_kind_of_service():
@@ -143,14 +145,14 @@ def test_iptables_save_parses_with_zero_diagnostics(node):
 
 @pytest.mark.parametrize("node", [n.name for n in gen.NODES])
 def test_nft_and_host_files_parse(node):
-    nft = pytest.importorskip("traceflow.netfilter.nft")
+    from traceflow.engines.netfilter import nft
     path = BUNDLES["nftables"] / "nodes" / node / "nft.txt"
     rs = nft.parse_nft_ruleset(path.read_text(), f"nodes/{node}/nft.txt")
     assert rs.diagnostics == []
     sets = parse_ipset_list((BUNDLES["ipvs"] / "nodes" / node / "ipset.txt").read_text(),
                             f"nodes/{node}/ipset.txt")
     assert sets["KUBE-CLUSTER-IP"] and sets["KUBE-IPVS-IPS"]
-    routing = pytest.importorskip("traceflow.routing")
+    from traceflow.engines import routing
     for mode in gen.MODES:
         root = BUNDLES[mode] / "nodes" / node
         routing.parse_ip_addr((root / "ip-addr.txt").read_text(), "ip-addr.txt")
@@ -293,7 +295,7 @@ def test_ipvs_mode_rules_mark_outside_traffic_to_cluster_ips_and_accept_it():
 def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
     """The IPVS bundle, read by traceflow's ipvsadm reader (when present): round robin over
     every ready endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
-    ipvs = pytest.importorskip("traceflow.netfilter.ipvs")
+    from traceflow.engines.netfilter import ipvs
     tables = {}
     for v in sampled_views():
         if v.node not in tables:
@@ -315,7 +317,7 @@ def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
 def test_nftables_mode_gives_the_same_endpoints_as_iptables_mode():
     """The same cluster in kube-proxy's nftables mode: traceflow's nft engine must send every
     sampled port to the same endpoints, in equal shares, as the iptables mode does."""
-    from traceflow.netfilter.nft import parse_nft_ruleset
+    from traceflow.engines.netfilter.nft import parse_nft_ruleset
     rulesets = {}
     for v in sampled_views():
         if v.node not in rulesets:

@@ -1,7 +1,7 @@
-"""Located Kubernetes objects (traceflow.kubecatalog): a lookup parses only the objects it
+"""Located Kubernetes objects (traceflow.bundle.kubecatalog): a lookup parses only the objects it
 returns, and always finds what reading the whole file finds.
 
-The oracle is the whole-file reader (traceflow.kube.load_cluster: libyaml + the same checks):
+The oracle is the whole-file reader (traceflow.bundle.kube.load_cluster: libyaml + the same checks):
 on every example bundle and on the same objects written in every style PyYAML can write
 (flow style, indentation 4, folded long values, quoted keys, keys out of order, comments,
 anchors), every pod, Service and endpoint lookup gives the same answer both ways. Bad input is
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.bundle import Bundle
-from traceflow.errors import InputError
-from traceflow.kube import load_cluster, located_cluster
-from traceflow.kubecatalog import UNKEYED, Objects, scan_yaml, yaml_catalog
+from traceflow.bundle.reader import Bundle
+from traceflow.model.errors import InputError
+from traceflow.bundle.kube import load_cluster, located_cluster
+from traceflow.bundle.kubecatalog import UNKEYED, Objects, scan_yaml, yaml_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "traceflow" / "examples").iterdir()
@@ -53,7 +53,7 @@ def _same_lookups(whole, located) -> None:
             assert located.pods_owned(prefix, ns) == [
                 p for p in whole.pods if (ns is None or p.namespace == ns)
                 and any(o.startswith(prefix) for _, o in p.owners)], (prefix, ns)
-    from traceflow.resolve import _deployment_pods
+    from traceflow.bundle.kube import deployment_pods as _deployment_pods
     for d in {"web0", "web1", "web3", "nope"}:
         for ns in {p.namespace for p in whole.pods}:
             assert _deployment_pods(located, d, ns) == _deployment_pods(whole, d, ns)
@@ -284,7 +284,7 @@ def test_deep_nesting_inside_an_object_is_an_error_not_a_crash():
 def test_a_big_file_written_another_way_is_read_once_not_item_by_item(monkeypatch):
     """A List indented by 4 gives no keys: the first lookup reads the file whole (one parse)
     instead of parsing every item on its own, and finds the same pods."""
-    from traceflow import kubecatalog
+    from traceflow.bundle import kubecatalog
     pods, _, _ = _objects(random.Random(3), 400)
     text = _dump(pods, dict(default_flow_style=False, indent=4, width=4096))
     assert "\n-   apiVersion" in text
@@ -306,8 +306,8 @@ def test_a_trace_parses_the_objects_it_touches_not_the_bundle(monkeypatch, tmp_p
 
     from typer.testing import CliRunner
 
-    from traceflow import kubecatalog
-    from traceflow.cli import app
+    from traceflow.bundle import kubecatalog
+    from traceflow.cli.app import app
     parsed = []
     real = kubecatalog._parse_yaml_item
     monkeypatch.setattr(kubecatalog, "_parse_yaml_item",

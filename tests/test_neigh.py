@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.neigh import parse_ip_neigh, resolve
+from traceflow.model.errors import InputError
+from traceflow.engines.neigh import parse_ip_neigh, resolve
 
 NEIGH = """\
 10.222.2.1 dev antrea-gw0 lladdr aa:bb:cc:dd:ee:ff PERMANENT

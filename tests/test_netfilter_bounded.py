@@ -9,10 +9,10 @@ import time
 import pytest
 
 from benchmarks.big_service import VIP, endpoint_ip, iptables_save, nft_ruleset, syn
-from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
-from traceflow.netfilter.engine import MAX_BRANCHES
-from traceflow.netfilter.nft import parse_nft_ruleset
-from traceflow.packet import Packet
+from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+from traceflow.engines.netfilter.engine import MAX_BRANCHES
+from traceflow.engines.netfilter.nft import parse_nft_ruleset
+from traceflow.model.packet import Packet
 
 
 def nft_numgen(modulus: int, elements: str) -> str:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.netfilter import (NodeContext, evaluate_hook, parse_iptables_list,
-                                 parse_iptables_save)
-from traceflow.packet import Packet
+from traceflow.engines.netfilter import (NodeContext, evaluate_hook, parse_iptables_list,
+                                         parse_iptables_save)
+from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 WORKER1 = (DATA / "realworld" / "iptables-list"
@@ -445,9 +445,9 @@ COMMIT
 
 
 def test_session_affinity_first_connection_is_said_and_known_clients_stick():
-    from traceflow.netfilter.engine import NodeContext, evaluate_hook
-    from traceflow.netfilter.iptables import parse_iptables_save
-    from traceflow.packet import Packet
+    from traceflow.engines.netfilter.engine import NodeContext, evaluate_hook
+    from traceflow.engines.netfilter.iptables import parse_iptables_save
+    from traceflow.model.packet import Packet
     rs = parse_iptables_save(SESSION_AFFINITY, "iptables-save.txt")
     rs.raise_for_errors()
     pkt = Packet(nw_src="10.1.1.1", nw_dst="10.96.0.5", nw_proto=6, tp_src=1234, tp_dst=80)

@@ -16,7 +16,7 @@ traceflow's prediction (``evaluate_hook`` over PREROUTING, then INPUT or FORWARD
 POSTROUTING) must contain every kernel outcome among its branches with non-zero weight, the
 empirical endpoint distribution must fit traceflow's weights (chi-square, p = 1e-4) and the
 masquerade decision must be the same. The nftables-mode kernel is compared with the
-iptables-mode prediction (same cluster), and with ``traceflow.netfilter.nft`` when present.
+iptables-mode prediction (same cluster), and with ``traceflow.engines.netfilter.nft`` when present.
 
 Also checked: the kernel prints the generated files back unchanged (iptables-save, nft list,
 ipset list), so the bundles are what real tools print. IPVS needs the ip_vs module, which this
@@ -44,9 +44,10 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.examples import generate_kube_proxy as gen
-from traceflow.netfilter import NodeContext, evaluate_hook, parse_iptables_save
-from traceflow.packet import Packet
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))   # not installed
+import generate_kube_proxy as gen  # noqa: E402
+from traceflow.engines.netfilter import NodeContext, evaluate_hook, parse_iptables_save
+from traceflow.model.packet import Packet
 
 PACKETS = int(os.environ.get("TRACEFLOW_KERNEL_PACKETS", "200"))
 NODE = "node1"
@@ -343,8 +344,8 @@ def _kernel_outcome(p: Probe, entries: dict, answers: dict) -> Outcome:
 
 
 def _bundle_file(mode: str, name: str) -> str:
-    return (Path(gen.__file__).resolve().parent / f"kube-proxy-{mode}" / "nodes" / NODE
-            / name).read_text()
+    return (Path(__file__).resolve().parents[1] / "traceflow" / "examples" / f"kube-proxy-{mode}"
+            / "nodes" / NODE / name).read_text()
 
 
 @pytest.fixture(scope="module", params=["iptables", "nftables"])
@@ -382,7 +383,7 @@ def _iptables_ruleset():
 @cache
 def _nft_ruleset():
     try:
-        from traceflow.netfilter.nft import parse_nft_ruleset
+        from traceflow.engines.netfilter.nft import parse_nft_ruleset
     except ImportError:
         return None
     return parse_nft_ruleset(_bundle_file("nftables", "nft.txt"), f"nodes/{NODE}/nft.txt")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceflow import bundleindex
-from traceflow.netfilter import NodeContext, evaluate_hook
-from traceflow.netfilter.iptables_parse import LazyChain, parse_iptables_save
-from traceflow.packet import Packet
+from traceflow.bundle import index as bundleindex
+from traceflow.engines.netfilter import NodeContext, evaluate_hook
+from traceflow.engines.netfilter.iptables_parse import LazyChain, parse_iptables_save
+from traceflow.model.packet import Packet
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "traceflow" / "examples" / "kube-proxy-iptables"

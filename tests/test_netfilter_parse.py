@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.netfilter.iptables import (AddrMatch, AddrTypeMatch, CommentMatch, ConnmarkOp,
-                                          CtStateMatch, IfaceMatch, LimitMatch, MarkMatch,
-                                          NatTo, NotModelled, PortMatch, PortRange, ProtoMatch,
-                                          RuleSyntaxError, SetMatch, StatisticMatch, UnknownMatch,
-                                          parse_iptables_list, parse_iptables_save, tokenize)
+from traceflow.model.errors import InputError
+from traceflow.engines.netfilter.iptables import (AddrMatch, AddrTypeMatch, CommentMatch,
+                                                  ConnmarkOp, CtStateMatch, IfaceMatch, LimitMatch,
+                                                  MarkMatch, NatTo, NotModelled, PortMatch,
+                                                  PortRange, ProtoMatch, RuleSyntaxError, SetMatch,
+                                                  StatisticMatch, UnknownMatch, parse_iptables_list,
+                                                  parse_iptables_save, tokenize)
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 REALWORLD = DATA / "realworld"

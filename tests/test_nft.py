@@ -13,23 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.netfilter.engine import NodeContext
-from traceflow.netfilter.iptables import NotModelled, RuleSyntaxError
-from traceflow.netfilter.nft import (
-    AddrPattern,
-    Cmp,
-    IntPattern,
-    Nat,
-    NftRuleset,
-    SetStmt,
-    Unknown,
-    VerdictStmt,
-    VMap,
-    XtMatch,
-    parse_nft_ruleset,
-)
-from traceflow.packet import Packet
+from traceflow.model.errors import InputError
+from traceflow.engines.netfilter.engine import NodeContext
+from traceflow.engines.netfilter.iptables import NotModelled, RuleSyntaxError
+from traceflow.engines.netfilter.nft import (AddrPattern, Cmp, IntPattern, Nat, NftRuleset, SetStmt,
+                                             Unknown, VerdictStmt, VMap, XtMatch, parse_nft_ruleset)
+from traceflow.model.packet import Packet
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 NFT_DIR = DATA / "realworld" / "nft"

@@ -1,4 +1,4 @@
-"""`nft list ruleset` read lazily (traceflow.netfilter.nft_lazy): the same verdicts and rule hits
+"""`nft list ruleset` read lazily (traceflow.engines.netfilter.nft_lazy): the same verdicts and rule hits
 as the whole-text parser on every nft listing the tests hold, only the blocks a walk uses parsed,
 bad input still a located error, and the block layout kept in the bundle index."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from traceflow import bundleindex
-from traceflow.netfilter import NodeContext, nft_lazy, nft_parse
-from traceflow.netfilter.iptables import RuleSyntaxError
-from traceflow.netfilter.nft_lazy import LazyNftRuleset, from_layout, open_nft_ruleset
-from traceflow.netfilter.nft_parse import parse_nft_ruleset
-from traceflow.packet import Packet
+from traceflow.bundle import index as bundleindex
+from traceflow.engines.netfilter import NodeContext, nft_lazy, nft_parse
+from traceflow.engines.netfilter.iptables import RuleSyntaxError
+from traceflow.engines.netfilter.nft_lazy import LazyNftRuleset, from_layout, open_nft_ruleset
+from traceflow.engines.netfilter.nft_parse import parse_nft_ruleset
+from traceflow.model.packet import Packet
 
 ROOT = Path(__file__).resolve().parents[1]
 KP_NFT = ROOT / "traceflow" / "examples" / "kube-proxy-nftables"

@@ -2,7 +2,7 @@
 
 For each node of the example bundle, a private userspace OVS (tests/ovs_oracle.py) is loaded
 with the node's ports and flows, and every packet is traced twice: by
-``traceflow.ovs.pipeline.simulate(..., ct_next=...)`` and by ``ofproto/trace --ct-next``,
+``traceflow.engines.ovs.pipeline.simulate(..., ct_next=...)`` and by ``ofproto/trace --ct-next``,
 with the same conntrack states. They must agree on:
 
 * the (table, priority) hits of every recirculation stage, and which flow each one is (its
@@ -38,13 +38,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ovs_oracle import OvsTrace, OvsUnavailable, PortSpec, PrivateOvs
 
-from traceflow.conntrack import Conntrack
-from traceflow.errors import Source
-from traceflow.ovs import actions as A
-from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import parse_groups, Port, parse_show
-from traceflow.ovs.flows import Flow, FlowDump, MatchField
-from traceflow.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
+from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import Source
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.bridge import parse_groups, Port, parse_show
+from traceflow.engines.ovs.flows import Flow, FlowDump, MatchField
+from traceflow.engines.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
 
 BUNDLE = Path(__file__).resolve().parents[1] / "traceflow" / "examples" / "antrea-encap-kube-proxy"
 NODES = ("worker1", "worker2")
@@ -808,7 +808,7 @@ def test_ovs_trace_cli_with_ct_next_agrees(nodes):
 
     from typer.testing import CliRunner
 
-    from traceflow.cli import app
+    from traceflow.cli.app import app
     node = nodes("worker1")
     probes = targeted_probes(node)
     picked = probes[:: max(1, len(probes) // CLI_PACKETS)][:CLI_PACKETS]

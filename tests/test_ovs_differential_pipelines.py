@@ -48,42 +48,18 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 from ovs_oracle import OvsTrace, OvsUnavailable, PrivateOvs
-from test_ovs_differential import (
-    agree_on_random_packets,
-    quirks_switch,
-    view_of_run,
-    ARP,
-    BITS,
-    BROADCAST,
-    CT_CHOICES,
-    ICMP,
-    IPV4,
-    LOCAL,
-    STRANGER_IP,
-    STRANGER_MAC,
-    TCP,
-    TRK,
-    UDP,
-    Outcome,
-    Probe,
-    View,
-    _clause_choices,
-    _ct_state_for,
-    _in_port_ok,
-    _kinds,
-    assert_agree,
-    base_packet,
-    differences,
-    ovs_view,
-    weighted,
-)
+from test_ovs_differential import (agree_on_random_packets, quirks_switch, view_of_run, ARP, BITS,
+                                   BROADCAST, CT_CHOICES, ICMP, IPV4, LOCAL, STRANGER_IP,
+                                   STRANGER_MAC, TCP, TRK, UDP, Outcome, Probe, View,
+                                   _clause_choices, _ct_state_for, _in_port_ok, _kinds,
+                                   assert_agree, base_packet, differences, ovs_view, weighted)
 
-from traceflow.conntrack import Conntrack
-from traceflow.ovs import actions as A
-from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import Group, parse_groups, parse_show, parse_tables
-from traceflow.ovs.flows import Flow, FlowDump, MatchField
-from traceflow.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.bridge import Group, parse_groups, parse_show, parse_tables
+from traceflow.engines.ovs.flows import Flow, FlowDump, MatchField
+from traceflow.engines.ovs.pipeline import Annotator, Bridge, OvsRun, _Runner, simulate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 BUNDLES = ("antrea-proxy-v1", "antrea-v2")

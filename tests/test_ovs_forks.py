@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.conntrack import Conntrack
-from traceflow.ovs import flows as flows_mod
-from traceflow.ovs.bridge import parse_groups, parse_show
-from traceflow.ovs.flows import FlowDump, _token_value
-from traceflow.ovs.pipeline import Bridge, simulate
-from traceflow.trace import Hop, Leg, Verdict
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs import flows as flows_mod
+from traceflow.engines.ovs.bridge import parse_groups, parse_show
+from traceflow.engines.ovs.flows import FlowDump, _token_value
+from traceflow.engines.ovs.pipeline import Bridge, simulate
+from traceflow.model.trace import Hop, Leg, Verdict
 from traceflow.walk.state import Branch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_index_agrees_with_a_linear_scan_on_odd_spellings(monkeypatch, dst, src)
 
 
 def test_a_malformed_line_in_a_big_table_is_still_reported():
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     text = _big(["table=70, priority=200,ip,nw_dst=10.999.0.1 actions=drop"])
     bridge = Bridge("n", FlowDump(text, "nodes/n/ovs-flows.txt"), {}, {})
     with pytest.raises(InputError) as err:

@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from traceflow.conntrack import Conntrack
-from traceflow.ovs import flows as flows_mod
-from traceflow.ovs.bridge import Port
-from traceflow.ovs.flows import FlowDump
-from traceflow.ovs.pipeline import Bridge, simulate
-from traceflow.errors import Source
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs import flows as flows_mod
+from traceflow.engines.ovs.bridge import Port
+from traceflow.engines.ovs.flows import FlowDump
+from traceflow.engines.ovs.pipeline import Bridge, simulate
+from traceflow.model.errors import Source
 
 
 def big_dump(n=400):

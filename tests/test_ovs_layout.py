@@ -1,4 +1,4 @@
-"""A flow dump's stored layout (traceflow.bundleindex.load_flow_dump) gives the same lookups
+"""A flow dump's stored layout (traceflow.bundle.index.load_flow_dump) gives the same lookups
 as reading the dump, and a layout that does not fit the text is never believed."""
 
 import random
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.synth import _pod_flows
-from traceflow import bundleindex
-from traceflow.cni import antrea
-from traceflow.errors import InputError
-from traceflow.ovs import flows as flows_mod
-from traceflow.ovs.flows import FlowDump
+from traceflow.bundle import index as bundleindex
+from traceflow.cni.antrea import conventions as antrea
+from traceflow.model.errors import InputError
+from traceflow.engines.ovs import flows as flows_mod
+from traceflow.engines.ovs.flows import FlowDump
 
 ROOT = Path(__file__).resolve().parents[1]
 DUMPS = sorted(

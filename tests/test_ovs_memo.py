@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.conntrack import Conntrack
-from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
-from traceflow.ovs.flows import FlowDump
-from traceflow.ovs.memo import MAX_ANSWERS
-from traceflow.ovs.pipeline import Annotator, Bridge, _Runner, simulate
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
+from traceflow.engines.ovs.flows import FlowDump
+from traceflow.engines.ovs.memo import MAX_ANSWERS
+from traceflow.engines.ovs.pipeline import Annotator, Bridge, _Runner, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "traceflow" / "examples"
@@ -206,7 +206,7 @@ def test_the_memo_stays_bounded():
 
 
 def test_a_bridge_remembers_a_bounded_number_of_answers(monkeypatch):
-    from traceflow.ovs import pipeline as P
+    from traceflow.engines.ovs import pipeline as P
     monkeypatch.setattr(P, "_MAX_ANSWERS_ALL", 50)
     text = "".join(f"table={t}, priority=100,reg0={t} actions=drop\n"
                    f"table={t}, priority=0 actions=drop\n" for t in range(4))

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError, Source
-from traceflow.ovs import actions as A
-from traceflow.ovs.bridge import parse_groups, parse_show, parse_tables
-from traceflow.ovs.flows import FlowDump, parse_flow, parse_flows
+from traceflow.model.errors import InputError, Source
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
+from traceflow.engines.ovs.flows import FlowDump, parse_flow, parse_flows
 
 DATA = Path(__file__).resolve().parent / "data"   # copies of the reference corpus, see data/PROVENANCE.md
 EXAMPLE = Path(__file__).resolve().parents[1] / "traceflow" / "examples" / "antrea-encap-kube-proxy"

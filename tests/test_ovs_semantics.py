@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 
 from ovs_oracle import OvsUnavailable, PortSpec, PrivateOvs
 from test_ovs_differential import all_flows, match_tokens_of_flow
-from traceflow.cli import app
-from traceflow.components import parse_ct_states, parse_flow_spec
-from traceflow.conntrack import Conntrack
-from traceflow.ovs import fields as F
-from traceflow.ovs.bridge import parse_show
-from traceflow.ovs.flows import FlowDump
-from traceflow.ovs.pipeline import Bridge, simulate
+from traceflow.cli.app import app
+from traceflow.questions.components import parse_ct_states, parse_flow_spec
+from traceflow.model.conntrack import Conntrack
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.bridge import parse_show
+from traceflow.engines.ovs.flows import FlowDump
+from traceflow.engines.ovs.pipeline import Bridge, simulate
 
 RANDOM_PACKETS = int(os.environ.get("TRACEFLOW_OVS_SEMANTICS", "300"))
 PORTS = [PortSpec("p1", 1), PortSpec("p2", 2), PortSpec("p3", 3), PortSpec("p4", 4),
@@ -219,7 +219,7 @@ def test_equal_priority_overlap_is_noted(switch):
 
 def test_bad_flow_specs_and_states_are_refused(switch):
     _, show, _ = switch
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     bridge = bridge_of(show)
     for spec in ("in_port=nosuch,ip", "in_port=1,ip,nw_dst=10.0.0.0/8", "in_port=1,bogus=1",
                  "in_port=1,tcp,tcp_flags=syn|nope"):

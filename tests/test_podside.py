@@ -3,7 +3,7 @@ hop. A wrong gateway or a missing route is a drop with its reason and line; a ro
 device is shown as that device (unknown: not traced); the warning names exactly the files
 that are absent. Behaviour of the pod's kernel: ip_route_output (no route -> ENETUNREACH,
 nothing sent) and neighbour resolution (an unanswered ARP request -> the packet is dropped
-after the retries, net/core/neighbour.c); the routing itself is traceflow.routing, which
+after the retries, net/core/neighbour.c); the routing itself is traceflow.engines.routing, which
 tests/test_routing_kernel.py holds to the real kernel."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceflow.cli import app, example_path
+from traceflow.cli.app import app, example_path
 
 runner = CliRunner()
 POD = Path("pods/default/frontend")

@@ -23,8 +23,8 @@ from rich.console import Console
 from renderers.text import render_text
 from renderers.textfit import ELLIPSIS, PROTECTED, escape, fit, wrap
 from renderers.walk import About
-from traceflow.trace import Hop, Leg, Trace, Verdict
-from traceflow.trace import Path as TPath
+from traceflow.model.trace import Hop, Leg, Trace, Verdict
+from traceflow.model.trace import Path as TPath
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -186,7 +186,7 @@ def _dropped_trace() -> Trace:
                         "dl_dst": "aa:bb:cc:00:11:33"}),
             Hop("w1", "iptables", "filter", "-A FORWARD -j DROP", "DROP by FORWARD",
                 chain="FORWARD", matched=("-j",), notes=["comment: \x1b[2Jcleared"])]
-    from traceflow.trace import Drop
+    from traceflow.model.trace import Drop
     path = TPath("default/" + evil, 1.0, Verdict.DROPPED,
                  Drop("w1", "iptables", "filter", "-A FORWARD -j DROP", "dropped by FORWARD"),
                  legs=[Leg("request", Verdict.DROPPED, hops, description="a -> b")])
@@ -306,7 +306,7 @@ def test_a_dropped_path_on_the_first_screen(tmp_path):
 
     import yaml
 
-    from traceflow.cli import example_path
+    from traceflow.cli.app import example_path
     bundle = tmp_path / "bundle"
     shutil.copytree(example_path(), bundle)
     pols = yaml.safe_load((bundle / "k8s/networkpolicies.yaml").read_text())

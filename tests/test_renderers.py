@@ -15,8 +15,8 @@ from rich.theme import Theme
 
 from renderers import make_console, render_json, render_table, render_yaml, trace_to_dict
 from renderers.table import match_spans
-from traceflow.errors import Source
-from traceflow.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.errors import Source
+from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 VERDICTS = {"delivered", "dropped", "partial", "unknown"}
@@ -410,7 +410,7 @@ def test_match_spans():
 
 
 def test_renderers_import_only_the_model():
-    allowed = {"traceflow.trace", "traceflow.errors", "traceflow.packet", "rich", "yaml", "json",
+    allowed = {"traceflow.model.trace", "traceflow.model.errors", "traceflow.model.packet", "rich", "yaml", "json",
                "renderers", "__future__", "re", "enum", "contextlib", "dataclasses", "html",
                "ipaddress", "datetime", "socket", "xml.etree"}   # standard library (JUnit XML)
     root = pathlib.Path(__file__).resolve().parent.parent / "renderers"

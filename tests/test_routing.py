@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.errors import InputError
-from traceflow.neigh import parse_ip_neigh
-from traceflow.routing import (DEFAULT_IP_RULES, Mark, Prefix, Router, Sysctls, parse_ip_addr,
-                               parse_ip_routes, parse_ip_rules, route_lookup)
+from traceflow.model.errors import InputError
+from traceflow.engines.neigh import parse_ip_neigh
+from traceflow.engines.routing import (DEFAULT_IP_RULES, Mark, Prefix, Router, Sysctls,
+                                       parse_ip_addr, parse_ip_routes, parse_ip_rules, route_lookup)
 
 REALWORLD = Path(__file__).resolve().parent / "data" / "realworld" / "iproute"
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from traceflow.routing import (Router, Sysctls, parse_ip_addr, parse_ip_routes,
-                               parse_ip_rules)
+from traceflow.engines.routing import (Router, Sysctls, parse_ip_addr, parse_ip_routes,
+                                       parse_ip_rules)
 
 # per scenario; two scenarios, so 10,000 queries compared with `ip route get` by default
 QUERIES = int(os.environ.get("TRACEFLOW_ROUTE_QUERIES", "5000"))

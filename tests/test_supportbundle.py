@@ -16,8 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from collectors.bundle import Bundle
-from traceflow.cli import app, example_path
+from traceflow.bundle.reader import Bundle
+from traceflow.cli.app import app, example_path
 
 EXAMPLE = example_path()
 runner = CliRunner()

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from traceflow.cli import app
-from traceflow.trace import HOP_DETAILS, Disposition
+from traceflow.cli.app import app
+from traceflow.model.trace import HOP_DETAILS, Disposition
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "traceflow" / "examples"
@@ -211,9 +211,9 @@ def test_host_only_bundles_stop_at_the_gateway_and_say_so():
 
 def _ends(name: str):
     """(a node with files, a running pod, NODE_IP:NODEPORT or None) of an example."""
-    from collectors.bundle import Bundle
-    from traceflow.snapshot import Snapshot
-    snap = Snapshot(Bundle.open(EXAMPLES / name))
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    snap = open_snapshot(Bundle.open(EXAMPLES / name))
     c = snap.cluster
     node = next(n for n in sorted(c.nodes, key=lambda n: n.name)
                 if n.name in snap.bundle.node_names())
@@ -507,7 +507,7 @@ def test_an_outside_packet_arrives_by_a_real_interface():
 
 
 def test_completion_knows_the_new_ends():
-    from traceflow import completion
+    from traceflow.cli import completion
     b = f"--bundle={KP['iptables']}"
     assert completion.candidates(["trace", b, "node/"]) == ["node/node1", "node/node2",
                                                             "node/node3"]

@@ -129,10 +129,10 @@ def test_maglev_without_its_table_says_so(bundle):
 
 
 def test_policy_deny_entry_wins_in_1_17_ranking():
-    from traceflow.cilium.common import CiliumVersion
-    from traceflow.cilium.lookup import policy_verdict
-    from traceflow.cilium.records import PolicyEntry
-    from traceflow.errors import Source
+    from traceflow.engines.cilium.common import CiliumVersion
+    from traceflow.engines.cilium.lookup import policy_verdict
+    from traceflow.engines.cilium.records import PolicyEntry
+    from traceflow.model.errors import Source
     src = Source("p.txt", 1, "x")
     allow = PolicyEntry(1, "ingress", 28802, 8080, None, "TCP", "allow", src, prefix_len=24)
     deny = PolicyEntry(1, "ingress", None, None, None, None, "deny", src, prefix_len=0)

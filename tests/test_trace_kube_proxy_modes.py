@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from traceflow.cli import app, example_path
+from traceflow.cli.app import app, example_path
 
 runner = CliRunner()
 

@@ -1,3 +1,3 @@
-from traceflow.cli import run
+from traceflow.cli.app import run
 
 run()

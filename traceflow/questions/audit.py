@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from traceflow import kube
-from traceflow.questions.backends import (Balanced, CiliumLbReader, IpvsReader,
-                                          NetfilterReader, OvsGroupReader)
+from traceflow.bundle import kube
+from traceflow.questions.backends import Balanced, IpvsReader, NetfilterReader
 from traceflow.questions.check import describe_path, policy_of
 from traceflow.questions.runner import SCOPE_SERVICE, Progress, Tracer
 from traceflow.questions.select import Destination
-from traceflow.snapshot import Missing
-from traceflow.trace import Verdict
+from traceflow.bundle.snapshot import Missing
+from traceflow.model.trace import Verdict
 
 WEIGHT_TOLERANCE = 0.01
 
@@ -329,8 +328,9 @@ def _endpoints_of(item: dict, where: str, is_slice: bool, out: dict) -> None:
 def backend_drift(snap) -> list[Finding]:
     cluster = snap.cluster
     expected = expected_endpoints(snap.bundle)
-    readers = {cls: cls(snap) for cls in (CiliumLbReader, OvsGroupReader, IpvsReader,
-                                          NetfilterReader)}
+    from traceflow.cni import backend_readers
+    readers = {cls: cls(snap) for cls in (IpvsReader, NetfilterReader)}
+    cni_readers = backend_readers(snap)     # the CNI's own load balancers, asked first
     out = []
     pods_by_node: dict = {}
     for p in cluster.pods:
@@ -340,7 +340,7 @@ def backend_drift(snap) -> list[Finding]:
     for node_name in snap.bundle.node_names():
         try:
             node = snap.node(node_name)
-            use = _readers(snap, node, readers)
+            use = _readers(snap, node, readers, cni_readers)
         except Missing:
             continue
         client = pods_by_node.get(node_name) or fallback_client
@@ -363,12 +363,8 @@ def backend_drift(snap) -> list[Finding]:
     return out
 
 
-def _readers(snap, node, readers: dict) -> list:
-    out = []
-    if readers[CiliumLbReader].applies(node):
-        out.append(readers[CiliumLbReader])
-    if readers[OvsGroupReader].applies(node):
-        out.append(readers[OvsGroupReader])
+def _readers(snap, node, readers: dict, cni_readers: list) -> list:
+    out = [r for r in cni_readers if r.applies(node)]
     if snap.kube_proxy == "ipvs" and node.ipvs is not None:
         out.append(readers[IpvsReader])
     elif node.netfilter is not None:
@@ -410,7 +406,7 @@ def _compare(subject: str, datapath: str, want: dict, got: list[Balanced],
 
 # ---- (c) routes and tunnel flows to peers' pod CIDRs ---------------------------------------------
 def peer_route_drift(snap) -> list[Finding]:
-    from traceflow.routing.lookup import route_lookup
+    from traceflow.engines.routing.lookup import route_lookup
     cluster = snap.cluster
     out = []
     for name in snap.bundle.node_names():
@@ -471,8 +467,8 @@ def _has_tunnel_flow(text: str, cidr: str) -> bool:
 
 # ---- (d) a pod's own route and ARP vs the CNI's gateway ---------------------------------------
 def pod_gateway_drift(snap) -> list[Finding]:
-    from traceflow.neigh import parse_ip_neigh
-    from traceflow.routing.parse import parse_ip_routes
+    from traceflow.engines.neigh import parse_ip_neigh
+    from traceflow.engines.routing.parse import parse_ip_routes
     cluster = snap.cluster
     out = []
     for pod in cluster.pods:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from traceflow.errors import InputError
+from traceflow.model.errors import InputError
 from traceflow.questions.runner import Progress, Tracer, source_endpoint_of
 from traceflow.questions.select import Resolver
 from traceflow.questions.suite import DISPOSITIONS, Expectation, Suite
-from traceflow.trace import Disposition, Drop, Path, Trace, Verdict
+from traceflow.model.trace import Disposition, Drop, Path, Trace, Verdict
 
 
 @dataclass
@@ -48,7 +48,7 @@ def resolve(suite: Suite, resolver: Resolver, node_names=None) -> list[tuple]:
     """Every (expectation, source, destination): a source is a pod, or a node's or outside
     client's Endpoint. A bad reference is a bad suite (exit 2) naming the suite's file, the
     expectation's line and key."""
-    from traceflow.resolve import entry_nodes
+    from traceflow.questions.ends import entry_nodes
     out = []
     for i, exp in enumerate(suite.expectations):
         where = f"expectations[{i}]"

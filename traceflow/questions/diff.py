@@ -100,7 +100,7 @@ class DiffReport:
 def suite_questions(suite, snap) -> list[tuple[Question, object]]:
     from traceflow.questions.check import resolve
     from traceflow.questions.select import Resolver
-    from traceflow.kube import Pod
+    from traceflow.bundle.kube import Pod
     out = []
     for exp, pod, dst in resolve(suite, Resolver(snap.cluster, snap.service_cidr),
                                  snap.bundle.node_names()):
@@ -132,7 +132,7 @@ def _source_in_after(q: Question, after_snap):
 
 def _in_after(q: Question, after_snap):
     """The same question in AFTER's cluster: the pod by key, the destination by name."""
-    from traceflow.errors import InputError
+    from traceflow.model.errors import InputError
     from traceflow.questions.select import Destination, Resolver
     pod = _source_in_after(q, after_snap)
     dst = q.destination

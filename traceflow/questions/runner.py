@@ -14,11 +14,11 @@ import re
 import sys
 import time
 
-from traceflow.kube import Pod
-from traceflow.packet import PROTO_NUMBERS, Packet
+from traceflow.bundle.kube import Pod
+from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.questions.select import Destination
-from traceflow.snapshot import Missing, Snapshot
-from traceflow.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.bundle.snapshot import Missing, Snapshot
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
 
 SCOPE_FULL = "end-to-end"
 SCOPE_SERVICE = "service-translation"
@@ -28,7 +28,7 @@ class Tracer:
     """Answers (source pod, destination) questions over one Snapshot, each once."""
 
     def __init__(self, snapshot: Snapshot):
-        from traceflow.solver import Solver
+        from traceflow.questions.solver import Solver
         self.snap = snapshot
         self.solver = Solver(snapshot)
         self._cache: dict[tuple, Trace] = {}
@@ -84,8 +84,8 @@ class Tracer:
         return got
 
     def _trace(self, pod, dst: Destination, src_port: int, via: str | None = None) -> Trace:
-        from traceflow.resolve import entry_nodes
-        from traceflow.solver import Query
+        from traceflow.questions.ends import entry_nodes
+        from traceflow.questions.solver import Query
         from traceflow.walk.endpoints import Kind, query_kind
         if isinstance(pod, Pod):
             problem = _unusable(pod)
@@ -111,14 +111,15 @@ class Tracer:
 
     def _has_ovs(self, node: str) -> bool:
         """Whether a pod's packet can be followed out of the pod on this node: the node's
-        files are there with the CNI's datapath (Antrea's OVS flows; Cilium's BPF maps are
-        read per file as the walk needs them, a missing one said in the trace)."""
+        files are there with the CNI's datapath (its conventions' ``datapath_files``: an
+        OVS bridge's flows; BPF maps are read per file as the walk needs them, a missing one
+        said in the trace)."""
         got = self._ovs.get(node)
         if got is None:
             present = node in self.snap.bundle.node_names()
-            got = self._ovs[node] = present and (
-                self.snap.cni == "cilium"
-                or self.snap.bundle.node_file(node, "ovs-flows.txt") is not None)
+            got = self._ovs[node] = present and all(
+                self.snap.bundle.node_file(node, f) is not None
+                for f in self.snap.conventions.datapath_files)
         return got
 
     def node_model(self, name: str):
@@ -176,7 +177,7 @@ def _query(pod: Pod, dst: Destination, src_port: int, scope: str) -> dict:
 def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int) -> Trace:
     """The Service translation the client's node does (PREROUTING: iptables or nft, then
     IPVS): delivered = sent on to a backend, dropped = rejected/dropped (e.g. no endpoints)."""
-    from traceflow.netfilter.engine import NodeContext, evaluate_hook
+    from traceflow.engines.netfilter.engine import NodeContext, evaluate_hook
     trace = Trace(_query(pod, dst, src_port, SCOPE_SERVICE))
     trace.warnings.append(f"nodes/{pod.node} has no OVS flows (host-only bundle): only the "
                           f"Service translation on {pod.node} is traced, not the pod-to-pod "
@@ -198,7 +199,7 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
     else:
         branches, component = evaluate_hook(rs, "PREROUTING", pkt, ctx), "iptables"
     if not branches:
-        from traceflow.netfilter.engine import Branch
+        from traceflow.engines.netfilter.engine import Branch
         branches = [Branch(1.0, pkt.copy(), "ACCEPT", [])]
     def forward(pkt):
         """The filter FORWARD hook (kube-proxy rejects Services without endpoints there)."""

@@ -15,9 +15,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-
-from traceflow.errors import InputError
-from traceflow.kube import Cluster, Pod, Service
+from traceflow.bundle.kube import Cluster, Pod, Service, deployment_pods
+from traceflow.model.errors import InputError
+from traceflow.questions.ports import check_port, pod_port, service_port  # noqa: F401
 
 _SELECTOR_TERM = re.compile(r"^\s*(!)?\s*([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*))?\s*$")
 
@@ -98,7 +98,7 @@ class Resolver:
         return [self.cluster.pod(ref.removeprefix("pod/"), namespace)]
 
     def _select(self, selector: dict, namespace: str) -> list[Pod]:
-        from traceflow.kube import selects
+        from traceflow.bundle.kube import selects
         return sorted((p for p in self.cluster.pods if p.namespace == namespace
                        and not p.host_network and p.phase == "Running" and p.ip
                        and selects(selector, p.labels)), key=lambda p: p.key)
@@ -107,8 +107,7 @@ class Resolver:
         """The Deployment's pods by their ReplicaSet owner; a pod whose object carries no
         ownerReferences (a hand-written or generated bundle) by the Deployment controller's
         naming, <deployment>-<template hash>-<5 characters>."""
-        from traceflow.resolve import _deployment_pods
-        owned = {p.key for p in _deployment_pods(self.cluster, name, namespace)}
+        owned = {p.key for p in deployment_pods(self.cluster, name, namespace)}
         pods = sorted((p for p in self.cluster.pods if p.namespace == namespace
                        and p.phase == "Running"
                        and (p.key in owned or (not p.owners and _by_name(p.name, name)))),
@@ -124,7 +123,7 @@ class Resolver:
 
     def _typed_source(self, ref: str, namespace: str, where: str):
         """A pod's IP (the pod), node/NAME or a node's IP (the node), an outside address."""
-        from traceflow.resolve import source_endpoint
+        from traceflow.questions.ends import source_endpoint
         from traceflow.walk.endpoints import Kind
         try:
             ep = source_endpoint(self.cluster, ref, namespace, self.service_cidr)
@@ -174,7 +173,7 @@ class Resolver:
     def _typed(self, ref: str, inline, port, protocol, namespace: str, where: str) -> Destination:
         """A node (node/NAME[:PORT], a node's IP), a NodePort, hostPort, LoadBalancer or
         externalIP frontend, or an outside address, as `traceflow trace` reads them."""
-        from traceflow.resolve import destination_endpoint
+        from traceflow.questions.ends import destination_endpoint
         from traceflow.walk.endpoints import Kind
         try:
             ep, number, proto, notes = destination_endpoint(
@@ -190,7 +189,6 @@ class Resolver:
     def _service(self, svc: Service, port, protocol, where) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", where)
-        from traceflow.resolve import service_port
         try:   # the CLI's rules: a number served over TCP and UDP (DNS) is never guessed
             sp = service_port(svc, None if port in (None, "") else str(port), protocol)
         except InputError as err:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from traceflow.errors import InputError
+from traceflow.model.errors import InputError
 
 # verdicts (delivered, dropped, unknown; dropped-by-policy is dropped-policy's older name) and
 # every disposition (traceflow.trace.Disposition)

@@ -4,7 +4,7 @@ The walk is a sequence of *locations* (a node's host stack at an interface, an O
 an input port, a BPF program on a device's hook, ...). The component that handles a location
 turns the packet into one or more outcomes with weights (load-balancer choices), each leading
 to the next location or to an end (delivered, dropped, unknown). Which components exist is
-the CNI's business (``traceflow.cni.datapath_for``); the kernel host stack is shared. Conntrack
+the CNI's business (the Datapath given to the walk); the kernel host stack is shared. Conntrack
 state travels with each branch per node, so the reply leg sees the entries the request leg
 committed and NAT is undone where the real datapath undoes it.
 
@@ -17,25 +17,32 @@ node that received it, or outside, at the interface the request left by.
 
 from __future__ import annotations
 
-from traceflow import kube
-from traceflow.errors import InputError
-from traceflow.packet import PROTO_NUMBERS, Packet
-from traceflow.snapshot import Missing, Snapshot
-from traceflow.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.bundle import kube
+from traceflow.model.errors import InputError
+from traceflow.model.packet import PROTO_NUMBERS, Packet
+from traceflow.bundle.snapshot import Missing, Snapshot
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
 from traceflow.walk.endpoints import Kind
 from traceflow.walk.host import HostStack
 from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
 
 
-class Solver:
-    def __init__(self, snapshot: Snapshot):
-        from traceflow.cni import datapath_for
+class Walk:
+    """The walk over one snapshot: ``Walk(snapshot, datapath, checks).trace(Query)``.
+
+    ``datapath``: the CNI's Datapath class (traceflow.walk.datapath), instantiated with this
+    walk. ``checks``: what looks at a finished trace before its warnings are gathered, each
+    ``check(walk, query, trace)`` (the NetworkPolicies as written against the paths, see
+    traceflow.questions.solver). The walk itself knows no CNI and no policy."""
+
+    def __init__(self, snapshot: Snapshot, datapath: type, checks: tuple = ()):
         self.snap = snapshot
         self.cluster = snapshot.cluster
         self.cni = snapshot.conventions
         self.warnings: list[str] = []
+        self.checks = tuple(checks)
         self.host = HostStack(self)
-        self.datapath = datapath_for(snapshot)(self)
+        self.datapath = datapath(self)
         # location type -> the component's step(branch, location, query) -> [(branch, next)]
         self.components = {AtHost: self.host.step, **self.datapath.components()}
 
@@ -62,10 +69,8 @@ class Solver:
             if not paths:
                 raise InputError(f"no path reaches endpoint {q.endpoint!r}", "--endpoint")
         trace.paths = paths
-        # a path the datapath delivered that the NetworkPolicies as written deny is called out
-        if q.source is not None:
-            from traceflow.policycheck import note_disagreements
-            note_disagreements(self.cluster, q.source, q.protocol.upper(), trace)
+        for check in self.checks:
+            check(self, q, trace)
         trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
         return trace
 

@@ -1,8 +1,8 @@
 """What a CNI provides to the walk: the Datapath interface.
 
 A Datapath knows its CNI's places and conventions; the solver core and the host stack know
-only this interface. Antrea's is ``traceflow.cni.antrea_datapath`` (an OVS bridge with a
-gateway and a tunnel port), Cilium's ``traceflow.cni.cilium_datapath`` (BPF programs on
+only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
+gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
 the hooks of lxc, native and overlay devices).
 
 Where a leg starts and ends (traceflow.walk.core, by the query's typed ends):
@@ -27,7 +27,23 @@ table-miss, no-backend, rejected, no-route, unknown ... never to be derived from
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from traceflow.model.errors import Source
 from traceflow.walk.state import AtHost
+
+
+@dataclass(frozen=True)
+class Balanced:
+    """One backend a node's load balancer sends a Service VIP:port to, as a reader of that
+    balancer answers it (the audit compares them with the EndpointSlices). A CNI's own
+    balancers are read by the readers its package adds (traceflow.cni.backend_readers)."""
+
+    ip: str
+    port: int | None
+    share: float                    # of new connections, 0..1
+    source: Source | None           # the rule / real server / bucket line
+    text: str                       # that line, or a short description
 
 
 class Datapath:

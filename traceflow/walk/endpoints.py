@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from traceflow.kube import Pod, Service
+from traceflow.bundle.kube import Pod, Service
 
 
 class Kind(str, enum.Enum):

@@ -5,12 +5,13 @@ that device leads (back into a CNI's datapath, out of the node) the CNI's Datapa
 
 from __future__ import annotations
 
-from traceflow.conntrack import reverse
-from traceflow.packet import Packet
-from traceflow.snapshot import NodeModel
-from traceflow.trace import Disposition, Drop, Exit, Hop, Verdict
-from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, fmt as _fmt, primary_ip as _primary_ip
+from traceflow.model.conntrack import reverse
+from traceflow.model.packet import Packet
+from traceflow.bundle.snapshot import NodeModel
+from traceflow.model.trace import Disposition, Drop, Exit, Hop, Verdict
+from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
+from traceflow.walk.ct_hop import ct_hop as _ct_hop
 
 
 class HostStack:
@@ -31,7 +32,7 @@ class HostStack:
         return self._host(b, loc, q)
 
     def _host(self, b: Branch, loc: AtHost, q: Query) -> list:
-        from traceflow.netfilter.engine import NodeContext
+        from traceflow.engines.netfilter.engine import NodeContext
         node = self.snap.node(loc.node)
         pkt = loc.packet.copy()
         ct = b.ct(loc.node)
@@ -79,7 +80,7 @@ class HostStack:
         if hasattr(rs, "evaluate_hook"):          # nftables
             branches, component = rs.evaluate_hook(hook, pkt, ctx), "nft"
         else:
-            from traceflow.netfilter.engine import evaluate_hook
+            from traceflow.engines.netfilter.engine import evaluate_hook
             branches, component = evaluate_hook(rs, hook, pkt, ctx), "iptables"
         out = []
         for nf in branches:
@@ -143,7 +144,7 @@ class HostStack:
 
     def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
                use_src: bool = True):
-        from traceflow.routing.lookup import route_lookup
+        from traceflow.engines.routing.lookup import route_lookup
         dec = route_lookup(node.ip_rules, node.routes, pkt.nw_dst,
                            src=pkt.nw_src if use_src else None, iif=iif,
                            mark=pkt.mark, local_addresses=node.local_addresses,
@@ -254,7 +255,7 @@ class HostStack:
         return outcomes
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
-        from traceflow.neigh import ethernet_mac, resolve
+        from traceflow.engines.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
         untraced = self.datapath.untraced_gateway(loc.node, node)
         if untraced is not None and dec.dev == untraced[0]:
@@ -338,7 +339,7 @@ class HostStack:
                   f"{peer.name}'s address)", packet=pkt.headers(), detail="underlay",
                   notes=[f"sent out of {node_name}'s {device}; the network between nodes is "
                          "not in the bundle: assumed to deliver to the node owning the address"]))
-        from traceflow.snapshot import Missing
+        from traceflow.bundle.snapshot import Missing
         try:
             nxt = self.walk.arrive(b, peer.name, pkt)
         except Missing as miss:
@@ -397,24 +398,6 @@ class HostStack:
         b.handoff = (loc.node, device)
         b.final_packet = pkt
         return b.finish(Verdict.DELIVERED, None, pod)
-
-
-def _ct_hop(node: str, entry, is_reply: bool, before: Packet, after: Packet, hook: str) -> Hop:
-    """The kernel's conntrack translating a packet of a connection it already NAT-ed."""
-    undnat = is_reply and "dst" in (entry.nat or "") and after.nw_src != before.nw_src
-    what = " (un-DNAT)" if undnat else (" (un-SNAT)" if is_reply else "")
-    return Hop(node, "iptables", "nat", _ct_text(entry),
-               f"{'reply of' if is_reply else 'packet of'} a NAT-ed connection: conntrack "
-               f"{'restores' if is_reply else 'applies'} the translation at {hook}: "
-               f"{_fmt(before)} -> {_fmt(after)}{what}",
-               chain="conntrack", packet=after.headers(), changed=after.diff(before),
-               notes=[f"connection committed by {entry.where}"], detail="conntrack")
-
-
-def _ct_text(entry) -> str:
-    o, r = entry.orig, entry.reply
-    return (f"conntrack: {o[1]}:{o[2]} -> {o[3]}:{o[4]} (reply {r[1]}:{r[2]} -> {r[3]}:{r[4]}) "
-            f"[{entry.nat or 'no'} NAT]")
 
 
 def _describe(pkt: Packet, q: Query | None) -> str:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceflow.errors import InputError
-from traceflow.trace import Disposition, Drop, Hop, Verdict
+from traceflow.model.errors import InputError
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 
 NEEDED = ("ip-route.txt", "ip-addr.txt")
 
@@ -55,8 +55,8 @@ def check_node(snap, node: str, what: str) -> None:
 
 def send(host, branch, sender: Sender, packet, at_host):
     """[(branch, next location or None)] for ``packet`` sent by ``sender``'s node stack."""
-    from traceflow.conntrack import reverse
-    from traceflow.netfilter.engine import NodeContext
+    from traceflow.engines.netfilter.engine import NodeContext
+    from traceflow.model.conntrack import reverse
     from traceflow.walk.state import HOST_ZONE, tuple5
     node_name = sender.node
     node = host.snap.node(node_name)
@@ -82,7 +82,7 @@ def send(host, branch, sender: Sender, packet, at_host):
         want_dst = (target[1], target[2]) if is_reply else (target[3], target[4])
         want_src = (target[3], target[4]) if is_reply else (target[1], target[2])
         if entry.nat and (packet.nw_dst, packet.tp_dst) != want_dst:
-            from traceflow.walk.host import _ct_hop
+            from traceflow.walk.ct_hop import ct_hop as _ct_hop
             before = packet.copy()
             packet.nw_dst, packet.tp_dst = want_dst
             branch.add(_ct_hop(node_name, entry, is_reply, before, packet, "OUTPUT"))
@@ -132,7 +132,7 @@ def send(host, branch, sender: Sender, packet, at_host):
         outcomes.extend(host._postrouting(ob, node_name, node, opkt, ctx, odec))
     tup = (orig.nw_proto, orig.nw_src, orig.tp_src, orig.nw_dst, orig.tp_dst)
     # one outcome at a time: a file one branch lacks must not end the other branches
-    from traceflow.snapshot import Missing
+    from traceflow.bundle.snapshot import Missing
     results = []
     for outcome in outcomes:
         try:
@@ -186,7 +186,7 @@ def _primary_ip(iface) -> str | None:
 def receive(host, b, loc, node, ipkt, late_src, receiver, orig=None):
     """The last step of local delivery, after the INPUT hook: the reply's source un-NAT, then
     the socket of ``receiver`` (a hostNetwork pod, or the node's own stack)."""
-    from traceflow.walk.host import _ct_hop
+    from traceflow.walk.ct_hop import ct_hop as _ct_hop
     from traceflow.walk.endpoints import Endpoint
     if late_src is None and b.leg.direction == "request" and orig is not None:
         # confirmed at LOCAL_IN (nf_confirm): the local socket's answer is ESTABLISHED

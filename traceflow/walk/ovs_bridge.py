@@ -1,4 +1,4 @@
-"""The glue between the OVS simulator (traceflow.ovs) and the walk: a packet as the
+"""The glue between the OVS simulator (traceflow.engines.ovs) and the walk: a packet as the
 simulator's field state and back, and a table hit as a trace hop. No CNI knowledge: any
 datapath with an OVS bridge (and `ovs-trace`) uses it."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from traceflow.ovs import fields as F
-from traceflow.ovs.pipeline import TableHit
-from traceflow.packet import Packet
-from traceflow.snapshot import NodeModel
-from traceflow.trace import Hop
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.runs import TableHit
+from traceflow.model.packet import Packet
+from traceflow.bundle.snapshot import NodeModel
+from traceflow.model.trace import Hop
 
 
 def to_state(pkt: Packet, in_port: int) -> dict:
@@ -65,7 +65,7 @@ def ovs_hop(node: str, hit: TableHit, pkt: Packet, before: Packet, model: NodeMo
 
 def _uses_group(flow) -> bool:
     """Whether the flow's actions send the packet to a group (a select group's buckets)."""
-    from traceflow.ovs.actions import Group
+    from traceflow.engines.ovs.actions import Group
     try:
         return any(isinstance(a, Group) for a in flow.actions)
     except ValueError:

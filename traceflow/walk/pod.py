@@ -17,8 +17,8 @@ def default_route(tables):
 def pod_gateway(files: dict):
     """(gateway IP, gateway MAC, how we know, rule text, Source, neighbour) from the pod's
     files, or None when they do not say."""
-    from traceflow.neigh import ethernet_mac, parse_ip_neigh
-    from traceflow.routing.parse import parse_ip_routes
+    from traceflow.engines.neigh import ethernet_mac, parse_ip_neigh
+    from traceflow.engines.routing.parse import parse_ip_routes
     if "ip-route.txt" in files and "ip-neigh.txt" in files:
         default = default_route(parse_ip_routes(*files["ip-route.txt"]))
         if default is not None and default.gateway:
@@ -34,7 +34,7 @@ def pod_gateway(files: dict):
 def pod_mac(files: dict) -> str | None:
     if "ip-addr.txt" not in files:
         return None
-    from traceflow.routing.parse import parse_ip_addr
+    from traceflow.engines.routing.addr import parse_ip_addr
     for iface in parse_ip_addr(*files["ip-addr.txt"]):
         if iface.name == "eth0" and iface.mac:
             return iface.mac
@@ -49,7 +49,7 @@ REALISTIC_FIRST_PACKET = ("first packet assumed as a Linux pod sends it: IPv4, T
 
 def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str | None,
                   mac_of):
-    """The pod's first hop from its own files as they are (traceflow.podside).
+    """The pod's first hop from its own files as they are (traceflow.bundle.podside).
 
     ``mac_of(ip) -> (mac, how, from_conventions)`` is the CNI's answer to the pod's ARP request for a next hop
     its ip-neigh.txt does not list (the gateway's MAC, or a local peer pod's MAC).
@@ -57,8 +57,8 @@ def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str |
     Returns (gateway IP, gateway MAC, how we know, rule text, Source); False when the pod
     cannot send (the branch is finished with the reason and file:line); None when the pod has
     no ip-route.txt (the caller falls back to the CNI's conventions and says so)."""
-    from traceflow.podside import first_hop
-    from traceflow.trace import Disposition, Drop, Hop, Verdict
+    from traceflow.bundle.podside import first_hop
+    from traceflow.model.trace import Disposition, Drop, Hop, Verdict
     hop = first_hop(files, pod.key, pod.ip, packet.nw_dst, cni_gateway, datapath.name)
     if hop is None:
         return None

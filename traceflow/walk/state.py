@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceflow import kube
-from traceflow.conntrack import Conntrack
-from traceflow.packet import Packet
-from traceflow.trace import Disposition, Drop, Exit, Hop, Leg, Verdict, typed_detail
+from traceflow.bundle import kube
+from traceflow.model.conntrack import Conntrack
+from traceflow.model.packet import Packet
+from traceflow.model.trace import Disposition, Drop, Exit, Hop, Leg, Verdict, typed_detail
 from traceflow.walk.endpoints import Endpoint, Frontend, Kind
 
 MAX_LOCATIONS = 64          # a packet visiting more places than this is looping

@@ -1,0 +1,752 @@
+"""The command line: thin typed options handed to the core; errors mapped to exit codes here.
+
+Heavy modules (the kubernetes client, paramiko, scapy) are never imported at start-up; the
+trace commands import the engines only when they run.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from traceflow import __version__
+from traceflow.cli import completion
+from traceflow.model.errors import CollectionError, ExitCode, InputError
+
+app = typer.Typer(
+    name="traceflow",
+    help="Trace a packet through a Kubernetes cluster snapshot (a bundle), hop by hop: OVS "
+         "tables, iptables rules, routes, neighbours and tunnels, in plain English.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+completion.bind(app)      # completion offers this app's commands and options
+
+
+class Output(str, enum.Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+    html = "html"
+    dot = "dot"
+
+
+class Protocol(str, enum.Enum):
+    tcp = "tcp"
+    udp = "udp"
+    sctp = "sctp"
+
+
+BundleOpt = typer.Option(None, "--bundle", "-b", envvar="TRACEFLOW_BUNDLE",
+                         help="Bundle folder or .tar.gz to trace offline.")
+NamespaceOpt = typer.Option("default", "--namespace", "-n", help="Namespace of the pods/service.")
+OutputOpt = typer.Option(Output.table, "--output", "-o", help="Output format.")
+ProtocolOpt = typer.Option(Protocol.tcp, "--protocol", help="Transport protocol.")
+SrcPortOpt = typer.Option(54321, "--src-port", min=1, max=65535, help="Source port of the client.")
+NoReplyOpt = typer.Option(False, "--no-reply", help="Trace only the request, not the reply.")
+EndpointOpt = typer.Option(None, "--endpoint", help="Keep only the paths ending at this backend "
+                                                    "(pod name, namespace/pod or IP).")
+WidthOpt = typer.Option(None, "--width", min=40, help="Terminal width for the table output.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Every fact of every hop: full rule, "
+                          "file:line, decoded notes, the packet.")
+WideOpt = typer.Option(False, "--wide", help="The full table, one row per hop.")
+HopOpt = typer.Option(None, "--hop", help="One hop's full story, by its number in the hop list "
+                      "(PATH.HOP, e.g. 2.14).")
+
+LIVE = "Live collection"
+ContextOpt = typer.Option(None, "--context", help="Kubeconfig context to collect from.",
+                          rich_help_panel=LIVE)
+KubeconfigOpt = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, "
+                             "~/.kube/config, else the in-cluster service account).",
+                             rich_help_panel=LIVE)
+SaveBundleOpt = typer.Option(None, "--save-bundle", help="Also write the collected bundle there "
+                             "(a folder, or a .tar.gz).", rich_help_panel=LIVE)
+TimeoutOpt = typer.Option(60.0, "--timeout", help="Time limit per node, in seconds.",
+                          rich_help_panel=LIVE)
+DeadlineOpt = typer.Option(300.0, "--deadline", help="Time limit for the whole collection, in "
+                           "seconds.", rich_help_panel=LIVE)
+SshConfigOpt = typer.Option(None, "--ssh-config", help="Config file with an ssh: section "
+                            "(default: ~/.config/traceflow/config.yaml).", rich_help_panel=LIVE)
+ForceOpt = typer.Option(False, "--force", help="Replace an existing bundle file.",
+                        rich_help_panel=LIVE)
+AppExecOpt = typer.Option(False, "--app-exec", help="Also exec `ip route/neigh/addr` inside the "
+                          "traced pods' own (application) containers for their first hop. Off: "
+                          "it is derived from the CNI's conventions.", rich_help_panel=LIVE)
+InsecureHostKeysOpt = typer.Option(False, "--insecure-accept-host-keys",
+                                   help="Accept unknown SSH host keys, with a warning, instead of "
+                                        "refusing them. A changed key is still refused.",
+                                   rich_help_panel=LIVE)
+
+
+def example_path() -> Path:
+    """The bundled example, inside the installed package."""
+    from traceflow.cni import DEMO_BUNDLE
+    return Path(__file__).resolve().parents[1] / "examples" / DEMO_BUNDLE
+
+
+def _fail(err: Exception, code: ExitCode = ExitCode.BAD_INPUT) -> None:
+    typer.echo(f"traceflow: error: {err}", err=True)
+    raise typer.Exit(int(code))
+
+
+def _open_snapshot(bundle: Optional[Path], end_to_end: bool = True):
+    """The bundle as a Snapshot; an end-to-end trace also needs a CNI traceflow models (the
+    component commands read one node's files and do not)."""
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cli.resolve import bundle_hint
+    if bundle is None:
+        raise InputError("no --bundle given: pass --bundle PATH (collect one from a cluster with "
+                         "`traceflow collect -o bundle.tar.gz`; try `traceflow demo`)", "--bundle")
+    try:
+        opened = Bundle.open(bundle)
+    except InputError as err:
+        raise bundle_hint(Path(bundle), err) from None
+    return _snapshot(opened, end_to_end)
+
+
+# the bundle the command traced, for the summary's "bundle:" lines (one command, one bundle)
+_traced: dict = {}
+
+
+def _snapshot(bundle, end_to_end: bool = True):
+    from traceflow.cni import open_snapshot
+    _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
+    return open_snapshot(bundle, require_supported=end_to_end)
+
+
+class _Live:
+    """Live-collection settings of a trace command, and what the collection reported."""
+
+    def __init__(self, context, kubeconfig, save_bundle, timeout, deadline, ssh_config,
+                 insecure, force=False, app_exec=False):
+        self.context, self.kubeconfig, self.save_bundle = context, kubeconfig, save_bundle
+        self.force, self.app_exec = force, app_exec
+        self.timeout, self.deadline = timeout, deadline
+        self.ssh_config, self.insecure = ssh_config, insecure
+        self.errors: list = []
+
+    def collect(self, kind: str, source: str, destination: str, namespace: str,
+                port: Optional[str]):
+        """Collect the nodes this query touches: (snapshot, source ref, destination ref)."""
+        from collectors.live import CollectOptions, collect, write_bundle
+        from traceflow.cli.help import require_cluster_access
+        require_cluster_access(self.kubeconfig)
+        bundle = collect(CollectOptions(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
+            namespace=namespace, kind=kind, source=source, destination=destination, port=port,
+            ssh_config=str(self.ssh_config) if self.ssh_config else None,
+            insecure_accept_host_keys=self.insecure, timeout=self.timeout,
+            deadline=self.deadline, app_exec=self.app_exec))
+        if self.save_bundle is not None:
+            write_bundle(bundle, self.save_bundle, force=self.force)
+            typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
+        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        q = bundle.manifest["query"]
+        return _snapshot(bundle), q["source"], q["destination"]
+
+    def collect_all(self, namespace: str):
+        """Every node (a trace from or to a node or an outside address can touch any)."""
+        from collectors.live import CollectOptions, collect, write_bundle
+        from traceflow.cli.help import require_cluster_access
+        require_cluster_access(self.kubeconfig)
+        bundle = collect(CollectOptions(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
+            namespace=namespace, all_nodes=True,
+            ssh_config=str(self.ssh_config) if self.ssh_config else None,
+            insecure_accept_host_keys=self.insecure, timeout=self.timeout,
+            deadline=self.deadline, app_exec=self.app_exec))
+        if self.save_bundle is not None:
+            write_bundle(bundle, self.save_bundle, force=self.force)
+            typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
+        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        return _snapshot(bundle)
+
+
+def _collection_summary(errors: list) -> str:
+    nodes = sorted({e["node"] for e in errors if "file" not in e})
+    files = [e["file"] for e in errors if "file" in e]
+    parts = []
+    if nodes:
+        parts.append(f"node(s) {', '.join(nodes)} could not be collected")
+    if files:
+        parts.append(f"{len(files)} needed file(s) missing ({', '.join(files[:4])}"
+                     + (", ..." if len(files) > 4 else "") + ")")
+    return "collection failed: " + "; ".join(parts) + " (details above; the trace went as " \
+        "far as the collected state allows)"
+
+
+def _emit(trace, output: Output, width: Optional[int], verbose: bool = False,
+          wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    try:
+        _write(trace, output, width, verbose, wide, hop, context)
+        sys.stdout.flush()
+    except BrokenPipeError:     # `traceflow ... | head`: the reader has what it wanted
+        _closed_pipe()
+    except SystemExit as exc:
+        # Rich turns a broken pipe into SystemExit(1) itself (Console.on_broken_pipe); the
+        # renderers never exit otherwise
+        if exc.code == 1:
+            _closed_pipe()
+        raise
+    except (OSError, typer.Exit):
+        raise                      # a full disk is not a renderer bug; a refused --hop exits 2
+    except InputError as err:
+        _fail(err)
+    except Exception as err:  # noqa: BLE001 - a renderer failure is a bug too
+        _internal(err)
+
+
+def _closed_pipe() -> None:
+    from traceflow.cli.help import quiet_closed_pipe
+    quiet_closed_pipe()
+    raise typer.Exit(0)
+
+
+def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
+           wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    if output is Output.json:
+        from renderers.json_out import render_json
+        typer.echo(render_json(trace))
+        return
+    if output is Output.yaml:
+        from renderers.yaml_out import render_yaml
+        typer.echo(render_yaml(trace), nl=False)
+        return
+    from renderers.walk import About
+    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    if output is Output.html:
+        from renderers.html_out import render_html
+        typer.echo(render_html(trace, about), nl=False)
+        return
+    if output is Output.dot:
+        from renderers.diagram import render_dot
+        typer.echo(render_dot(trace), nl=False)
+        return
+    from renderers.table import make_console
+    console = make_console(width=width)
+    if hop is not None:
+        from renderers.hopstory import render_hop
+        if not render_hop(trace, hop, console):
+            _fail(InputError(f"no hop {hop!r} in this trace: give PATH.HOP as the hop list "
+                             "numbers it (e.g. 1.3)", "--hop"))
+    elif wide:
+        from renderers.table import render_table
+        from renderers.text import render_text_summary
+        render_text_summary(trace, console, about)
+        render_table(trace, console, ascii_only=not console.is_terminal)
+    else:
+        from renderers.text import render_text
+        render_text(trace, console, about, verbose=verbose)
+
+
+def _exit_for(trace, live: "_Live | None" = None) -> None:
+    from traceflow.model.trace import Verdict
+    if live is not None and live.errors:
+        typer.echo(f"traceflow: error: {_collection_summary(live.errors)}", err=True)
+        raise typer.Exit(int(ExitCode.COLLECTION))
+    raise typer.Exit(int(ExitCode.OK if trace.verdict == Verdict.DELIVERED
+                         else ExitCode.NOT_DELIVERED))
+
+
+def _run(build):
+    """Run a trace builder, mapping bad input to exit code 2 with a located message."""
+    from traceflow.cli.crash import show_traceback
+    try:
+        return build()
+    except (InputError, CollectionError, OSError, ValueError) as err:
+        show_traceback(err)
+        code = ExitCode.COLLECTION if isinstance(err, CollectionError) else ExitCode.BAD_INPUT
+        _fail(err, code)  # OSError: unreadable files; ValueError: bad values from the user
+    except Exception as err:  # noqa: BLE001 - the last resort: a bug, reported, never a traceback
+        _internal(err)
+
+
+def _internal(err: Exception) -> None:
+    from traceflow.cli.crash import internal_error_message, show_traceback
+    show_traceback(err)
+    _fail(internal_error_message(err), ExitCode.INTERNAL)
+
+
+@app.command("trace")
+def trace_cmd(
+    source: str = typer.Argument(..., help="Who sends: a pod (NAME, NAMESPACE/NAME, deploy/NAME, "
+                                           "its IP), node/NAME (the node's own stack) or an "
+                                           "address outside the cluster (203.0.113.7)."),
+    destination: str = typer.Argument(..., help="Where to: a pod, svc/NAME (or a Service's "
+                                                "name or cluster IP), node/NAME[:PORT], "
+                                                "NODE_IP:NODEPORT, a LoadBalancer or externalIP "
+                                                "[:PORT], a pod's hostPort (NODE_IP:HOSTPORT), "
+                                                "or any outside address (1.1.1.1:443)."),
+    namespace: str = NamespaceOpt,
+    port: Optional[str] = typer.Option(None, "--port", "-p", help="Destination port (number, or "
+                                       "a Service's or pod's port name; default: the "
+                                       "Service's only port, else 80)."),
+    protocol: Optional[Protocol] = typer.Option(None, "--protocol",
+                                                help="Transport protocol (default: the port's)."),
+    via: Optional[str] = typer.Option(None, "--via", help="The node an outside client's packet "
+                                      "enters by (LoadBalancer, externalIP; default: one branch "
+                                      "per node)."),
+    src_port: int = SrcPortOpt,
+    endpoint: Optional[str] = EndpointOpt,
+    no_reply: bool = NoReplyOpt,
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+):
+    """Trace a connection between any two ends: pods, nodes, frontends, outside addresses.
+
+    Service frontends are ClusterIP, NodePort, LoadBalancer, externalIP and hostPort. Every
+    load-balancer branch, the request and the reply, each ending in a disposition
+    (delivered-pod, delivered-host, left-cluster, dropped-policy, rejected, ...). Without
+    --bundle, every node of the cluster is collected first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force)
+
+    def build():
+        from traceflow.cli import resolve
+        from traceflow.questions.solver import Solver
+        snap = live.collect_all(namespace) if live is not None else _open_snapshot(bundle)
+        q = resolve.trace_query(snap, source, destination, namespace, port,
+                                protocol.value if protocol is not None else None, src_port,
+                                via, endpoint, not no_reply)
+        return Solver(snap).trace(q)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop, context)
+    _exit_for(trace, live)
+
+
+@app.command("pod-to-svc")
+def pod_to_svc(
+    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
+                                           "deploy/NAME)."),
+    service: str = typer.Argument(..., help="Service (name or namespace/name)."),
+    namespace: str = NamespaceOpt,
+    port: Optional[str] = typer.Option(None, "--port", "-p", help="Service port (number or name)."),
+    protocol: Optional[Protocol] = typer.Option(None, "--protocol",
+                                                help="Transport protocol (default: the port's)."),
+    src_port: int = SrcPortOpt,
+    endpoint: Optional[str] = EndpointOpt,
+    no_reply: bool = NoReplyOpt,
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
+):
+    """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
+
+    The same as `traceflow trace SOURCE svc/SERVICE`. Without --bundle, the nodes the trace
+    can touch are collected from the cluster first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force, app_exec)
+
+    def build():
+        from traceflow.cli import resolve
+        from traceflow.questions.solver import Query, Solver
+        src_ref, svc_ref = source, service
+        if live is not None:
+            snap, src_ref, svc_ref = live.collect("pod-to-svc", source, service, namespace, port)
+        else:
+            snap = _open_snapshot(bundle)
+        pod = resolve.pod(snap.cluster, src_ref, namespace)
+        svc = resolve.service(snap.cluster, svc_ref, namespace)
+        if not svc.cluster_ip or svc.cluster_ip == "None":
+            raise InputError(f"service {svc.key} has no cluster IP (headless)", "k8s/services.yaml")
+        sp = resolve.service_port(svc, port, protocol.value if protocol else None)
+        proto = sp.protocol.upper()
+        _check_pod(pod, snap)
+        pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
+        q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
+                  pin, not no_reply)
+        return Solver(snap).trace(q)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop, context)
+    _exit_for(trace, live)
+
+
+@app.command("pod-to-pod")
+def pod_to_pod(
+    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
+                                           "deploy/NAME)."),
+    destination: str = typer.Argument(..., help="Server pod (name or namespace/name)."),
+    namespace: str = NamespaceOpt,
+    port: str = typer.Option("80", "--port", "-p", help="Destination port (number, or the name "
+                                                          "of one of the pod's container ports)."),
+    protocol: Protocol = ProtocolOpt,
+    src_port: int = SrcPortOpt,
+    no_reply: bool = NoReplyOpt,
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
+):
+    """Trace a connection from one pod to another pod's IP, request and reply.
+
+    The same as `traceflow trace SOURCE pod/DESTINATION`. Without --bundle, the nodes the
+    trace can touch are collected from the cluster first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force, app_exec)
+
+    def build():
+        from traceflow.cli import resolve
+        from traceflow.questions.solver import Query, Solver
+        src_ref, dst_ref = source, destination
+        if live is not None:
+            snap, src_ref, dst_ref = live.collect("pod-to-pod", source, destination, namespace,
+                                                  None)
+        else:
+            snap = _open_snapshot(bundle)
+        src = resolve.pod(snap.cluster, src_ref, namespace)
+        dst = resolve.pod(snap.cluster, dst_ref, namespace, "destination")
+        _check_pod(src, snap)
+        _check_pod(dst, snap)
+        from traceflow.cli.help import given_on_command_line
+        chosen = protocol.value if given_on_command_line("protocol") else None
+        number, named_proto = resolve.pod_port(dst, port, chosen)
+        from traceflow.walk.endpoints import Endpoint
+        q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
+                  src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
+        return Solver(snap).trace(q)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop, context)
+    _exit_for(trace, live)
+
+
+def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
+    """--bundle (or TRACEFLOW_BUNDLE) traces offline: live-collection options would be ignored."""
+    if bundle is None:
+        return
+    from traceflow.cli.help import check_offline
+    _run(lambda: check_offline(bundle, context=context, kubeconfig=kubeconfig,
+                               save_bundle=save_bundle))
+
+
+def _check_pod(pod, snap=None) -> None:
+    from traceflow.cli.resolve import check_pod
+    check_pod(pod, snap)
+
+
+@app.command("demo")
+def demo(
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+):
+    """Trace `frontend -> backendsvc` on the bundled example (no cluster needed)."""
+    pod_to_svc("frontend", "backendsvc", "default", None, None, 54321, None, False,
+               example_path(), output, width, None, None, None, 60.0, 300.0, None, False,
+               verbose=verbose, wide=wide, hop=hop)
+
+
+class Via(str, enum.Enum):
+    auto = "auto"
+    exec = "exec"
+    ssh = "ssh"
+
+
+@app.command("collect")
+def collect_cmd(
+    source: Optional[str] = typer.Argument(None, help="Client pod of the trace to prepare for "
+                                                      "(name, namespace/name, deploy/NAME)."),
+    destination: Optional[str] = typer.Argument(None, help="Its destination: svc/NAME, "
+                                                           "pod/NAME, or a name."),
+    out: Path = typer.Option(..., "--output", "-o", help="Where to write the bundle: a folder, "
+                                                         "or a .tar.gz."),
+    namespace: str = NamespaceOpt,
+    selector: Optional[str] = typer.Option(None, "--selector", "-l",
+                                           help="Pick the client pod by label instead."),
+    port: Optional[str] = typer.Option(None, "--port", "-p",
+                                       help="Service port (number or name), checked now."),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="Also collect these nodes "
+                                                              "(comma-separated)."),
+    all_nodes: bool = typer.Option(False, "--all-nodes", help="Collect every node, not only "
+                                                              "those the trace can touch."),
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    via: Via = typer.Option(Via.auto, "--via", help="auto: exec into the CNI agents, SSH for "
+                                                    "what they lack; exec; ssh.",
+                            rich_help_panel=LIVE),
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    parallel: int = typer.Option(10, "--parallel", help="Nodes collected at once.",
+                                 rich_help_panel=LIVE),
+    force: bool = ForceOpt,
+    app_exec: bool = AppExecOpt,
+):
+    """Collect a bundle from the cluster (read-only): the nodes a trace can touch, or all."""
+    from collectors.live import CollectOptions, collect, write_bundle
+
+    def build():
+        node_list = [n.strip() for n in (nodes or "").split(",") if n.strip()]
+        if destination is not None and source is None and selector is None:
+            raise InputError("a destination needs a source pod (or -l)", "SOURCE")
+        if parallel < 1:
+            raise InputError("--parallel must be at least 1", "--parallel")
+        from traceflow.cli.help import require_cluster_access
+        require_cluster_access(kubeconfig)
+        b = collect(CollectOptions(
+            kubeconfig=str(kubeconfig) if kubeconfig else None, context=context,
+            namespace=namespace, source=source, selector=selector, destination=destination,
+            port=port, nodes=node_list, all_nodes=all_nodes, via=via.value,
+            ssh_config=str(ssh_config) if ssh_config else None,
+            insecure_accept_host_keys=insecure_accept_host_keys, timeout=timeout,
+            deadline=deadline, parallel=parallel, app_exec=app_exec))
+        write_bundle(b, out, force=force)
+        return b
+    b = _run(build)
+    errors = b.manifest.get("collection_errors") or []
+    n_nodes = len(b.node_names())
+    typer.echo(f"wrote {out}: {n_nodes} node(s), {len(b.names())} files")
+    if errors:
+        typer.echo(f"traceflow: error: {_collection_summary(errors)}".replace(
+            "; the trace went as far as the collected state allows", "; the bundle records it"),
+            err=True)
+        raise typer.Exit(int(ExitCode.COLLECTION))
+
+
+@app.command("rbac")
+def rbac_cmd(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", "-b", help="Take the CNI agent pods "
+                                          "from this bundle's manifest instead of the cluster."),
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    user: Optional[str] = typer.Option(None, "--user", help="Bind to this user instead of the "
+                                       "traceflow/traceflow ServiceAccount."),
+    group: Optional[str] = typer.Option(None, "--group", help="Bind to this group instead."),
+):
+    """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
+    current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
+    def build():
+        from collectors import rbac as R
+        if user and group:
+            raise InputError("give --user or --group, not both", "--user")
+        subj = (R.subject("User", user) if user else R.subject("Group", group) if group
+                else R.subject())
+        if bundle is not None:
+            from traceflow.bundle.reader import Bundle
+            cni, pods = R.agents_from_bundle(Bundle.open(bundle))
+            where = f"bundle {bundle}"
+        else:
+            from collectors.kube import Kube
+            kube = Kube(str(kubeconfig) if kubeconfig else None, context)
+            try:
+                cni, pods = R.agents_from_cluster(
+                    kube, lambda m: typer.echo(f"traceflow: warning: {m}", err=True))
+            finally:
+                kube.close()
+            where = f"cluster {kube.cluster}"
+        if not pods:
+            raise CollectionError(f"no CNI agent pods found in the {where} ({R.AGENT_PODS}): "
+                                  "nothing to grant exec on")
+        docs = ([] if user or group else R.service_account_documents())
+        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
+                              "only; regenerate after the agents are restarted\n")
+    typer.echo(_run(build), nl=False)
+
+
+class Shell(str, enum.Enum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command("completion")
+def completion_cmd(shell: Shell = typer.Argument(..., help="bash, zsh or fish.")):
+    """Print the shell completion script (pods, Services, namespaces, nodes from the bundle or
+    cluster), e.g. `source <(traceflow completion bash)`."""
+    typer.echo(completion.GENERATORS[shell.value](), nl=False)
+
+
+@app.command("example-path")
+def example_path_cmd():
+    """Print where the bundled example bundle is installed."""
+    typer.echo(str(example_path()))
+
+
+@app.command("ovs-trace")
+def ovs_trace(
+    node: str = typer.Argument(..., help="Node whose OVS bridge to trace."),
+    flow: str = typer.Argument(..., help="Packet as for `ovs-appctl ofproto/trace`, e.g. "
+                                         "'in_port=frontend-a3ba2f,tcp,nw_src=10.222.1.48,"
+                                         "nw_dst=10.104.65.133,tp_dst=80'."),
+    table: int = typer.Option(0, "--table", help="Table to start in."),
+    ct_next: Optional[list[str]] = typer.Option(
+        None, "--ct-next", help="Conntrack state for the next ct() recirculation, e.g. "
+        "trk,est (repeat for each; then trk,new), as ofproto/trace --ct-next."),
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+):
+    """Offline `ofproto/trace`: one node's OVS pipeline for one packet, every group bucket."""
+    def build():
+        from traceflow.questions.components import ovs_component_trace
+        return ovs_component_trace(_open_snapshot(bundle, end_to_end=False), node, flow, table,
+                                   ct_next)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop)
+    _exit_for(trace)
+
+
+@app.command("nf-trace")
+def nf_trace(
+    node: str = typer.Argument(..., help="Node whose iptables rules to use."),
+    src: str = typer.Option(..., "--src", help="Source IP."),
+    dst: str = typer.Option(..., "--dst", help="Destination IP."),
+    dport: Optional[int] = typer.Option(None, "--dport", min=1, max=65535,
+                                        help="Destination port."),
+    sport: int = typer.Option(54321, "--sport", min=1, max=65535, help="Source port."),
+    protocol: Protocol = ProtocolOpt,
+    hook: str = typer.Option("PREROUTING", "--hook",
+                             help="PREROUTING, INPUT, FORWARD, OUTPUT or POSTROUTING."),
+    iif: Optional[str] = typer.Option(None, "--iif", help="Input interface."),
+    oif: Optional[str] = typer.Option(None, "--oif", help="Output interface."),
+    mark: str = typer.Option("0", "--mark", help="Packet mark (fwmark): 16, 0x10 or 0o20."),
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+):
+    """A netfilter trace of one packet at one hook: every chain and rule it meets."""
+    def build():
+        from traceflow.questions.components import nf_component_trace
+        from traceflow.cli.resolve import mark as parse_mark
+        snap = _open_snapshot(bundle, end_to_end=False)
+        return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
+                                  dport, iif, oif, parse_mark(mark))
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop)
+    _exit_for(trace)
+
+
+@app.command("route-get")
+def route_get(
+    node: str = typer.Argument(..., help="Node whose rules and routes to use."),
+    dst: str = typer.Argument(..., help="Destination IP."),
+    src: Optional[str] = typer.Option(None, "--from", help="Source IP."),
+    iif: Optional[str] = typer.Option(None, "--iif", help="Input interface (forwarded packet)."),
+    mark: str = typer.Option("0", "--mark", help="fwmark: 16, 0x10 or 0o20."),
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+):
+    """Like `ip route get`: the rule, table and route the node's kernel would use."""
+    def build():
+        from traceflow.questions.components import route_component_trace
+        from traceflow.cli.resolve import mark as parse_mark
+        snap = _open_snapshot(bundle, end_to_end=False)
+        return route_component_trace(snap, node, dst, src, iif, parse_mark(mark))
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop)
+    _exit_for(trace)
+
+
+def _register_questions() -> None:
+    """check / audit / diff live in traceflow.questions (many traces over one bundle)."""
+    from traceflow.cli.questions import register
+    register(app, sys.modules[__name__])
+
+
+_register_questions()
+
+
+def version_callback(value: bool):
+    if value:
+        typer.echo(f"traceflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=version_callback,
+                                      is_eager=True, help="Show the version and exit.")):
+    """traceflow: packet-path troubleshooting for Kubernetes."""
+
+
+def run() -> None:
+    """Console-script entry point."""
+    if sys.argv[1:2] == ["__complete"]:     # the shell completion scripts' entry (fast path)
+        sys.exit(completion.complete_main(sys.argv[2:]))
+    from traceflow.cli.help import pipe_closed_since, prog_name, quiet_closed_pipe, stdout_identity
+    start = stdout_identity()
+    try:
+        app(prog_name=prog_name(sys.argv[0]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        quiet_closed_pipe()
+        sys.exit(0)
+    except SystemExit as exc:
+        # the reader of a pipe went away while help or a table was written (`| head`)
+        if exc.code not in (0, None) and pipe_closed_since(start):
+            sys.exit(0)
+        raise
+    finally:
+        # the models of a big bundle are ~500k objects in reference cycles: the collection at
+        # interpreter exit would walk them all (0.4 s) to free memory the OS takes back anyway
+        import gc
+        gc.freeze()
+
+
+def kubectl_complete() -> None:
+    """Entry point ``kubectl_complete-traceflow``: kubectl's plugin completion protocol."""
+    completion.kubectl_complete()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,513 @@
+"""Cilium's datapath: BPF programs on the tc/tcx hooks of lxc, native and overlay devices.
+
+The places a packet can be are ``AtBpf`` (a program on a device hook, or reached by tail
+call) and ``AtUnderlay`` (between nodes); the kernel host stack is the shared ``AtHost``
+component, used where Cilium hands the packet to the kernel (legacy host routing, endpoint
+routes/ENI, ``TC_ACT_OK``). What each program decides follows Cilium's source (bpf_lxc.c,
+bpf_host.c, bpf_overlay.c, lib/lb.h, lib/policy.h); the lookups themselves are in
+``traceflow.engines.cilium.lookup``. Every BPF hop names its program, the map and the entry
+(file:line) that decided, and drops carry Cilium's DROP_* names.
+
+Service load balancing lives in ``lb`` and policy enforcement with delivery in
+``policy`` (mixins of CiliumDatapath); this module holds the pod's first hop, the
+programs' flow from hook to hook, routing (tunnel, BPF FIB, kernel) and the underlay.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from traceflow.bundle import kube
+from traceflow.engines.cilium import lookup as L
+from traceflow.cni.cilium.node import CT_ZONE, POLICY, SOCK, SOCK_WHERE, CiliumNode
+from traceflow.cni.cilium.lb import ServiceLB
+from traceflow.cni.cilium.policy import EndpointPolicy
+from traceflow.model.packet import Packet, Tunnel
+from traceflow.bundle.snapshot import Missing
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
+from traceflow.walk.datapath import Datapath
+from traceflow.walk.pod import conventions_warning, own_first_hop, pod_gateway, pod_mac
+from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
+
+TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
+# Cilium's drop reasons (bpf/lib/common.h DROP_*) as dispositions
+DROP_DISPOSITIONS = {L.DROP_POLICY: Disposition.DROPPED_POLICY,
+                     L.DROP_POLICY_DENY: Disposition.DROPPED_POLICY,
+                     L.DROP_POLICY_AUTH_REQUIRED: Disposition.DROPPED_POLICY,
+                     L.DROP_NO_SERVICE: Disposition.NO_BACKEND,
+                     L.DROP_NO_FIB: Disposition.NO_ROUTE}
+VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
+
+
+class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
+    name = "Cilium"
+
+    def __init__(self, walk):
+        super().__init__(walk)
+        self._nodes: dict[str, CiliumNode] = {}
+
+    def cilium(self, node_name: str) -> CiliumNode:
+        if node_name not in self._nodes:
+            self._nodes[node_name] = CiliumNode(self.snap, self.snap.node(node_name))
+        return self._nodes[node_name]
+
+    def components(self) -> dict:
+        return {AtBpf: self._bpf, AtUnderlay: self._underlay}
+
+    def component_name(self, loc) -> str:
+        if isinstance(loc, AtBpf):
+            return "bpf"
+        if isinstance(loc, AtUnderlay):
+            return "underlay"
+        return "route"
+
+    # ---- hop helpers ---------------------------------------------------------------------------
+    def _hop(self, loc, effect: str, *, map_=None, rec=None, pkt=None, before=None, notes=(),
+             unknown=False, program=None) -> Hop:
+        """A BPF hop: ``rec`` is the map entry that decided (its text and file:line)."""
+        program = program or loc.program
+        src = getattr(rec, "source", None)
+        return Hop(loc.node, "bpf", program, src.text.strip() if src else None, effect,
+                   source=src, packet=pkt.headers() if pkt is not None else None,
+                   changed=pkt.diff(before) if pkt is not None and before is not None else {},
+                   notes=list(notes), unknown=unknown, program=program, map=map_,
+                   entry=src.text.strip() if src else None)
+
+    def _end(self, b: Branch, loc, verdict: Verdict, reason: str, drop_name: str | None = None,
+             rec=None, disposition: Disposition | None = None, policies: tuple = ()) -> tuple:
+        """End the branch at a program: a drop states its disposition (by Cilium's drop name
+        where it has one: DROP_POLICY -> dropped-policy, DROP_NO_SERVICE -> no-backend ...)."""
+        rule = rec.source.text.strip() if getattr(rec, "source", None) else None
+        text = f"{drop_name}: {reason}" if drop_name else reason
+        if disposition is None and verdict == Verdict.DROPPED:
+            disposition = DROP_DISPOSITIONS[drop_name]
+        return (b.finish(verdict, Drop(loc.node, "bpf", loc.program, rule, text, disposition,
+                                       tuple(policies))), None)
+
+    def _attached(self, cn: CiliumNode, dev: str, hook: str) -> str:
+        prog = cn.program_at(dev, hook)
+        if prog is None:
+            return ""
+        return f"attached: {prog.attach} {hook} of {dev}: {prog.name} ({prog.source.file}:{prog.source.line})"
+
+    # ---- the pod's first hop -------------------------------------------------------------------
+    def leave_pod(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query):
+        cn = self.cilium(pod.node)
+        node = cn.node
+        rec = cn.lxc.get(pod.ip)
+        if rec is None:
+            branch.add(Hop(pod.node, "pod", None, None,
+                           f"{pod.key} ({pod.ip}) is not in nodes/{pod.node}/cilium-bpf-endpoint-list.txt "
+                           "(the cilium_lxc map): not a Cilium endpoint", unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
+                                                f"{pod.key} is not a Cilium endpoint on {pod.node}"))
+            return None
+        dev = cn.device_of(rec)
+        if dev is None:
+            raise Missing(f"nodes/{pod.node}/ip-addr.txt",
+                          f"the lxc device with ifindex {rec.ifindex} of {pod.key}")
+        files = self.snap.pod_files(pod)
+        host_ip = primary_ip(node.interface("cilium_host"))
+        lxc_mac = (rec.node_mac or "").lower() or None
+        # every next hop of a Cilium pod answers with the lxc device's MAC (the veth's host side)
+        own = own_first_hop(self, branch, pod, files, packet, host_ip,
+                            lambda ip: (lxc_mac, f"is {pod.key}'s lxc device MAC, as Cilium answers"
+                                                 " every ARP request from the pod", False))
+        if own is False:           # the pod's own files say it cannot send: finished
+            return None
+        got = pod_gateway(files)   # with the neighbour entry, for the ARP hop below
+        if got is not None and (own is None or got[0] == own[0]):
+            gw_ip, gw_mac, how, rule, src, neigh = got
+        elif own is not None:
+            (gw_ip, gw_mac, how, rule, src), neigh = own, None
+        else:
+            gw_ip = host_ip or "?"
+            gw_mac, how, rule, src, neigh = lxc_mac, (
+                "derived from Cilium's conventions (the cilium_host address as gateway, answered "
+                "by the lxc device's MAC)"), f"default via {gw_ip} dev eth0", None, None
+            self.warnings.append(conventions_warning(pod, files, "Cilium"))
+        packet.dl_src = pod_mac(files) or (rec.mac or "").lower() or packet.dl_src
+        packet.dl_dst = gw_mac or packet.dl_dst
+        branch.add(Hop(pod.node, "pod", "main", rule,
+                       f"{pod.key} sends to {packet.nw_dst} via its gateway {gw_ip}, out of eth0",
+                       source=src, notes=[how]))
+        lxc_mac = (rec.node_mac or "").lower()
+        notes = []
+        if gw_mac and lxc_mac and gw_mac.lower() == lxc_mac:
+            notes.append(f"{gw_mac} is the MAC of {dev}, the host side of the pod's veth: "
+                         "every packet the pod routes goes to the lxc device")
+        branch.add(Hop(pod.node, "neigh", "eth0", neigh.text if neigh is not None else None,
+                       f"{gw_ip} is at {gw_mac}: the frame goes out of eth0 into {dev}",
+                       source=neigh.source if neigh is not None else None,
+                       packet=packet.headers(), notes=notes))
+        if (q.service is not None and branch.leg.direction == "request"
+                and packet.nw_dst == q.dst_ip and cn.settings.socket_lb):
+            return AtBpf(pod.node, dev, "connect", SOCK, packet)
+        return AtBpf(pod.node, dev, "ingress", "from-container", packet)
+
+    # ---- dispatch ------------------------------------------------------------------------------
+    def _bpf(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        handler = {SOCK: self._sock_connect, "from-container": self._from_container,
+                   POLICY: self._policy, "to-container": self._policy,
+                   "from-netdev": self._from_netdev, "from-host": self._from_netdev,
+                   "to-netdev": self._to_netdev, "to-overlay": self._to_overlay,
+                   "from-overlay": self._from_overlay}.get(loc.program)
+        if handler is None:
+            b.add(self._hop(loc, f"program {loc.program} is not modelled", unknown=True))
+            return [self._end(b, loc, Verdict.UNKNOWN, f"{loc.program} on {loc.device} is not modelled")]
+        return handler(b, loc, q)
+
+    # ---- from-container (lxc ingress: the pod's egress) -----------------------------------------
+    def _from_container(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        cn = self.cilium(loc.node)
+        missing = self._no_program(b, loc, cn, "ingress")
+        if missing:
+            return missing
+        pkt = loc.packet.copy()
+        ct = b.ct(loc.node)
+        entry, is_reply = ct.lookup(CT_ZONE, tuple5(pkt))
+        attached = self._attached(cn, loc.device, "ingress")
+        if entry is not None and is_reply:
+            pkt.extra["src_identity"] = self._endpoint_identity(cn, pkt.nw_src)
+            before = pkt.copy()
+            notes = [attached] if attached else []
+            if entry.nat == "dst" and SOCK_WHERE not in entry.where:   # opened on this node
+                pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
+                effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
+                          f"restores the service address {entry.orig[3]}:{entry.orig[4]}; "
+                          "egress policy is not checked for replies")
+            else:
+                effect = ("conntrack: reply of a connection this endpoint accepted (CT_REPLY): "
+                          "egress policy is not checked for replies")
+            b.add(self._hop(loc, effect, map_="cilium_ct4_global", pkt=pkt, before=before,
+                            notes=notes + [f"entry committed by {entry.where}"]))
+            return self._forward(b, loc, pkt, cn, q)
+        outs = [(b, pkt, None)]
+        if loc.via != SOCK:
+            hit_pkt = pkt
+            outs = self._service(b, loc, hit_pkt, q, "from-container",
+                                 "tail_handle_ipv4 -> handle_ipv4_from_lxc: lb4_lookup_service "
+                                 "(per-packet load balancing: socket LB is "
+                                 f"{self._socket_lb_text(cn)})", attached=attached)
+        elif attached:
+            b.add(self._hop(loc, "the destination was translated at connect() (socket LB): no "
+                                 "service lookup here", pkt=pkt, notes=[attached]))
+        results = []
+        for nb, npkt, svc_hit in outs:
+            if nb.end:
+                results.append((nb, None))
+                continue
+            src_rec = cn.lxc.get(npkt.nw_src)
+            identity = self._endpoint_identity(cn, npkt.nw_src)
+            npkt.extra["src_identity"] = identity
+            allowed = self._policy_check(nb, loc, cn, src_rec, "egress", npkt, identity=None,
+                                         peer_ip=npkt.nw_dst)
+            if allowed is not None:
+                results.append(allowed)
+                continue
+            if svc_hit is None:
+                nb.ct(loc.node).commit(CT_ZONE, tuple5(npkt), tuple5(npkt),
+                                       where=f"{loc.node} from-container (cilium_ct4_global)")
+            results.extend(self._forward(nb, loc, npkt, cn, q))
+        return results
+
+    def _no_program(self, b, loc, cn, hook):
+        """No program attached where one must be: say why instead of guessing."""
+        if loc.via is not None and loc.via != SOCK:
+            return None            # reached by tail call / redirect: no attachment needed
+        if cn.program_at(loc.device, hook) is not None:
+            return None
+        if not cn.attachments_known:
+            why = (f"nodes/{loc.node}/tc.txt and bpftool-net.txt are absent: which program runs "
+                   f"on {loc.device} {hook} is not known")
+        elif cn.settings.tcx or (cn.version and cn.version.at_least(1, 16) and cn.maps.bpftool_net is None):
+            why = (f"tc shows no program on {loc.device} {hook}; with tcx (1.16+) only "
+                   "`bpftool net show` lists attachments: needs bpftool-net.txt")
+        else:
+            why = f"no BPF program is attached to {loc.device} {hook}: Cilium does not handle it"
+        b.add(self._hop(loc, why, unknown=True))
+        return [self._end(b, loc, Verdict.UNKNOWN, why)]
+
+    # ---- after from-container: local delivery, tunnel, or routing ---------------------------------
+    def _forward(self, b: Branch, loc: AtBpf, pkt: Packet, cn: CiliumNode, q: Query) -> list:
+        s = cn.settings
+        dst = cn.lxc.get(pkt.nw_dst)
+        if dst is not None and not s.endpoint_routes:
+            dev = cn.device_of(dst)
+            b.add(self._hop(loc, f"{pkt.nw_dst} is local endpoint {dst.endpoint_id}: "
+                                 f"ipv4_local_delivery tail-calls its policy program",
+                            map_="cilium_lxc", rec=dst, pkt=pkt))
+            return [(b, AtBpf(loc.node, dev or "?", "tail", POLICY, pkt, via=loc.program))]
+        if s.routing is None:
+            why = ("the routing mode (tunnel or native) is not stated: needs cilium-status.txt "
+                   "(`Routing:` / `Tunnel:`) or k8s/cilium-config.yaml (`routing-mode` / `tunnel`)")
+            b.add(self._hop(loc, why, pkt=pkt, unknown=True))
+            return [self._end(b, loc, Verdict.UNKNOWN, why)]
+        if s.routing == "tunnel":
+            entry = L.ipcache_lookup(cn.ipcache, pkt.nw_dst)
+            ep = entry.tunnel_endpoint if entry is not None else None
+            if ep:
+                proto = (s.tunnel_protocol or "vxlan").lower()
+                dev = f"cilium_{proto}"
+                before = pkt.copy()
+                out = pkt.copy()
+                src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
+                out.tunnel = Tunnel(proto, src_node.internal_ip if src_node else "?", ep,
+                                    vni=pkt.extra.get("src_identity") or 0,
+                                    dport=VXLAN_PORT.get(proto, 8472))
+                b.add(self._hop(loc, f"tunnel mode: {pkt.nw_dst} has tunnel endpoint {ep} in the "
+                                     f"ipcache: encap_and_redirect_lxc sets the tunnel key (source "
+                                     f"identity {out.tunnel.vni} in the VNI) and redirects to {dev}",
+                                map_="cilium_ipcache", rec=entry, pkt=out, before=before))
+                return [(b, AtBpf(loc.node, dev, "egress", "to-overlay", out, via=loc.program))]
+            owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
+            why = (f"tunnel mode, but the ipcache has no tunnel endpoint for {pkt.nw_dst}"
+                   + (f" (entry {entry.prefix}: identity {entry.identity})" if entry else " (no entry)"))
+            b.add(self._hop(loc, why, map_="cilium_ipcache", rec=entry, pkt=pkt, unknown=True))
+            if owner is not None:
+                reason = (f"{why}; it is a Pod address of {owner.name}, which only the tunnel "
+                          "reaches: Cilium treats it as outside the cluster and hands it to the "
+                          "kernel, which has no overlay route for it")
+                return [self._end(b, loc, Verdict.UNKNOWN, reason, L.DROP_NO_TUNNEL_ENDPOINT, entry)]
+            b.add(self._hop(loc, "not in the overlay: handed to the kernel stack (TC_ACT_OK)",
+                            pkt=pkt))
+            self._kernel_caveat(loc.node)
+            return [(b, AtHost(loc.node, loc.device, pkt))]
+        if s.host_routing == "bpf" and not s.endpoint_routes:
+            return self._fib_redirect(b, loc, pkt)
+        src = s.source_of("host_routing")
+        if src is not None:
+            why = f"legacy host routing ({src.file}:{src.line})"
+        elif cn.version and not cn.version.at_least(1, 9):
+            why = "legacy host routing (Cilium < 1.9 has no BPF host routing)"
+        else:
+            why = "legacy host routing assumed (the bundle does not say BPF or legacy)"
+            self.warnings.append(f"{loc.node}: host routing (BPF or legacy) is not stated in "
+                                 "cilium-status.txt or the ConfigMap: the kernel stack is assumed; "
+                                 "with BPF host routing netfilter would be skipped")
+        if s.endpoint_routes:
+            why = "endpoint routes (per-endpoint routes and ip rules): from-container passes to the stack"
+        b.add(self._hop(loc, f"native routing, {why}: returns TC_ACT_OK, the kernel routes the "
+                             "packet (ip rules, routes, neighbours, netfilter)", pkt=pkt))
+        self._kernel_caveat(loc.node)
+        return [(b, AtHost(loc.node, loc.device, pkt))]
+
+    def _kernel_caveat(self, node_name: str) -> None:
+        """The kernel stack is walked: say so when its netfilter rules are not in the bundle."""
+        if self.snap.node(node_name).netfilter is None:
+            self.warnings.append(f"{node_name}: no iptables-save.txt (or nft.txt): the kernel's "
+                                 "netfilter rules (Cilium's CILIUM_* chains, iptables masquerade) "
+                                 "are not traced where the packet crosses the kernel stack")
+
+    def _fib_redirect(self, b: Branch, loc: AtBpf, pkt: Packet) -> list:
+        """BPF host routing: bpf_fib_lookup (honours ip rules) and redirect to the device,
+        netfilter skipped. The same FIB lookup the host stack does, without its hooks."""
+        node = self.snap.node(loc.node)
+        host = self.walk.host
+        b.add(self._hop(loc, "BPF host routing: fib_redirect_v4 asks the kernel FIB "
+                             "(bpf_fib_lookup) and redirects to the device; netfilter and the "
+                             "host stack are skipped", pkt=pkt))
+        dec = host._route(b, loc.node, node, pkt, iif=loc.device)
+        if dec.kind != "unicast":
+            b.add(self._hop(loc, f"bpf_fib_lookup fails: {dec.reason}", pkt=pkt))
+            return [self._end(b, loc, Verdict.DROPPED, f"no FIB route for {pkt.nw_dst}: "
+                                                       f"{dec.reason}", L.DROP_NO_FIB)]
+        return [host._neighbour_and_send(b, AtHost(loc.node, loc.device, pkt), node, pkt, dec)]
+
+    # ---- native devices ------------------------------------------------------------------------
+    def _from_netdev(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        cn = self.cilium(loc.node)
+        pkt = loc.packet.copy()
+        entry = L.ipcache_lookup(cn.ipcache, pkt.nw_src)
+        identity = entry.identity if entry is not None else 2
+        pkt.extra["src_identity"] = identity
+        notes = [n for n in (self._attached(cn, loc.device, loc.hook),) if n]
+        b.add(self._hop(loc, f"resolve_srcid_ipv4: source {pkt.nw_src} is "
+                             f"{cn.identity_text(identity)} (ipcache)",
+                        map_="cilium_ipcache", rec=entry, pkt=pkt, notes=notes))
+        dst = cn.lxc.get(pkt.nw_dst)
+        if dst is not None and not cn.settings.endpoint_routes:
+            b.add(self._hop(loc, f"{pkt.nw_dst} is local endpoint {dst.endpoint_id}: "
+                                 "tail_handle_ipv4_from_netdev -> handle_ipv4 -> "
+                                 "ipv4_local_delivery tail-calls its policy program",
+                            map_="cilium_lxc", rec=dst, pkt=pkt))
+            return [(b, AtBpf(loc.node, cn.device_of(dst) or "?", "tail", POLICY, pkt,
+                              via=loc.program))]
+        b.add(self._hop(loc, f"{pkt.nw_dst} is not a local endpoint here (or endpoint routes "
+                             "are on): TC_ACT_OK, the kernel stack takes it", pkt=pkt))
+        self._kernel_caveat(loc.node)
+        return [(b, AtHost(loc.node, loc.device, pkt))]
+
+    def _to_netdev(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        cn = self.cilium(loc.node)
+        pkt = loc.packet.copy()
+        s = cn.settings
+        notes = [n for n in (self._attached(cn, loc.device, "egress"),) if n]
+        if s.masquerade == "bpf" and self._needs_masquerade(cn, pkt):
+            node = self.snap.node(loc.node)
+            before = pkt.copy()
+            pkt.nw_src = primary_ip(node.interface(loc.device)) or pkt.nw_src
+            b.ct(loc.node).commit(CT_ZONE, tuple5(before), tuple5(pkt),
+                                  where=f"{loc.node} to-netdev BPF masquerade (cilium_snat_v4_external)",
+                                  nat="src")
+            b.add(self._hop(loc, f"BPF masquerade (snat_v4_needs_masquerade): source "
+                                 f"{before.nw_src} -> {pkt.nw_src}", map_="cilium_snat_v4_external",
+                            pkt=pkt, before=before, notes=notes))
+        else:
+            why = ("masquerade is iptables' (CILIUM_POST_nat, traced in the kernel stack)"
+                   if s.masquerade == "iptables" else "no masquerade needed for this destination"
+                   if s.masquerade == "bpf" else "masquerading disabled or not stated")
+            b.add(self._hop(loc, f"host egress: no translation ({why}); TC_ACT_OK", pkt=pkt,
+                            notes=notes))
+        return [(b, AtUnderlay(loc.node, loc.device, pkt))]
+
+    def _needs_masquerade(self, cn, pkt) -> bool:
+        """snat_v4_needs_masquerade (bpf/lib/nat.h), reduced: local endpoints' traffic leaving
+        the native-routing CIDR, not to an ipmasq prefix, not to a node of the cluster."""
+        if pkt.nw_src not in cn.lxc:
+            return False
+        dst = ipaddress.ip_address(pkt.nw_dst)
+        cidr = cn.settings.native_routing_cidr
+        if cidr and dst in ipaddress.ip_network(cidr, strict=False):
+            return False
+        for e in cn.maps.ipmasq or ():
+            if dst in ipaddress.ip_network(e.prefix, strict=False):
+                return False
+        return self.cluster.node_by_ip(pkt.nw_dst) is None and \
+            self.cluster.node_for_pod_ip(pkt.nw_dst) is None
+
+    # ---- overlay -------------------------------------------------------------------------------
+    def _to_overlay(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        pkt = loc.packet
+        t = pkt.tunnel
+        b.add(self._hop(loc, f"to-overlay on {loc.device}: the kernel encapsulates in "
+                             f"{t.kind.upper()} to {t.dst} (UDP {t.dport}, VNI {t.vni})",
+                        pkt=pkt))
+        return [(b, AtUnderlay(loc.node, loc.device, pkt))]
+
+    def _from_overlay(self, b: Branch, loc: AtBpf, q: Query) -> list:
+        cn = self.cilium(loc.node)
+        pkt = loc.packet.copy()
+        vni = pkt.tunnel.vni if pkt.tunnel else None
+        pkt.tunnel = None
+        pkt.extra["src_identity"] = vni
+        notes = [n for n in (self._attached(cn, loc.device, "ingress"),) if n]
+        b.add(self._hop(loc, f"decapsulated on {loc.device}: source "
+                             f"{cn.identity_text(vni)} from the tunnel key (VNI)", pkt=pkt,
+                        notes=notes))
+        dst = cn.lxc.get(pkt.nw_dst)
+        if dst is not None:
+            return [(b, AtBpf(loc.node, cn.device_of(dst) or "?", "tail", POLICY, pkt,
+                              via=loc.program))]
+        b.add(self._hop(loc, f"{pkt.nw_dst} is not a local endpoint: to the kernel stack", pkt=pkt))
+        return [(b, AtHost(loc.node, loc.device, pkt))]
+
+    # ---- between nodes -----------------------------------------------------------------------------
+    def _underlay(self, b: Branch, loc: AtUnderlay, q: Query) -> list:
+        pkt = loc.packet
+        if pkt.tunnel is not None:
+            peer = self.cluster.node_by_ip(pkt.tunnel.dst)
+            how = f"the outer destination {pkt.tunnel.dst} is {peer.name if peer else 'no node'}"
+        else:
+            peer = self.cluster.node_for_pod_ip(pkt.nw_dst)
+            how = (f"assumed: the underlay (BGP, static routes or the VPC) routes {pkt.nw_dst} to "
+                   f"{peer.name}, which owns the pod CIDR {', '.join(peer.pod_cidrs)}" if peer else "")
+            if peer is None:
+                pod = self.cluster.pod_by_ip(pkt.nw_dst)
+                peer = next((n for n in self.cluster.nodes if pod and n.name == pod.node), None)
+                if peer is not None:
+                    how = (f"assumed: the VPC routes {pkt.nw_dst} (an address of {pod.key}, e.g. "
+                           f"an ENI secondary address) to {peer.name}")
+            if peer is None:
+                peer = self.cluster.node_by_ip(pkt.nw_dst)
+                how = f"{pkt.nw_dst} is the address of node {peer.name}" if peer else how
+        if peer is None or peer.name == loc.node:
+            return [(self.walk.host.leave_cluster(b, loc.node, loc.device, loc.nexthop, pkt),
+                     None)]
+        b.add(Hop(peer.name, "underlay", None, None,
+                  f"{loc.node} -> {peer.name} over the network between nodes",
+                  packet=pkt.headers(), notes=[how + "; the network between nodes is not in the bundle"]))
+        try:
+            pcn = self.cilium(peer.name)
+            pnode = pcn.node
+            if pkt.tunnel is not None:
+                dev = f"cilium_{pkt.tunnel.kind}"
+                if pcn.program_at(dev, "ingress") is None and pcn.attachments_known:
+                    return [(b.finish(Verdict.UNKNOWN, Drop(peer.name, "bpf", dev, None,
+                                                            f"no from-overlay program on {dev} of {peer.name}")), None)]
+                return [(b, AtBpf(peer.name, dev, "ingress", "from-overlay", pkt))]
+            dev = self._device_with(pnode, peer.internal_ip)
+        except Missing as miss:
+            return [(self.walk.missing(b, peer.name, "underlay", miss), None)]
+        arriving = pkt.copy()
+        prog = pcn.program_at(dev, "ingress") if dev else None
+        if prog is not None and prog.program in ("from-netdev",):
+            return [(b, AtBpf(peer.name, dev, "ingress", "from-netdev", arriving))]
+        return [(b, AtHost(peer.name, dev or "?", arriving))]
+
+    @staticmethod
+    def _device_with(node, ip: str | None) -> str | None:
+        """The device holding ``ip`` (the node's InternalIP): where traffic from other nodes
+        arrives."""
+        for iface in node.interfaces:
+            if any(a.address == ip for a in iface.ipv4()):
+                return iface.name
+        return None
+
+    # ---- where the host stack's devices lead ----------------------------------------------------
+    def host_output(self, b, loc, node, pkt, dec, nexthop):
+        cn = self.cilium(loc.node)
+        dev = dec.dev
+        rec = cn.endpoint_by_device(dev)
+        if rec is not None:
+            prog = cn.program_at(dev, "egress")
+            if prog is not None and prog.program == "to-container":
+                return (b, AtBpf(loc.node, dev, "egress", "to-container", pkt))
+            if prog is None and cn.attachments_known:
+                return (b, AtBpf(loc.node, dev, "tail", POLICY, pkt, via="the kernel (no program on "
+                                                                      f"{dev} egress)"))
+            return None
+        if dev == "cilium_host":
+            prog = cn.program_at(dev, "egress") or cn.program_at(dev, "ingress")
+            if prog is not None:
+                return (b, AtBpf(loc.node, dev, prog.hook, "from-host", pkt))
+            return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "bpf", dev, None,
+                                                   "routed to cilium_host, whose program the "
+                                                   "bundle does not show")), None)
+        if dev in TUNNEL_DEVS:
+            return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "bpf", dev, None,
+                                                   f"the kernel routes to {dev}: not modelled")), None)
+        prog = cn.program_at(dev, "egress")
+        if prog is not None and prog.program == "to-netdev":
+            return (b, AtBpf(loc.node, dev, "egress", "to-netdev", pkt))
+        return (b, AtUnderlay(loc.node, dev, pkt, nexthop))
+
+    def describe_mac(self, mac):
+        return None
+
+    # ---- traffic from outside the cluster -------------------------------------------------------
+    def enter_from_outside(self, branch, node_name, device, packet, q):
+        """With kube-proxy replacement, from-netdev on the native device load-balances
+        NodePort, LoadBalancer and externalIP traffic itself (nodeport_lb4 in
+        bpf/lib/nodeport.h: SNAT or DSR per bpf-lb-mode, Local policy, rev_nodeport_lb4 for
+        the replies): that is not modelled yet, so such a packet is unknown rather than given
+        to the kernel rules Cilium bypasses. Without it the kernel stack (kube-proxy) takes it,
+        after from-netdev where a program is attached."""
+        cn = self.cilium(node_name)
+        s = cn.settings
+        if s.kpr:
+            src = s.source_of("kpr")
+            why = (f"Cilium runs with kube-proxy replacement ({s.kpr_mode or 'on'}"
+                   + (f", {src.file}:{src.line}" if src is not None else "")
+                   + "): a packet from outside is handled by from-netdev on "
+                   f"{device} (nodeport_lb4, bpf/lib/nodeport.h: NodePort/LoadBalancer "
+                   "translation, SNAT or DSR, BPF masquerade), which traceflow does not model yet")
+            branch.add(Hop(node_name, "bpf", "from-netdev", None, why, unknown=True,
+                           program="from-netdev", detail="bpf-program"))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", "from-netdev", None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        prog = cn.program_at(device, "ingress")
+        if prog is not None and prog.program == "from-netdev":
+            return AtBpf(node_name, device, "ingress", "from-netdev", packet)
+        return AtHost(node_name, device, packet)

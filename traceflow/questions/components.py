@@ -1,0 +1,278 @@
+"""One engine on one node: the component commands (ovs-trace, nf-trace, route-get).
+
+Each returns a Trace like the end-to-end commands do, so the same renderers, JSON contract
+and exit codes apply: "delivered" means the engine let the packet out (an output port, an
+ACCEPT, a usable route), "dropped" means it did not.
+"""
+
+from __future__ import annotations
+
+from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import InputError, Source
+from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.flows import _match
+from traceflow.engines.ovs.pipeline import simulate
+from traceflow.model.packet import PROTO_NUMBERS, Packet
+from traceflow.bundle.snapshot import Missing, Snapshot
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
+
+
+def _node(snap: Snapshot, node: str):
+    if node not in snap.bundle.node_names():
+        raise InputError(f"node {node!r} is not in the bundle (it has: "
+                         f"{', '.join(snap.bundle.node_names()) or 'none'})", "NODE")
+    return snap.node(node)
+
+
+def parse_flow_spec(spec: str, bridge) -> dict:
+    """An ofproto/trace flow (``in_port=X,tcp,nw_src=...,tp_dst=80``) -> field values.
+
+    Read the way ofproto/trace reads it: a field left out is 0 (no TTL, no IPv4 unless a
+    protocol word or dl_type says so), ``in_port`` may be a number, a port name, ``LOCAL``
+    or the bridge's own name, and ``ct_mark``/``ct_label`` are the existing connection's."""
+    state: dict = {}
+    src = Source("<flow>", 1, spec)
+    for token in [t.strip() for t in spec.split(",") if t.strip()]:
+        key, eq, value = token.partition("=")
+        if not eq:
+            if key not in F.PROTOCOLS:
+                raise InputError.at(src, f"unknown keyword {key!r} in the flow")
+            state.update(F.PROTOCOLS[key])
+            continue
+        if key == "in_port":
+            number = bridge.port_number(value.strip('"'))
+            if number is None:
+                raise InputError.at(src, f"no port {value!r} on the bridge (see ovs-show.txt)")
+            state["in_port"] = number
+            continue
+        m = _match(key, value, token, src)
+        if m.field.name != "nw_frag" and m.mask != F.full_mask(m.field) and \
+                m.field.kind != "ct_state":
+            raise InputError.at(src, f"{token!r}: a packet has exact values, not a mask")
+        state[m.field.name] = m.value
+    return state
+
+
+def parse_ct_states(states: list[str]) -> list[int]:
+    """``--ct-next`` values as ofproto/trace takes them (``trk,est``); ``trk|est`` and
+    ``+trk+est`` are read too."""
+    out = []
+    for text in states:
+        names = [n for n in text.replace("|", ",").replace("+", ",").split(",") if n]
+        bad = [n for n in names if n not in F.CT_STATE_BITS]
+        if bad or not names:
+            raise InputError(f"bad conntrack state {text!r} (flags: "
+                             f"{', '.join(F.CT_STATE_BITS)})", "--ct-next")
+        out.append(sum(F.CT_STATE_BITS[n] for n in set(names)))
+    return out
+
+
+def _packet_from_state(state: dict) -> Packet:
+    fmt = F.format_value
+    return Packet(dl_src=fmt(F.FIELDS["dl_src"], state.get("dl_src", 0)),
+                  dl_dst=fmt(F.FIELDS["dl_dst"], state.get("dl_dst", 0)),
+                  dl_type=state.get("dl_type", 0),
+                  nw_src=fmt(F.FIELDS["nw_src"], state.get("nw_src", 0)),
+                  nw_dst=fmt(F.FIELDS["nw_dst"], state.get("nw_dst", 0)),
+                  nw_proto=state.get("nw_proto"), nw_ttl=state.get("nw_ttl", 0),
+                  tp_src=state.get("tp_src"), tp_dst=state.get("tp_dst"))
+
+
+def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
+                        ct_next: list[str] | None = None) -> Trace:
+    """Offline ``ofproto/trace``: as OVS, conntrack is not consulted; each ct(table=...)
+    resumes with the next ``ct_next`` state, or trk|new when they have run out."""
+    from traceflow.walk.ovs_bridge import from_state, ovs_hop
+    model = _node(snap, node)
+    try:
+        bridge = model.bridge
+    except Missing as miss:
+        raise InputError(str(miss), miss.name) from None
+    state = parse_flow_spec(spec, bridge)
+    states = parse_ct_states(ct_next or [])
+    trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
+                   "dst_port": state.get("tp_dst")})
+    first = _packet_from_state(state)
+    for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
+        leg = Leg("request", Verdict.UNKNOWN, [], spec)
+        before = first
+        for hit in run.hits:
+            pkt = from_state(hit.state_after or state, before)
+            leg.hops.append(ovs_hop(node, hit, pkt, before, model))
+            before = pkt
+        drop = None
+        if run.unknown:
+            verdict = Verdict.UNKNOWN
+            last = run.hits[-1] if run.hits else None
+            drop = Drop(node, "ovs", str(last.table) if last else None,
+                        last.flow.text if last and last.flow else None, run.unknown,
+                        Disposition.UNKNOWN)
+        elif run.outputs:
+            verdict = Verdict.DELIVERED
+        else:
+            verdict = Verdict.DROPPED
+            hit = run.dropped_by or (run.hits[-1] if run.hits else None)
+            drop = Drop(node, "ovs", str(hit.table) if hit else None,
+                        hit.flow.text if hit and hit.flow else None,
+                        "; ".join(hit.effects) if hit else "no table",
+                        Disposition.DROPPED_RULE if hit is not None and hit.flow is not None
+                        else Disposition.TABLE_MISS)
+        leg.verdict = verdict
+        outputs = ", ".join(f"port {o.port} ({bridge.port_name(o.port) if isinstance(o.port, int) else o.port})"
+                            for o in run.outputs)
+        choices = [f"group {g}: bucket {b} ({s:.0%})" for g, b, s in run.choices]
+        if outputs:
+            choices.append(f"output: {outputs}")
+        trace.paths.append(Path(outputs or None, round(run.weight, 6), verdict, drop, [leg],
+                                choices, drop.disposition if drop is not None else None))
+    return trace
+
+
+HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
+# Where IPVS takes a new connection, after the netfilter tables of the same hook: LOCAL_IN
+# (a virtual address is local: kube-ipvs0 holds it) and LOCAL_OUT (the node's own packets).
+# Linux net/netfilter/ipvs/ip_vs_core.c: ip_vs_ops4, NF_INET_LOCAL_IN / NF_INET_LOCAL_OUT.
+_IPVS_HOOKS = ("INPUT", "OUTPUT")
+
+
+def node_packet_filter(snap: Snapshot, model) -> tuple[object, str, object]:
+    """(rule set, component name, IPVS table or None) the node's kernel runs, chosen by the
+    bundle's kube-proxy mode and the rule files present: nftables (`nft list ruleset`),
+    iptables (with IPVS's virtual servers and ipsets in IPVS mode)."""
+    rs = model.netfilter
+    if rs is None and model._file("nft.txt") is not None:
+        # an nftables-only node whatever the manifest says: the file is what the kernel has
+        from traceflow.bundle.index import parse_nft_ruleset   # lazily, like Node.netfilter
+        rs = parse_nft_ruleset(*model._file("nft.txt"))
+        rs.raise_for_errors()
+    if rs is None:
+        raise InputError(f"needs nodes/{model.name}/nft.txt, iptables-save.txt or "
+                         "iptables-nat-list.txt (the node's packet filter)", f"nodes/{model.name}/")
+    component = "nft" if hasattr(rs, "evaluate_hook") else "iptables"
+    ipvs = model.ipvs if snap.kube_proxy == "ipvs" or model._file("ipvs.txt") else None
+    return rs, component, ipvs
+
+
+def _run_hook(rs, hook: str, pkt: Packet, ctx) -> list:
+    if hasattr(rs, "evaluate_hook"):              # nftables: its own engine
+        return rs.evaluate_hook(hook, pkt, ctx)
+    from traceflow.engines.netfilter.engine import evaluate_hook
+    return evaluate_hook(rs, hook, pkt, ctx)
+
+
+class _NfPath:
+    """One way through the hook(s) so far: the steps (with their component), weight, packet."""
+
+    def __init__(self, weight, packet, steps, verdict, nat, notes=()):
+        self.weight, self.packet, self.steps = weight, packet, steps
+        self.verdict, self.nat, self.notes = verdict, nat, list(notes)
+
+
+def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str, proto: str,
+                       sport: int, dport: int | None, iif, oif, mark: int) -> Trace:
+    from traceflow.engines.netfilter.engine import NodeContext
+    if hook not in HOOKS:
+        raise InputError(f"unknown hook {hook!r}", "--hook")
+    model = _node(snap, node)
+    rs, component, ipvs = node_packet_filter(snap, model)
+    pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
+                 tp_dst=dport, mark=mark)
+    ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets, in_iface=iif,
+                      out_iface=oif, ct_state={"NEW"}, ct_dir="ORIGINAL", connmark=0, node=node)
+    trace = Trace({"kind": "nf-trace", "source": src, "destination": dst,
+                   "protocol": proto.upper(), "dst_port": dport, "hook": hook, "node": node})
+    paths = [_NfPath(b.weight, b.packet, [(component, s) for s in b.steps], b.verdict, b.nat)
+             for b in _run_hook(rs, hook, pkt, ctx)]
+    if ipvs is not None:
+        paths = [q for p in paths for q in _ipvs_after(p, hook, rs, component, ipvs, ctx, model)]
+    trace.warnings.extend(getattr(rs, "caveats", []))
+    for p in paths:
+        trace.paths.append(_nf_path(p, node, hook, pkt))
+    return trace
+
+
+def _ipvs_after(p: _NfPath, hook: str, rs, component: str, ipvs, ctx, model) -> list:
+    """IPVS in the kernel's order: a new connection to a virtual service is scheduled at
+    LOCAL_IN (after the filter INPUT chains) or LOCAL_OUT (after the OUTPUT chains). A packet
+    accepted at PREROUTING for a virtual address local to the node goes to INPUT, so the trace
+    follows it there: that is where the Service is balanced in IPVS mode."""
+    if p.verdict != "ACCEPT" or hook not in ("PREROUTING", *_IPVS_HOOKS):
+        return [p]
+    if ipvs.lookup(p.packet) == (None, None, None):
+        return [p]
+    steps, notes = list(p.steps), list(p.notes)
+    if hook == "PREROUTING":
+        if p.packet.nw_dst not in model.local_addresses:
+            notes.append(f"{p.packet.nw_dst} is an IPVS virtual service but not an address of "
+                         f"{model.name} (ip-addr.txt): IPVS only sees packets routed to a local "
+                         "address")
+            return [_NfPath(p.weight, p.packet, steps, p.verdict, p.nat, notes)]
+        notes.append(f"{p.packet.nw_dst} is local to {model.name} (kube-ipvs0 holds the virtual "
+                     "addresses): the packet goes on to INPUT, where IPVS schedules it")
+        out = []
+        for b in _run_hook(rs, "INPUT", p.packet, ctx):
+            q = _NfPath(p.weight * b.weight, b.packet, steps + [(component, s) for s in b.steps],
+                        b.verdict, p.nat or b.nat, notes)
+            out.extend(_ipvs_after(q, "INPUT", rs, component, ipvs, ctx, model))
+        return out
+    out = []
+    for b in ipvs.evaluate(p.packet) or []:
+        out.append(_NfPath(p.weight * b.weight, b.packet,
+                           steps + [("ipvs", s) for s in b.steps], b.verdict, b.nat or p.nat,
+                           notes))
+    return out
+
+
+def _nf_path(p: _NfPath, node: str, hook: str, first: Packet) -> Path:
+    leg = Leg("request", Verdict.UNKNOWN, [], f"{hook} on {node}")
+    for component, step in p.steps:
+        leg.hops.append(Hop(node, component, step.table,
+                            step.rule.text if getattr(step.rule, "text", None) else None,
+                            step.effect, chain=step.chain,
+                            source=getattr(step.rule, "source", None),
+                            matched=tuple(step.matched), unknown=step.unknown,
+                            detail="ipvs" if component == "ipvs" else "netfilter-rule"))
+    if leg.hops:
+        leg.hops[-1].packet = p.packet.headers()
+        leg.hops[-1].changed = p.packet.diff(first)
+        leg.hops[-1].notes.extend(p.notes)
+    verdict = {"ACCEPT": Verdict.DELIVERED, "UNKNOWN": Verdict.UNKNOWN}.get(p.verdict,
+                                                                          Verdict.DROPPED)
+    leg.verdict = verdict
+    drop = None
+    if verdict != Verdict.DELIVERED:
+        component, last = p.steps[-1] if p.steps else ("iptables", None)
+        drop = Drop(node, component, last.table if last else None,
+                    last.rule.text if last and getattr(last.rule, "text", None) else None,
+                    f"{p.verdict}: {last.effect}" if last else p.verdict,
+                    {"UNKNOWN": Disposition.UNKNOWN, "REJECT": Disposition.REJECTED}.get(
+                        p.verdict, Disposition.DROPPED_RULE))
+    endpoint = (f"{p.packet.nw_dst}:{p.packet.tp_dst}"
+                if p.nat is not None and p.nat.kind == "DNAT" else None)
+    return Path(endpoint, round(p.weight, 6), verdict, drop, [leg], [],
+                drop.disposition if drop is not None else None)
+
+
+def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: int) -> Trace:
+    from traceflow.engines.routing.lookup import route_lookup
+    model = _node(snap, node)
+    try:
+        routes = model.routes
+    except Missing as miss:
+        raise InputError(str(miss), miss.name) from None
+    dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
+                       local_addresses=model.local_addresses, interfaces=model.interfaces or None,
+                       sysctls=model.sysctls)
+    route = dec.route
+    hop = Hop(node, "route", dec.table, route.text if route is not None else None, dec.reason,
+              source=route.source if route is not None else None, notes=list(dec.steps),
+              detail="route")
+    ok = dec.kind in ("unicast", "local", "anycast", "broadcast", "multicast")
+    verdict = Verdict.DELIVERED if ok else Verdict.DROPPED
+    drop = None if ok else Drop(node, "route", dec.table, hop.rule, dec.reason,
+                                Disposition.NO_ROUTE)
+    trace = Trace({"kind": "route-get", "source": src, "destination": dst, "protocol": None,
+                   "dst_port": None, "node": node, "iif": iif, "mark": mark})
+    trace.paths.append(Path(dec.dev, 1.0, verdict, drop, [Leg("request", verdict, [hop], dst)],
+                            [], drop.disposition if drop is not None else None))
+    return trace
