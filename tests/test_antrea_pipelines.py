@@ -423,7 +423,7 @@ def private_ovs(bundle, node):
     """One private userspace OVS loaded with a node's table names, meters, groups and flows
     (groups first: a flow may not name a group that does not exist); see
     ovs_oracle.PrivateOvs.start_node."""
-    oracle = pytest.importorskip("ovs_oracle")
+    import ovs_oracle as oracle
     try:
         ovs = oracle.PrivateOvs.start_node(bundle / "nodes" / node)
     except oracle.OvsUnavailable as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from traceflow.cli import completion
+from traceflow.cli.app import completion
 from traceflow.cli.app import app  # noqa: F401  (the CLI completion offers, bound as it loads)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,9 +119,16 @@ def test_interactive_bash_tab(bin_dir):
         child.expect_exact("$ ")
         child.send(f"traceflow pod-to-svc -b {SEED} fro\t")
         child.expect_exact("frontend")          # the TAB completed the pod name in place
-        child.sendline("")
+        assert _edited_line(child) == ["traceflow", "pod-to-svc", "-b", str(SEED), "frontend"]
     finally:
         child.close(force=True)
+
+
+def _edited_line(child) -> list[str]:
+    """The words of the line being edited: killed (C-u), yanked (C-y) into an echo, run."""
+    child.send('\x15echo "LINE<\x19>"\r')
+    child.expect(r"\nLINE<([^>\r\n]*)>")        # the echo's output, at a line's start
+    return child.match.group(1).split()
 
 
 def test_completion_command_prints_the_scripts(bin_dir):
@@ -211,5 +218,6 @@ def test_interactive_zsh_tab(bin_dir):
         child.expect_exact("READY")
         child.send(f"traceflow pod-to-svc -b {SEED} fro\t")
         child.expect_exact("frontend")
+        assert _edited_line(child) == ["traceflow", "pod-to-svc", "-b", str(SEED), "frontend"]
     finally:
         child.close(force=True)

@@ -293,8 +293,8 @@ def test_ipvs_mode_rules_mark_outside_traffic_to_cluster_ips_and_accept_it():
 
 
 def test_ipvs_tables_send_sampled_ports_to_every_endpoint():
-    """The IPVS bundle, read by traceflow's ipvsadm reader (when present): round robin over
-    every ready endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
+    """The IPVS bundle, read by traceflow's ipvsadm reader: round robin over every ready
+    endpoint for a cluster IP; ETP Local node ports to local endpoints only."""
     from traceflow.engines.netfilter import ipvs
     tables = {}
     for v in sampled_views():

@@ -81,8 +81,15 @@ def test_absent_entry_is_unknown(neighbours):
                              "would send an ARP request")
     # the entry exists, but on another device: not the one the kernel would use
     assert resolve(neighbours, "10.222.2.1", "ens160").usable is None
-    # a proxy entry answers for others; it is not this node's cache
-    assert resolve(neighbours, "10.0.0.50", "eth0").usable is None
+    # a proxy entry answers for others; it is not this node's cache: no entry, an ARP request
+    proxied = resolve(neighbours, "10.0.0.50", "eth0")
+    assert (proxied.neighbour, proxied.usable) == (None, None)
+    assert proxied.reason == ("no entry for 10.0.0.50 on eth0 in ip-neigh.txt; the kernel "
+                              "would send an ARP request")
+    # listed before the cache entry of the same address, it does not hide it
+    both = parse_ip_neigh("10.0.0.50 dev eth0 proxy\n"
+                          "10.0.0.50 dev eth0 lladdr 52:54:00:00:00:50 REACHABLE\n", "n.txt")
+    assert resolve(both, "10.0.0.50", "eth0").neighbour is both[1]
     assert "neighbour solicitation" in resolve(neighbours, "fe80::99", "ens160").reason
 
 

@@ -701,6 +701,10 @@ def test_random_packets_agree(nodes, name):
     covered = covered_lines(node, outcomes)
     print(f"\n{name}: {n_seen} distinct random packets agree with OVS in "
           f"{seconds:.1f} s; they cover {len(covered)}/{len(node.flows)} flows")
+    # the comparison means something only if the random packets go through the pipeline
+    # (about 90% of the flows when this was written), not only into table 0's drops
+    assert len(covered) >= 0.6 * len(node.flows), f"{len(covered)}/{len(node.flows)} flows hit"
+    assert any(len(o.ovs.stages) > 1 for o in outcomes), "no packet went through conntrack"
 
 
 # ============================================================== OVS behaviours, one by one

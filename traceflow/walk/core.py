@@ -74,13 +74,14 @@ class Walk:
         trace.warnings = list(dict.fromkeys(self.warnings + trace.warnings))
         return trace
 
-    def _path(self, b: Branch, endpoint, request: Branch) -> Path:
+    def _path(self, b: Branch, endpoint, request: Branch | None = None) -> Path:
         verdict, drop, _ = b.end
         if verdict == Verdict.DELIVERED:
             b.set_verdicts(Verdict.DELIVERED, only_unknown=True)
         name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
         # the path's disposition: how the request ended, unless the reply then failed (a
         # reply the walk cannot decide leaves the request's: the verdict says unknown)
+        request = request if request is not None else b
         disposition, exit = request.disposition, request.exit
         if b is not request and verdict == Verdict.DROPPED:
             disposition, exit = b.disposition, b.exit

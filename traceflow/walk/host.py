@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
-from traceflow.bundle.snapshot import NodeModel
+from traceflow.bundle.snapshot import Missing, NodeModel
 from traceflow.model.trace import Disposition, Drop, Exit, Hop, Verdict
 from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
@@ -136,6 +136,10 @@ class HostStack:
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
+        # forwarding decrements the TTL before the FORWARD hook (ip_forward); a packet the
+        # node sends itself keeps its socket's TTL
+        pkt = pkt.copy()
+        pkt.nw_ttl -= 1
         outcomes = []
         for fb, fpkt, _ in self._netfilter(b, node.netfilter, "FORWARD", pkt, ctx, loc.node):
             outcomes.extend(self._postrouting(fb, loc.node, node, fpkt, ctx, dec)
@@ -192,7 +196,10 @@ class HostStack:
                                     if changed) or None
                 ob.ct(loc.node).commit(HOST_ZONE, orig_tuple, _tuple(opkt),
                                        where=f"{loc.node} kernel conntrack", nat=nat_kind)
-            results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
+            try:
+                results.append(self._neighbour_and_send(ob, loc, node, opkt, dec))
+            except Missing as miss:   # a file this branch lacks ends it, not its siblings
+                results.append((self.walk.missing(ob, loc.node, "neigh", miss), None))
         return results
 
     def _local_input(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
@@ -251,7 +258,9 @@ class HostStack:
                 outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
                 continue
             ctx.out_iface = odec.dev
-            outcomes.extend(self._postrouting(nb, loc.node, node, nf.packet, ctx, odec))
+            sent = nf.packet.copy()
+            sent.nw_ttl -= 1      # IPVS forwards a client's packet: TTL - 1 (ip_vs_xmit.c)
+            outcomes.extend(self._postrouting(nb, loc.node, node, sent, ctx, odec))
         return outcomes
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
@@ -263,7 +272,6 @@ class HostStack:
         iface = node.interface(dec.dev)
         before = pkt.copy()
         pkt = pkt.copy()
-        pkt.nw_ttl -= 1
         if iface is not None and iface.mac:
             pkt.dl_src = iface.mac
         neigh = node.neighbours

@@ -96,9 +96,7 @@ def send(host, branch, sender: Sender, packet, at_host):
     # not: a reply is never a new connection
     new_conn = entry is None and not replying
     dec = host._route(branch, node_name, node, packet, iif=None, use_src=replying)
-    if dec.kind == "local":
-        return [(_over_loopback(branch, node_name, packet, dec), None)]
-    if dec.kind != "unicast":
+    if dec.kind not in ("unicast", "local"):
         return [(host._no_route(branch, node_name, dec), None)]
     src = dec.prefsrc or _primary_ip(node.interface(dec.dev))
     if new_conn and src and src != packet.nw_src:
@@ -120,6 +118,11 @@ def send(host, branch, sender: Sender, packet, at_host):
             outcomes.append((ob, opkt, dec))
             continue
         odec = dec
+        if opkt.nw_dst == orig.nw_dst and dec.kind == "local":
+            # for the node itself, and OUTPUT did not send it elsewhere (kube-proxy DNATs
+            # the node's connections to its own NodePorts there)
+            outcomes.append((_over_loopback(ob, node_name, opkt, dec), opkt, dec))
+            continue
         if opkt.nw_dst != orig.nw_dst:       # OUTPUT's DNAT re-routes the packet
             odec = host._route(ob, node_name, node, opkt, iif=None)
             if odec.kind == "local":

@@ -502,8 +502,11 @@ _SET_PORT = re.compile(r"^(?:(?P<proto>[a-z]+):)?(?P<port>\d+)(?:-(?P<hi>\d+))?$
 
 
 def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> bool | None:
-    """Is the packet in the set? ``nomatch`` entries exclude; None if an entry is undecidable."""
-    decided: list[tuple[bool, bool]] = []          # (entry matches, entry is nomatch)
+    """Is the packet in the set? The most specific entry holding it decides, as the kernel's
+    hash:net types look prefixes up longest first (ip_set_hash_gen.h, mtype_test_cidrs): a
+    ``nomatch`` entry excludes, a narrower ordinary entry inside it includes again. None if
+    an entry is undecidable and no entry decides."""
+    hits: list[tuple[int, bool]] = []              # (entry's prefix bits, entry is nomatch)
     undecidable = False
     for member in members:
         words = member.split()
@@ -512,13 +515,24 @@ def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -
         hit = _set_entry_hit(words[0], flags, packet)
         if hit is None:
             undecidable = True
-        else:
-            decided.append((hit, "nomatch" in words[1:]))
-    if any(hit and nomatch for hit, nomatch in decided):
-        return False
-    if any(hit and not nomatch for hit, nomatch in decided):
-        return True
+        elif hit:
+            hits.append((_set_entry_bits(words[0]), "nomatch" in words[1:]))
+    if hits:
+        most = max(bits for bits, _ in hits)
+        return not any(nomatch for bits, nomatch in hits if bits == most)
     return None if undecidable else False
+
+
+def _set_entry_bits(entry: str) -> int:
+    """How specific an entry is: the prefix lengths of its addresses (an address alone is a
+    full-length prefix)."""
+    bits = 0
+    for element in entry.split(","):
+        try:
+            bits += _network(element).prefixlen
+        except ValueError:
+            continue                                  # a port or an interface
+    return bits
 
 
 def _set_entry_hit(entry: str, flags: tuple[str, ...], packet: Packet) -> bool | None:
