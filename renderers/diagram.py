@@ -24,9 +24,15 @@ PLACES = {"pod": "pod", "ovs": "ovs", "iptables": "host", "nft": "host", "ipvs":
           "route": "host", "neigh": "host", "conntrack": "host", "tc": "bpf", "bpf": "bpf",
           "tunnel": "tunnel", "underlay": "underlay"}
 PLACE_TITLES = {"pod": "pod", "ovs": "OVS bridge", "host": "host network stack",
-                "bpf": "BPF hooks", "tunnel": "tunnel", "underlay": "underlay network"}
+                "bpf": "BPF hooks", "tunnel": "tunnel", "underlay": "underlay network",
+                "outside": "outside the cluster"}
 PLACE_COLOURS = {"pod": "#e6f4ea", "ovs": "#e8f0fe", "host": "#f1f3f4", "bpf": "#fef7e0",
-                 "tunnel": "#fce8e6", "underlay": "#fce8e6"}
+                 "tunnel": "#fce8e6", "underlay": "#fce8e6", "outside": "#ffffff"}
+PLACES["host"] = "host"
+# a client or destination outside the cluster is drawn in a lane of its own, beside the
+# nodes' lanes: the hops whose typed detail is the packet entering or leaving the cluster
+OUTSIDE = "outside the cluster"
+OUTSIDE_DETAILS = ("entry", "exit")
 
 
 @dataclass
@@ -85,24 +91,39 @@ def exit_label(hop) -> str:
     return ""
 
 
+def _outside_title(hop) -> str:
+    pkt = walk.headers(hop.packet) or {}
+    who = pkt.get("nw_src") if hop.detail == "entry" else pkt.get("nw_dst")
+    return f"outside: {who}" if who else OUTSIDE
+
+
 def path_graph(path: Path, index: int) -> PathGraph:
     stations: list[Station] = []
     for h in walk.numbered(path, index):
-        place = _place(h.hop)
+        outside = getattr(h.hop, "detail", None) in OUTSIDE_DETAILS
+        node = OUTSIDE if outside else h.hop.node
+        place = "outside" if outside else _place(h.hop)
         last = stations[-1] if stations else None
-        if last is None or (last.node, last.place, last.leg) != (h.hop.node, place, h.leg) \
-                or place == "pod":
+        if last is None or (last.node, last.place, last.leg) != (node, place, h.leg) \
+                or place in ("pod", "outside"):
             title = PLACE_TITLES.get(place, place)
             if place == "pod":
                 title = f"pod {_pod_name(h.hop) or ''}".strip()
-            last = Station(h.hop.node, place, _clean(title), h.leg)
+            elif outside:
+                title = _outside_title(h.hop)
+            last = Station(node, place, _clean(title), h.leg)
             stations.append(last)
         last.hops.append(h)
-        last.exit_label = exit_label(h.hop) or last.exit_label
+        label = (_clean(h.hop.table or "") if outside and h.hop.detail == "entry"
+                 else exit_label(h.hop))
+        last.exit_label = label or last.exit_label
     nodes: list[str] = []
     for s in stations:
         if s.node not in nodes:
             nodes.append(s.node)
+    if OUTSIDE in nodes:          # the outside world's lane comes first, beside the nodes
+        nodes.remove(OUTSIDE)
+        nodes.insert(0, OUTSIDE)
     return PathGraph(index, path, nodes, stations, walk.stop_hop(path, index))
 
 
@@ -143,18 +164,23 @@ def path_svg(graph: PathGraph) -> str:
            f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
            f'aria-label="path {graph.index} through the cluster">']
     for node, x in lane_x.items():
-        out.append(f'<g class="lane" data-node="{_html(node)}"><rect x="{x}" y="{PAD}" '
-                   f'width="{LANE_W}" height="{height - 2 * PAD}" rx="10" fill="#fafafa" '
-                   f'stroke="#dadce0"/><text class="lanetitle" x="{x + LANE_W / 2}" '
+        outside = node == OUTSIDE
+        dashed = ' stroke-dasharray="6 4"' if outside else ""
+        out.append(f'<g class="lane{" outside" if outside else ""}" '
+                   f'data-node="{"outside" if outside else _html(node)}"><rect x="{x}" '
+                   f'y="{PAD}" width="{LANE_W}" height="{height - 2 * PAD}" rx="10" '
+                   f'fill="{"#ffffff" if outside else "#fafafa"}" stroke="#dadce0"{dashed}/>'
+                   f'<text class="lanetitle" x="{x + LANE_W / 2}" '
                    f'y="{PAD + 20}" text-anchor="middle" font-weight="bold" font-size="14">'
-                   f'node {_html(_clean(node))}</text></g>')
+                   f'{_html(OUTSIDE if outside else "node " + _clean(node))}</text></g>')
     out.extend(body)
     stop_ref = graph.stop.ref if graph.stop else None
     verdict = Verdict(graph.path.verdict)
     for i, (st, x, y0, w, h) in enumerate(boxes):
         dropped = any(hh.ref == stop_ref for hh in st.hops)
         stroke = "#d93025" if dropped else "#5f6368"
-        out.append(f'<g class="station place-{st.place}" data-node="{_html(st.node)}">'
+        out.append(f'<g class="station place-{st.place}" '
+                   f'data-node="{"outside" if st.node == OUTSIDE else _html(st.node)}">'
                    f'<rect x="{x}" y="{y0}" width="{w}" height="{h}" rx="6" '
                    f'fill="{PLACE_COLOURS.get(st.place, "#ffffff")}" stroke="{stroke}" '
                    f'stroke-width="{2 if dropped else 1}"/>'
@@ -227,7 +253,9 @@ def render_dot(trace: Trace) -> str:
         lines.append(f"    label={_dot_str(title)};")
         for n, node in enumerate(graph.nodes):
             lines.append(f"    subgraph cluster_p{index}_n{n} {{")
-            lines.append(f"      label={_dot_str('node ' + _clean(node))};")
+            lines.append(f"      label={_dot_str(OUTSIDE if node == OUTSIDE else 'node ' + _clean(node))};")
+            if node == OUTSIDE:
+                lines.append("      style=dashed;")
             for s, st in enumerate(graph.stations):
                 if st.node != node:
                     continue

@@ -11,7 +11,7 @@ import json
 
 from traceflow.model.errors import Source
 from traceflow.model.packet import Packet
-from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.trace import Drop, Exit, Hop, Leg, Path, Trace, Verdict
 
 SCHEMA = "traceflow.trace/v1"
 
@@ -51,6 +51,10 @@ def path_to_dict(path: Path) -> dict:
         "drop": drop_to_dict(path.drop),
         "legs": [leg_to_dict(leg) for leg in path.legs],
         "choices": [str(c) for c in path.choices],
+        "disposition": _disposition(path.disposition),
+        "left_cluster": exit_to_dict(path.exit),
+        # dropped-policy: the policies that drop it, as the datapath named them
+        "policies": [str(p) for p in path.drop.policies] if path.drop is not None else [],
     }
 
 
@@ -66,12 +70,24 @@ def drop_to_dict(drop: Drop | None) -> dict | None:
     }
 
 
+def exit_to_dict(exit: Exit | None) -> dict | None:
+    """Where a left-cluster leg left: node, device, next hop, and the addresses it left with
+    (the source after SNAT/masquerade)."""
+    if exit is None:
+        return None
+    return {"node": exit.node, "device": exit.device, "nexthop": exit.nexthop,
+            "src": exit.src, "src_port": exit.src_port, "dst": exit.dst,
+            "dst_port": exit.dst_port}
+
+
 def leg_to_dict(leg: Leg) -> dict:
     return {
         "direction": leg.direction,
         "verdict": _verdict(leg.verdict),
         "hops": [hop_to_dict(h) for h in leg.hops],
         "description": leg.description,
+        "disposition": _disposition(leg.disposition),
+        "left_cluster": exit_to_dict(leg.exit),
     }
 
 
@@ -95,6 +111,8 @@ def hop_to_dict(hop: Hop) -> dict:
         "notes": [_plain(n) for n in hop.notes],
         "unknown": bool(hop.unknown),
     })
+    if hop.detail is not None:       # set on every hop a walk makes (traceflow.trace.typed_detail)
+        out["detail"] = hop.detail
     if hop.program is not None or hop.map is not None or hop.entry is not None:
         out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
     return out
@@ -121,6 +139,10 @@ def changed_to_dict(changed: dict) -> dict:
 
 def _verdict(value) -> str:
     return Verdict(value).value
+
+
+def _disposition(value) -> str | None:
+    return None if value is None else str(getattr(value, "value", value))
 
 
 def _str_or_none(value) -> str | None:

@@ -27,12 +27,23 @@ def check_to_dict(report, with_traces: bool = False) -> dict:
             "name": r.expectation.name, "line": r.expectation.line, "source": r.source,
             "destination": r.destination, "expect": r.expectation.expect,
             **({"branches": r.expectation.branches} if r.expectation.expect == "delivered" else {}),
+            **({"via": r.expectation.via} if r.expectation.via else {}),
+            "dispositions": _dispositions(r.trace),
             **({"policy": r.expectation.policy} if r.expectation.policy else {}),
             "verdict": r.verdict, "scope": r.scope, "passed": r.passed, "observed": r.observed,
             "message": r.message, "details": r.details,
             **({"trace": trace_to_dict(r.trace)} if with_traces and r.trace else {}),
         } for r in report.results],
     }
+
+
+def _dispositions(trace) -> list:
+    """Each path's disposition, in path order (traceflow.trace.Disposition values)."""
+    if trace is None:
+        return []
+    return [None if p.disposition is None else str(getattr(p.disposition, "value",
+                                                            p.disposition))
+            for p in trace.paths]
 
 
 def render_check_text(report, console: Console) -> None:
@@ -87,11 +98,12 @@ def render_audit_text(report, console: Console) -> None:
     groups: dict = {}
     for p in d["pairs"]:
         if p["verdict"] != "delivered":
-            groups.setdefault(p["reason"], []).append(p)
+            groups.setdefault((p.get("disposition") or "", p["reason"]), []).append(p)
     if groups:
-        console.print("\n[bold]Pairs not delivered[/] (grouped by reason)")
-        for reason, pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            console.print(f"[red]{len(pairs)}[/] x {escape(reason)}")
+        console.print("\n[bold]Pairs not delivered[/] (grouped by disposition and reason)")
+        for (disposition, reason), pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            label = f"{disposition}: " if disposition else ""
+            console.print(f"[red]{len(pairs)}[/] x {escape(label + reason)}")
             for p in pairs[:8]:
                 console.print(f"    {escape(p['client'])} -> {escape(p['service'])} "
                               f"[{p['verdict']}]")
@@ -105,7 +117,10 @@ def render_diff_text(report, console: Console) -> None:
     s = d["summary"]
     console.print(f"[bold]diff[/] {escape(d['before'])} -> {escape(d['after'])}: "
                   f"{s['questions']} questions, {s['changed']} changed "
-                  f"({s['verdict_changed']} verdict, {s['path_changed']} path only); "
+                  f"({s['verdict_changed']} verdict, "
+                  + (f"{s['disposition_changed']} disposition, "
+                     if s.get("disposition_changed") else "")
+                  + f"{s['path_changed']} path only); "
                   f"{s['raw_changes']} raw changes ({s['raw_used']} on a traced path)")
     for c in d["changed"]:
         console.print(f"\n[yellow]{escape(c['question'])}[/]: {c['before_verdict']} -> "

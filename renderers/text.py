@@ -117,7 +117,11 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
         v = Verdict(path.verdict)
         stop = walk.stop_hop(path, index)
         parts = [(f"  {index:>{nw}}  ", None), (fit(end, ew).ljust(ew), None),
-                 (f"  {walk.percent(path.weight):>5}  ", None), (v.value, VERDICT_STYLES[v])]
+                 (f"  {walk.percent(path.weight):>5}  ", None),
+                 (walk.outcome_word(path), VERDICT_STYLES[v])]
+        left = walk.left_cluster_text(path)
+        if left:
+            parts.append((f" {escape(left)}", None))
         if stop is not None:
             parts.append((f" at {stop.ref} {escape(stop.hop.node)} "
                           f"{escape(walk.location(stop.hop))}", None))
@@ -305,7 +309,13 @@ def _verdict_lines(out: _Out, path: Path, index: int) -> None:
     v = Verdict(path.verdict)
     style = VERDICT_STYLES[v]
     if v is Verdict.DELIVERED:
-        out.line(("DELIVERED", style), (f" to {escape(path.endpoint or 'destination')}", None))
+        left = walk.left_cluster_text(path)
+        if left:
+            out.wrapped("LEFT THE CLUSTER ", escape(left), None, head_style=style)
+            return
+        out.line(("DELIVERED", style), (f" to {escape(path.endpoint or 'destination')}", None),
+                 (" (its node's own stack)" if walk.disposition(path) == "delivered-host"
+                  else "", None))
         return
     stop = walk.stop_hop(path, index)
     drop = path.drop

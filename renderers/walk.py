@@ -84,12 +84,13 @@ def find_hop(trace: Trace, ref: str) -> Numbered | None:
 
 
 def stop_hop(path: Path, path_index: int) -> Numbered | None:
-    """For a path that did not arrive: the hop where it stopped (dropped or not modelled)."""
+    """For a path that did not arrive: the hop where it stopped (dropped or not modelled):
+    the last hop that met something not modelled (a walk may say so on the way and go on)."""
     if Verdict(path.verdict) is Verdict.DELIVERED:
         return None
     hops = numbered(path, path_index)
     if Verdict(path.verdict) is Verdict.UNKNOWN:
-        for h in hops:
+        for h in reversed(hops):
             if h.hop.unknown:
                 return h
     drop = path.drop
@@ -255,11 +256,39 @@ def query_line(query: dict) -> str:
         text += " " + "/".join(str(x) for x in (proto, port) if x not in (None, ""))
     if q.get("src_port") is not None:
         text += f", source port {q['src_port']}"
-    shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port"}
+    if q.get("via"):
+        text += f", entering at {q['via']}"
+    shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port",
+             "source_endpoint", "destination_endpoint", "via"}
     extra = [f"{k}={v}" for k, v in q.items() if k not in shown and v is not None]
     if extra:
         text += "  " + " ".join(extra)
     return text
+
+
+def disposition(path: Path) -> str | None:
+    value = getattr(path, "disposition", None)
+    return None if value is None else str(getattr(value, "value", value))
+
+
+def outcome_word(path: Path) -> str:
+    """The word a summary gives a path: its verdict, or for a delivery that is not to a pod
+    the disposition (``left-cluster``, ``delivered-host``)."""
+    v = Verdict(path.verdict)
+    d = disposition(path)
+    if v is Verdict.DELIVERED and d in ("left-cluster", "delivered-host"):
+        return d
+    return v.value
+
+
+def left_cluster_text(path: Path) -> str:
+    """``as 192.168.10.11:54321 -> 1.1.1.1:443, out of node1 ens192`` for a path whose
+    request left the cluster; empty otherwise."""
+    ex = getattr(path, "exit", None)
+    if ex is None or Verdict(path.verdict) is not Verdict.DELIVERED:
+        return ""
+    return (f"as {endpoint(ex.src, ex.src_port)} {ARROW} {endpoint(ex.dst, ex.dst_port)}, "
+            f"out of {ex.node} {ex.device}")
 
 
 def stop_reason(path: Path, stop: Numbered | None) -> str:

@@ -39,7 +39,7 @@ from kube_proxy_gen.cluster import (CLUSTER_CIDR, COLLECTED_AT, Cluster, KUBE_VE
 from kube_proxy_gen.iptables import iptables_save
 from kube_proxy_gen.ipvs import ipset_list, iptables_save_ipvs, ipvsadm
 from kube_proxy_gen.nftables import nft_ruleset
-from kube_proxy_gen.host import IP_RULE, ip_addr, ip_route
+from kube_proxy_gen.host import IP_RULE, ip_addr, ip_neigh, ip_route
 from kube_proxy_gen.k8s import (_KubectlDumper, endpointslices_yaml, nodes_yaml, pods_yaml,
                                 services_yaml)
 
@@ -52,16 +52,18 @@ from kube_proxy_gen.cluster import (MASQ_MARK, NODES, SCENARIOS, Endpoint, Port,
 
 
 NODE_FILES = {
-    "iptables": ("iptables-save.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt"),
-    "nftables": ("nft.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt"),
+    "iptables": ("iptables-save.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt",
+                 "ip-neigh.txt"),
+    "nftables": ("nft.txt", "ip-addr.txt", "ip-route.txt", "ip-rule.txt", "ip-neigh.txt"),
     "ipvs": ("iptables-save.txt", "ipset.txt", "ipvs.txt", "ip-addr.txt", "ip-route.txt",
-             "ip-rule.txt"),
+             "ip-rule.txt", "ip-neigh.txt"),
 }
 
 
 def node_files(cluster: Cluster, node: NodeSpec, mode: str) -> dict[str, str]:
     files = {"ip-addr.txt": ip_addr(cluster, node, mode),
-             "ip-route.txt": ip_route(cluster, node, mode), "ip-rule.txt": IP_RULE}
+             "ip-route.txt": ip_route(cluster, node, mode), "ip-rule.txt": IP_RULE,
+             "ip-neigh.txt": ip_neigh(cluster, node, mode)}
     if mode == "iptables":
         files["iptables-save.txt"] = iptables_save(cluster, node.name)
     elif mode == "nftables":

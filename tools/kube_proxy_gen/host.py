@@ -135,3 +135,22 @@ def ip_route(cluster: Cluster, node: NodeSpec, mode: str) -> str:
 
 IP_RULE = ("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
            "32767:\tfrom all lookup default\n")
+
+ROUTER_MAC = "00:00:5e:00:01:0a"          # the default gateway 192.168.10.1 (a VRRP MAC)
+# Antrea's global virtual MAC: in encap mode the agent adds a PERMANENT neighbour with it for
+# every other node's gateway IP on antrea-gw0 (pkg/agent/route/route_linux.go, addRoutes /
+# the onlink routes' next hops; pkg/agent/config GlobalVirtualMAC)
+GLOBAL_VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+
+
+def ip_neigh(cluster: Cluster, node: NodeSpec, mode: str) -> str:
+    """``ip neigh show``: the default gateway on ens192 (learnt by ARP), the other nodes'
+    gateway IPs on antrea-gw0 (permanent, Antrea's global virtual MAC), and the link-local
+    router. Entries for peers and local pods come and go with traffic: none are listed."""
+    lines = [f"192.168.10.1 dev ens192 lladdr {ROUTER_MAC} REACHABLE"]
+    for other in cluster.nodes:
+        if other.name != node.name:
+            lines.append(f"{other.gateway_ip} dev antrea-gw0 lladdr {GLOBAL_VIRTUAL_MAC} "
+                         "PERMANENT")
+    lines.append(f"fe80::200:5eff:fe00:10a dev ens192 lladdr {ROUTER_MAC} router STALE")
+    return "\n".join(lines) + "\n"

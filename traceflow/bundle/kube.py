@@ -25,6 +25,7 @@ class Pod:
     host_network: bool = False
     owners: tuple = ()           # (kind, name) of metadata.ownerReferences, e.g. ("ReplicaSet", "web-6f8d")
     container_ports: tuple = ()  # (name, containerPort, protocol) of every container
+    host_ports: tuple = ()       # (hostPort, containerPort, protocol, hostIP or "") declared
 
     @property
     def key(self) -> str:
@@ -48,10 +49,20 @@ class Service:
     cluster_ip: str | None
     ports: tuple
     selector: dict
+    external_ips: tuple = ()             # spec.externalIPs
+    lb_ips: tuple = ()                   # status.loadBalancer.ingress[].ip
+    external_traffic_policy: str = "Cluster"   # spec.externalTrafficPolicy (Cluster | Local)
+    lb_source_ranges: tuple = ()         # spec.loadBalancerSourceRanges
+    external_name: str | None = None     # spec.externalName (type ExternalName)
+    health_check_node_port: int | None = None
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def headless(self) -> bool:
+        return self.type != "ExternalName" and (not self.cluster_ip or self.cluster_ip == "None")
 
 
 @dataclass(frozen=True)
@@ -350,7 +361,7 @@ def _pod_from(item: dict) -> Pod:
         return Pod(meta.get("namespace", "default"), meta.get("name", ""),
                    status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
                    status.get("phase", "Unknown"), bool(spec.get("hostNetwork")),
-                   _owners(meta), _container_ports(spec))
+                   _owners(meta), _container_ports(spec), _host_ports(spec))
 
 
 def _owners(meta: dict) -> tuple:
@@ -365,15 +376,29 @@ def _container_ports(spec: dict) -> tuple:
                  for p in c.get("ports") or [] if isinstance(p, dict))
 
 
+def _host_ports(spec: dict) -> tuple:
+    return tuple((int(p["hostPort"]), int(p.get("containerPort", 0)),
+                  str(p.get("protocol") or "TCP"), str(p.get("hostIP") or ""))
+                 for c in spec.get("containers") or [] if isinstance(c, dict)
+                 for p in c.get("ports") or [] if isinstance(p, dict) and p.get("hostPort"))
+
+
 def _service_from(item: dict) -> Service:
     with _shape(SERVICES):
         meta, spec = item.get("metadata", {}), item.get("spec", {})
+        status = item.get("status") or {}
         ports = tuple(ServicePort(p.get("name", ""), int(p.get("port", 0)),
                                   p.get("protocol", "TCP"), p.get("targetPort", p.get("port")),
                                   p.get("nodePort")) for p in spec.get("ports") or [])
+        ingress = ((status.get("loadBalancer") or {}).get("ingress") or [])
         return Service(meta.get("namespace", "default"), meta.get("name", ""),
                        spec.get("type", "ClusterIP"), spec.get("clusterIP"), ports,
-                       spec.get("selector") or {})
+                       spec.get("selector") or {},
+                       tuple(str(ip) for ip in spec.get("externalIPs") or ()),
+                       tuple(str(i["ip"]) for i in ingress if isinstance(i, dict) and i.get("ip")),
+                       str(spec.get("externalTrafficPolicy") or "Cluster"),
+                       tuple(str(r) for r in spec.get("loadBalancerSourceRanges") or ()),
+                       spec.get("externalName"), spec.get("healthCheckNodePort"))
 
 
 def _node_from(item: dict) -> Node:

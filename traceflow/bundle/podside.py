@@ -30,6 +30,7 @@ class FirstHop:
     source: Source | None = None
     how: str = ""
     drop: str | None = None          # the pod's kernel cannot send: why
+    drop_disposition: str = "no-route"   # no-route | no-neighbour (traceflow.trace.Disposition)
     unknown: str | None = None       # it sends, but not where traceflow can follow
     absent: list = field(default_factory=list)   # the pod files the bundle lacks
 
@@ -76,6 +77,7 @@ def first_hop(files: dict, pod_key: str, pod_ip: str, dst_ip: str,
     if neigh is None and dec.gateway and cni_gateway and hop.gateway != cni_gateway:
         where = ("has no usable entry for it in ip-neigh.txt" if "ip-neigh.txt" in files
                  else "the bundle has no ip-neigh.txt for the pod")
+        hop.drop_disposition = "no-neighbour"
         hop.drop = (f"{pod_key}'s route to {dst_ip} goes via {hop.gateway} ({routes_name} line "
                     f"{route.source.line}), but the gateway {cni_name} gives pods on this node "
                     f"is {cni_gateway}; {where}: the pod's ARP request for {hop.gateway} gets "

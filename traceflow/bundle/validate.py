@@ -227,9 +227,11 @@ TARGET_REF = mapping({"name": STR, "namespace": STR})
 POD = mapping({
     "metadata": METADATA,
     "spec": mapping({"nodeName": STR, "hostNetwork": BOOL,
-                     # named container ports: NetworkPolicy and --port by name resolve them
+                     # named container ports: NetworkPolicy and --port by name resolve them;
+                     # hostPorts: a node address and port can name a pod
                      "containers": listof(mapping({"name": STR, "ports": listof(mapping({
-                         "name": STR, "containerPort": port(), "protocol": STR},
+                         "name": STR, "containerPort": port(), "hostPort": port(),
+                         "protocol": STR, "hostIP": ip(("",))},
                          null=False))}, null=False))}, null=False),
     "status": mapping({"podIP": ip(("",)), "phase": STR}, null=False),
 }, null=False)
@@ -241,7 +243,12 @@ SERVICE = mapping({
         "ports": listof(mapping({"name": STR, "port": port(null=False), "protocol": STR,
                                  "targetPort": int_or_name, "nodePort": port()},
                                 null=False, required=("port",))),
+        "externalIPs": listof(both(scalar(str, null=False), ip())),
+        "loadBalancerSourceRanges": listof(both(scalar(str, null=False), cidr)),
+        "externalTrafficPolicy": STR, "externalName": STR, "healthCheckNodePort": port(),
     }, null=False),
+    "status": mapping({"loadBalancer": mapping({"ingress": listof(mapping(
+        {"ip": ip(), "hostname": STR}, null=False))})}),
 }, null=False)
 
 NODE = mapping({

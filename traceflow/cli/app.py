@@ -154,6 +154,23 @@ class _Live:
             raise CollectionError(summary(self.errors))
         return _snapshot(bundle), q["source"], q["destination"]
 
+    def collect_all(self, namespace: str):
+        """Every node (a trace from or to a node or an outside address can touch any)."""
+        from collectors.live import CollectOptions, collect, write_bundle
+        from traceflow.cli.help import require_cluster_access
+        require_cluster_access(self.kubeconfig)
+        bundle = collect(CollectOptions(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None, context=self.context,
+            namespace=namespace, all_nodes=True,
+            ssh_config=str(self.ssh_config) if self.ssh_config else None,
+            insecure_accept_host_keys=self.insecure, timeout=self.timeout,
+            deadline=self.deadline, app_exec=self.app_exec))
+        if self.save_bundle is not None:
+            write_bundle(bundle, self.save_bundle, force=self.force)
+            typer.echo(f"traceflow: bundle saved to {self.save_bundle}", err=True)
+        self.errors = list(bundle.manifest.get("collection_errors") or [])
+        return _snapshot(bundle)
+
 
 def _collection_summary(errors: list) -> str:
     if any(isinstance(e, dict) and e.get("kind") for e in errors):
@@ -264,6 +281,67 @@ def _internal(err: Exception) -> None:
     _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
+@app.command("trace")
+def trace_cmd(
+    source: str = typer.Argument(..., help="Who sends: a pod (NAME, NAMESPACE/NAME, deploy/NAME, "
+                                           "its IP), node/NAME (the node's own stack) or an "
+                                           "address outside the cluster (203.0.113.7)."),
+    destination: str = typer.Argument(..., help="Where to: a pod, svc/NAME (or a Service's "
+                                                "name or cluster IP), node/NAME[:PORT], "
+                                                "NODE_IP:NODEPORT, a LoadBalancer or externalIP "
+                                                "[:PORT], a pod's hostPort (NODE_IP:HOSTPORT), "
+                                                "or any outside address (1.1.1.1:443)."),
+    namespace: str = NamespaceOpt,
+    port: Optional[str] = typer.Option(None, "--port", "-p", help="Destination port (number, or "
+                                       "a Service's or pod's port name; default: the "
+                                       "Service's only port, else 80)."),
+    protocol: Optional[Protocol] = typer.Option(None, "--protocol",
+                                                help="Transport protocol (default: the port's)."),
+    via: Optional[str] = typer.Option(None, "--via", help="The node an outside client's packet "
+                                      "enters by (LoadBalancer, externalIP; default: one branch "
+                                      "per node)."),
+    src_port: int = SrcPortOpt,
+    endpoint: Optional[str] = EndpointOpt,
+    no_reply: bool = NoReplyOpt,
+    bundle: Optional[Path] = BundleOpt,
+    output: Output = OutputOpt,
+    width: Optional[int] = WidthOpt,
+    context: Optional[str] = ContextOpt,
+    kubeconfig: Optional[Path] = KubeconfigOpt,
+    save_bundle: Optional[Path] = SaveBundleOpt,
+    timeout: float = TimeoutOpt,
+    deadline: float = DeadlineOpt,
+    ssh_config: Optional[Path] = SshConfigOpt,
+    insecure_accept_host_keys: bool = InsecureHostKeysOpt,
+    verbose: bool = VerboseOpt,
+    wide: bool = WideOpt,
+    hop: Optional[str] = HopOpt,
+    force: bool = ForceOpt,
+):
+    """Trace a connection between any two ends: pods, nodes, frontends, outside addresses.
+
+    Service frontends are ClusterIP, NodePort, LoadBalancer, externalIP and hostPort. Every
+    load-balancer branch, the request and the reply, each ending in a disposition
+    (delivered-pod, delivered-host, left-cluster, dropped-policy, rejected, ...). Without
+    --bundle, every node of the cluster is collected first."""
+    _check_offline(bundle, context, kubeconfig, save_bundle)
+    live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
+                                                  deadline, ssh_config, insecure_accept_host_keys,
+                                                  force)
+
+    def build():
+        from traceflow.questions import resolve
+        from traceflow.questions.solver import Solver
+        snap = live.collect_all(namespace) if live is not None else _open_snapshot(bundle)
+        q = resolve.trace_query(snap, source, destination, namespace, port,
+                                protocol.value if protocol is not None else None, src_port,
+                                via, endpoint, not no_reply)
+        return Solver(snap).trace(q)
+    trace = _run(build)
+    _emit(trace, output, width, verbose, wide, hop, context)
+    _exit_for(trace, live)
+
+
 @app.command("pod-to-svc")
 def pod_to_svc(
     source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
@@ -294,7 +372,8 @@ def pod_to_svc(
 ):
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
-    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    The same as `traceflow trace SOURCE svc/SERVICE`. Without --bundle, the nodes the trace
+    can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
@@ -356,7 +435,8 @@ def pod_to_pod(
 ):
     """Trace a connection from one pod to another pod's IP, request and reply.
 
-    Without --bundle, the nodes the trace can touch are collected from the cluster first."""
+    The same as `traceflow trace SOURCE pod/DESTINATION`. Without --bundle, the nodes the
+    trace can touch are collected from the cluster first."""
     _check_offline(bundle, context, kubeconfig, save_bundle)
     live = None if bundle is not None else _Live(context, kubeconfig, save_bundle, timeout,
                                                   deadline, ssh_config, insecure_accept_host_keys,
@@ -378,8 +458,9 @@ def pod_to_pod(
         from traceflow.cli.help import given_on_command_line
         chosen = protocol.value if given_on_command_line("protocol") else None
         number, named_proto = resolve.pod_port(dst, port, chosen)
+        from traceflow.walk.endpoints import Endpoint
         q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
-                  src_port, dst.key, reply=not no_reply)
+                  src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
@@ -396,20 +477,8 @@ def _check_offline(bundle, context, kubeconfig, save_bundle) -> None:
 
 
 def _check_pod(pod, snap=None) -> None:
-    if pod.host_network and snap is not None:
-        from traceflow.walk.hostnet import check_source
-        check_source(snap, pod)
-    from traceflow.bundle.located import object_error
-
-    def bad(path: tuple, reason: str) -> InputError:
-        return object_error(snap.bundle if snap is not None else None, "k8s/pods.yaml",
-                            pod.namespace, pod.name, path, reason)
-    if not pod.ip:
-        raise bad(("status", "podIP"), f"pod {pod.key} has no IP (phase {pod.phase})")
-    if pod.phase != "Running":
-        raise bad(("status", "phase"), f"pod {pod.key} is not Running (phase {pod.phase})")
-    if not pod.node:
-        raise bad(("spec", "nodeName"), f"pod {pod.key} is not scheduled on a node")
+    from traceflow.questions.ends import check_pod
+    check_pod(pod, snap)
 
 
 @app.command("demo")

@@ -24,6 +24,7 @@ FILES_MARK = ":files"
 
 # what each command's positional arguments name, in order
 POSITIONAL = {
+    "trace": ("source", "destination"),
     "pod-to-svc": ("pod", "service"),
     "pod-to-pod": ("pod", "pod"),
     "collect": ("pod", "service"),
@@ -33,7 +34,7 @@ POSITIONAL = {
     "completion": ("shell",),
 }
 OPTION_KINDS = {"--namespace": "namespace", "-n": "namespace", "--endpoint": "endpoint",
-                "--nodes": "node", "--context": "context"}
+                "--nodes": "node", "--context": "context", "--via": "node"}
 FILE_OPTIONS = {"--bundle", "-b", "--kubeconfig", "--save-bundle", "--ssh-config", "--output", "-o"}
 SHELLS = ("bash", "zsh", "fish")
 
@@ -82,11 +83,16 @@ def _commands() -> dict:
 # ---- names from a bundle or the cluster ------------------------------------------------------
 
 class _Names:
-    def __init__(self, pods=(), services=(), nodes=(), endpoints=None):
+    def __init__(self, pods=(), services=(), nodes=(), endpoints=None, node_ips=None):
         self.pods = list(pods)              # (namespace, name, owners)
         self.services = list(services)      # (namespace, name)
         self.nodes = list(nodes)
         self._endpoints = endpoints or {}   # "ns/svc" -> [pod key]
+        self.node_ips = dict(node_ips or {})   # node name -> InternalIP
+
+    def node_ports(self) -> list:
+        """The NodePorts of the Services (known from a bundle only)."""
+        return []
 
     @property
     def pod_keys(self) -> list:
@@ -104,6 +110,11 @@ class _BundleNames(_Names):
     def __init__(self, cluster):
         self._cluster = cluster
         self.nodes = [n.name for n in cluster.nodes]
+        self.node_ips = {n.name: n.internal_ip for n in cluster.nodes if n.internal_ip}
+
+    def node_ports(self) -> list:
+        return sorted({p.node_port for s in self._cluster.services for p in s.ports
+                       if p.node_port})
 
     @property
     def pods(self) -> list:
@@ -198,6 +209,8 @@ def _kind_candidates(kind: str, cur: str, opts: dict, command: str) -> list:
         return namespaces
     if kind == "node":
         return sorted(names.nodes)
+    if kind in ("source", "destination"):
+        return _end_candidates(kind, cur, names, ns, opts, command)
     if kind == "endpoint":
         svc = opts.get("_service")
         keys = names.endpoints(svc if svc and "/" in svc else f"{ns}/{svc}")
@@ -218,6 +231,29 @@ def _kind_candidates(kind: str, cur: str, opts: dict, command: str) -> list:
     if "/" in cur:
         return [f"{s}/{n}" for s, n in names.pod_keys]
     return sorted({n for s, n in names.pod_keys if s == ns})
+
+
+def _end_candidates(kind: str, cur: str, names, ns: str, opts: dict, command: str) -> list:
+    """The ends `traceflow trace` takes: pods, node/NAME (and node/NAME:NODEPORT,
+    NODE_IP:NODEPORT for a destination), svc/NAME and Service names (destination)."""
+    host, colon, _ = cur.partition(":")
+    if colon:                       # a port after a node: the Services' NodePorts
+        node = host.removeprefix("node/") if host.startswith("node/") else next(
+            (n for n, ip in names.node_ips.items() if ip == host), None)
+        if kind != "destination" or node not in names.nodes:
+            return []
+        return [f"{host}:{p}" for p in names.node_ports()]
+    if cur.startswith(("node/", "nodes/", "no/")):
+        prefix = cur.split("/", 1)[0]
+        return [f"{prefix}/{n}" for n in sorted(names.nodes)]
+    if cur[:1].isdigit():
+        return sorted(names.node_ips.values())
+    out = _kind_candidates("pod", cur, opts, command)
+    if not cur or "node/".startswith(cur):
+        out += [f"node/{n}" for n in sorted(names.nodes)]
+    if kind == "destination":
+        out += _kind_candidates("service", cur, opts, command)
+    return sorted(set(out))
 
 
 def _contexts() -> list:

@@ -22,6 +22,50 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
+class Disposition(str, enum.Enum):
+    """How a leg (and a path) ended: a closed list, set where the end is created, never read
+    back from text (after Batfish's FlowDisposition). docs/trace-json-v1.md lists them."""
+
+    DELIVERED_POD = "delivered-pod"      # a pod's own network stack received it
+    DELIVERED_HOST = "delivered-host"    # a node's own stack (INPUT) received it
+    LEFT_CLUSTER = "left-cluster"        # sent out of a node towards an address outside it
+    DROPPED_POLICY = "dropped-policy"    # a NetworkPolicy (or the CNI's policy) dropped it
+    DROPPED_RULE = "dropped-rule"        # a filter rule or flow that is no NetworkPolicy
+    NO_ROUTE = "no-route"                # no usable route (unreachable, blackhole, none)
+    NO_NEIGHBOUR = "no-neighbour"        # the next hop's neighbour entry is FAILED/INCOMPLETE
+    NO_BACKEND = "no-backend"            # a Service frontend with nothing to balance to
+    REJECTED = "rejected"                # refused with an ICMP error or a TCP reset
+    TABLE_MISS = "table-miss"            # no flow matched in an OVS table
+    LOOP = "loop"                        # the packet keeps visiting places
+    UNKNOWN = "unknown"                  # the trace met something it cannot model
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# what a hop's ``detail`` names: the typed fact it carries (docs/trace-json-v1.md)
+HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
+               "conntrack", "nat", "bpf-map", "bpf-program", "tunnel", "underlay", "pod",
+               "host", "entry", "exit")
+# the detail of a hop whose maker did not name one: by the component that made it
+_DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
+                        "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
+                        "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
+                        "host": "host", "tc": "bpf-program"}
+
+
+def typed_detail(hop: "Hop") -> str | None:
+    """The typed detail a hop carries (one of HOP_DETAILS): the one its maker named, else
+    the one its component's hops carry (an OVS table hit, a netfilter rule, a route ...)."""
+    if hop.detail is not None:
+        return hop.detail
+    if hop.component == "bpf":
+        return "bpf-map" if hop.map else "bpf-program"
+    if hop.component in ("iptables", "nft") and hop.chain == "conntrack":
+        return "conntrack"
+    return _DETAIL_BY_COMPONENT.get(hop.component)
+
+
 @dataclass
 class Hop:
     node: str
@@ -43,15 +87,32 @@ class Hop:
     program: str | None = None      # e.g. "from-container", "cil_from_netdev"
     map: str | None = None          # e.g. "cilium_lb4_services_v2", "cilium_policy_02215"
     entry: str | None = None        # the map entry that decided, verbatim
+    detail: str | None = None       # the typed detail it carries (HOP_DETAILS); None: by component
 
 
 @dataclass
 class Drop:
+    """Where and why a leg did not arrive. ``disposition`` is set where the drop is made."""
     node: str
     component: str
     table: str | None
     rule: str | None
     reason: str
+    disposition: Disposition | None = None
+    policies: tuple = ()            # dropped-policy: the policies that drop it ("ns/name")
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Where a packet left the cluster (disposition left-cluster): the node and device it was
+    sent out of, the next hop, and the addresses it left with (after SNAT/masquerade)."""
+    node: str
+    device: str
+    nexthop: str | None
+    src: str | None
+    src_port: int | None
+    dst: str | None
+    dst_port: int | None
 
 
 @dataclass
@@ -60,6 +121,8 @@ class Leg:
     verdict: Verdict
     hops: list = field(default_factory=list)
     description: str = ""           # e.g. "frontend -> backendsvc (10.104.65.133:80)"
+    disposition: Disposition | None = None
+    exit: Exit | None = None        # left-cluster: where and as what it left
 
 
 @dataclass
@@ -70,6 +133,8 @@ class Path:
     drop: Drop | None
     legs: list = field(default_factory=list)
     choices: list = field(default_factory=list)   # the branch decisions, in plain English
+    disposition: Disposition | None = None        # the request's end, or the reply's failure
+    exit: Exit | None = None                      # left-cluster: where and as what it left
 
 
 @dataclass

@@ -51,6 +51,7 @@ class Pair:
     verdict: str
     reason: str = ""
     detail: str = ""
+    disposition: str | None = None  # the first undelivered path's (traceflow.trace.Disposition)
 
 
 @dataclass
@@ -73,6 +74,10 @@ class AuditReport:
         by_verdict: dict = {}
         for p in self.pairs:
             by_verdict[p.verdict] = by_verdict.get(p.verdict, 0) + 1
+        by_disposition: dict = {}
+        for p in self.pairs:
+            if p.disposition:
+                by_disposition[p.disposition] = by_disposition.get(p.disposition, 0) + 1
         by_kind: dict = {}
         for f in self.findings:
             by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
@@ -82,14 +87,16 @@ class AuditReport:
                         "pairs": len(self.pairs),
                         "pairs_delivered": by_verdict.get("delivered", 0),
                         "pairs_not_delivered": len(self.pairs) - by_verdict.get("delivered", 0),
-                        "by_verdict": by_verdict, "findings": len(self.findings),
+                        "by_verdict": by_verdict, "by_disposition": by_disposition,
+                        "findings": len(self.findings),
                         "by_kind": by_kind, "distinct_traces": self.traced,
                         "seconds": round(self.seconds, 3)},
             "notes": self.notes,
             "findings": [{"kind": f.kind, "subject": f.subject, "message": f.message,
                           "evidence": f.evidence} for f in self.findings],
             "pairs": [{"client": p.client, "pods": p.pods, "service": p.service,
-                       "verdict": p.verdict, "reason": p.reason, "detail": p.detail}
+                       "verdict": p.verdict, "reason": p.reason, "detail": p.detail,
+                       "disposition": p.disposition}
                       for p in self.pairs],
         }
 
@@ -131,11 +138,13 @@ def pair_label(dst: Destination) -> str:
     return f"{dst.label}:{dst.port}/{dst.protocol}"
 
 
-def combine(traces) -> tuple[str, str, str]:
-    """(verdict, grouping reason, one detailed line) over the traces of one pair."""
+def combine(traces) -> tuple[str, str, str, str | None]:
+    """(verdict, grouping reason, one detailed line, disposition) over the traces of one
+    pair: the disposition and reason of its first path that was not delivered."""
     verdicts = {str(t.verdict) for t in traces}
     if verdicts == {"delivered"}:
-        return "delivered", "", ""
+        firsts = [p.disposition for t in traces for p in t.paths if p.disposition is not None]
+        return "delivered", "", "", str(firsts[0]) if firsts else None
     if len(verdicts) == 1:
         verdict = verdicts.pop()
     elif "delivered" in verdicts or "partial" in verdicts:
@@ -148,8 +157,9 @@ def combine(traces) -> tuple[str, str, str]:
                 d = p.drop
                 reason = (f"{d.component}{' ' + str(d.table) if d.table else ''}: {d.reason}"
                           if d else str(p.verdict))
-                return verdict, reason, describe_path(p)
-    return verdict, verdict, ""
+                return (verdict, reason, describe_path(p),
+                        str(p.disposition) if p.disposition is not None else None)
+    return verdict, verdict, "", None
 
 
 def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = None,
@@ -166,9 +176,9 @@ def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = N
     host_only = False
     for label, pods, dst in questions:
         traces = [tracer.trace(p, dst) for p in pods]
-        verdict, reason, detail = combine(traces)
+        verdict, reason, detail, disposition = combine(traces)
         report.pairs.append(Pair(label, [p.key for p in pods], pair_label(dst), verdict, reason,
-                                 detail))
+                                 detail, disposition))
         for pod, t in zip(pods, traces):
             if t.query.get("scope") == SCOPE_SERVICE:
                 host_only = True
@@ -232,6 +242,8 @@ def policy_drift(cluster, client, trace) -> list[Finding]:
             and any(p.key == path.endpoint for p in cluster.pods) else None
         if server is None or path.verdict == Verdict.UNKNOWN or server.key == client.key:
             continue        # a pod cannot block connections to itself (Kubernetes' rule)
+        if server.host_network:
+            continue        # NetworkPolicy is undefined for hostNetwork pods (Kubernetes docs)
         port, seen_src = _at_server(path, server.ip)
         port = port or trace.query.get("dst_port")
         if seen_src and seen_src != client.ip:

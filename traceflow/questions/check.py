@@ -3,17 +3,14 @@ source pod (a selector fans out to every pod it selects)."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 from traceflow.model.errors import InputError
-from traceflow.questions.runner import Progress, Tracer
+from traceflow.questions.runner import Progress, Tracer, source_endpoint_of
 from traceflow.questions.select import Resolver
-from traceflow.questions.suite import Expectation, Suite
-from traceflow.model.trace import Drop, Path, Trace, Verdict
-
-_POLICY_NAMES = re.compile(r"NetworkPolicy ((?:[\w.-]+/[\w.-]+)(?:, [\w.-]+/[\w.-]+)*)")
+from traceflow.questions.suite import DISPOSITIONS, Expectation, Suite
+from traceflow.model.trace import Disposition, Drop, Path, Trace, Verdict
 
 
 @dataclass
@@ -47,9 +44,11 @@ class Report:
         return [r for r in self.results if not r.passed]
 
 
-def resolve(suite: Suite, resolver: Resolver) -> list[tuple]:
-    """Every (expectation, source pod, destination); a bad reference is a bad suite (exit 2)
-    naming the suite's file, the expectation's line and key."""
+def resolve(suite: Suite, resolver: Resolver, node_names=None) -> list[tuple]:
+    """Every (expectation, source, destination): a source is a pod, or a node's or outside
+    client's Endpoint. A bad reference is a bad suite (exit 2) naming the suite's file, the
+    expectation's line and key."""
+    from traceflow.questions.ends import entry_nodes
     out = []
     for i, exp in enumerate(suite.expectations):
         where = f"expectations[{i}]"
@@ -65,21 +64,36 @@ def resolve(suite: Suite, resolver: Resolver) -> list[tuple]:
             raise InputError(f"{where}.to: {err.reason}", suite.file,
                              exp.line_of("to")) from None
         for pod in pods:
+            try:    # an outside client needs a node to enter by: checked now, not mid-run
+                if dst.endpoint is not None or exp.via is not None or \
+                        source_endpoint_of(pod).kind.value == "external":
+                    entry_nodes(resolver.cluster, source_endpoint_of(pod), dst_endpoint(dst),
+                                exp.via, node_names if node_names is not None else ())
+            except InputError as err:
+                key = "via" if "via" in exp.key_lines else "to"
+                raise InputError(f"{where}.{key}: {err.reason}", suite.file,
+                                 exp.line_of(key)) from None
             out.append((exp, pod, dst))
     return out
 
 
+def dst_endpoint(dst):
+    """The typed end of a suite destination (traceflow.walk.endpoints)."""
+    from traceflow.questions.runner import destination_endpoint_of
+    return destination_endpoint_of(dst)
+
+
 def run_check(suite: Suite, tracer: Tracer, bundle_name: str, progress: bool | None = None) -> Report:
     t0 = time.monotonic()
-    resolver = Resolver(tracer.snap.cluster)
-    work = resolve(suite, resolver)
+    resolver = Resolver(tracer.snap.cluster, tracer.snap.service_cidr)
+    work = resolve(suite, resolver, tracer.snap.bundle.node_names())
     report = Report(suite, bundle_name)
     bar = Progress(len(work), "check", progress if progress is not None else None)
     if len(work) < 50 and progress is None:
         bar.enabled = False
     for exp, pod, dst in work:
         s = time.monotonic()
-        trace = tracer.trace(pod, dst, exp.src_port)
+        trace = tracer.trace(pod, dst, exp.src_port, exp.via)
         passed, observed, message, details = evaluate(exp, trace)
         report.results.append(Result(exp, pod.key, f"{dst.label} ({dst.ip}:{dst.port}/"
                                                    f"{dst.protocol})", passed, observed, message,
@@ -102,6 +116,10 @@ def evaluate(exp: Expectation, trace: Trace) -> tuple[bool, str, str, list]:
                          for v, n in sorted(counts.items())) or "no path"
     unknown = [p for p in paths if p.verdict == Verdict.UNKNOWN]
     known = [p for p in paths if p.verdict != Verdict.UNKNOWN]
+    if exp.expect in DISPOSITIONS:
+        # a disposition the walk decided (left-cluster, loop) counts even on an unknown verdict
+        unknown = [p for p in paths if _disposition(p) in (None, Disposition.UNKNOWN)]
+        known = [p for p in paths if all(p is not u for u in unknown)]
     if exp.expect == "unknown":
         bad = known
         return _result(not bad and bool(paths), observed, bad, "expected unknown")
@@ -122,18 +140,49 @@ def evaluate(exp: Expectation, trace: Trace) -> tuple[bool, str, str, list]:
     if exp.expect == "dropped":
         bad = [p for p in known if p.verdict != Verdict.DROPPED]
         return _result(not bad, observed, bad, "expected dropped")
-    # dropped-by-policy
+    return _disposition_result(exp, known, observed)
+
+
+def _disposition_result(exp: Expectation, known: list, observed: str) -> tuple:
+    """A disposition expected (dropped-by-policy is dropped-policy): compared with each
+    path's typed disposition, never with its reason text."""
+    want = Disposition("dropped-policy" if exp.expect == "dropped-by-policy" else exp.expect)
     bad = []
     for p in known:
-        if p.verdict != Verdict.DROPPED:
+        got = _disposition(p)
+        if got is not want:
             bad.append(p)
-            continue
-        is_policy, names = policy_of(p.drop)
-        if not is_policy or (exp.policy and not any(_same_policy(exp.policy, n, exp.namespace)
-                                                    for n in names)):
-            bad.append(p)
-    want = f"dropped by NetworkPolicy {exp.policy}" if exp.policy else "dropped by a NetworkPolicy"
-    return _result(not bad, observed, bad, f"expected {want}")
+        elif want is Disposition.DROPPED_POLICY and exp.policy:
+            _, names = policy_of(p.drop)
+            if not any(_same_policy(exp.policy, n, exp.namespace) for n in names):
+                bad.append(p)
+    if exp.expect == "dropped-by-policy" or want is Disposition.DROPPED_POLICY:
+        what = (f"dropped by NetworkPolicy {exp.policy}" if exp.policy
+                else "dropped by a NetworkPolicy")
+    else:
+        what = want.value
+    if exp.branches == "any":
+        ok = len(bad) < len(known)
+        return _result(ok, _observed_dispositions(known) if not ok else observed,
+                       [] if ok else bad, f"expected {what} on at least one branch")
+    return _result(not bad, observed if not bad else _observed_dispositions(known), bad,
+                   f"expected {what}")
+
+
+def _disposition(p: Path) -> Disposition | None:
+    d = p.disposition
+    if d is None:
+        return None
+    return d if isinstance(d, Disposition) else Disposition(str(d))
+
+
+def _observed_dispositions(paths: list) -> str:
+    counts: dict = {}
+    for p in paths:
+        key = str(_disposition(p) or p.verdict)
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{d} on {n}/{len(paths)} path{'s' if len(paths) > 1 else ''}"
+                     for d, n in sorted(counts.items())) or "no path"
 
 
 def _same_policy(want: str, got: str, namespace: str) -> bool:
@@ -141,15 +190,11 @@ def _same_policy(want: str, got: str, namespace: str) -> bool:
 
 
 def policy_of(drop: Drop | None) -> tuple[bool, list[str]]:
-    """(is this a NetworkPolicy drop, the policies it names)."""
+    """(is this a NetworkPolicy drop, the policies it names): the drop's typed disposition
+    and the policies its datapath named, never its reason text."""
     if drop is None:
         return False, []
-    named = getattr(drop, "policy", None)       # a field some datapaths may set
-    if named:
-        return True, [named] if isinstance(named, str) else list(named)
-    reason = drop.reason or ""
-    names = [n for m in _POLICY_NAMES.finditer(reason) for n in m.group(1).split(", ")]
-    return ("default-deny" in reason or "NetworkPolicy" in reason), names
+    return drop.disposition is Disposition.DROPPED_POLICY, list(drop.policies)
 
 
 def _result(ok: bool, observed: str, bad: list, why: str) -> tuple[bool, str, str, list]:

@@ -14,7 +14,7 @@ from traceflow.engines.ovs.flows import _match
 from traceflow.engines.ovs.pipeline import simulate
 from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.bundle.snapshot import Missing, Snapshot
-from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
 
 
 def _node(snap: Snapshot, node: str):
@@ -105,7 +105,8 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
             verdict = Verdict.UNKNOWN
             last = run.hits[-1] if run.hits else None
             drop = Drop(node, "ovs", str(last.table) if last else None,
-                        last.flow.text if last and last.flow else None, run.unknown)
+                        last.flow.text if last and last.flow else None, run.unknown,
+                        Disposition.UNKNOWN)
         elif run.outputs:
             verdict = Verdict.DELIVERED
         else:
@@ -113,7 +114,9 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
             hit = run.dropped_by or (run.hits[-1] if run.hits else None)
             drop = Drop(node, "ovs", str(hit.table) if hit else None,
                         hit.flow.text if hit and hit.flow else None,
-                        "; ".join(hit.effects) if hit else "no table")
+                        "; ".join(hit.effects) if hit else "no table",
+                        Disposition.DROPPED_RULE if hit is not None and hit.flow is not None
+                        else Disposition.TABLE_MISS)
         leg.verdict = verdict
         outputs = ", ".join(f"port {o.port} ({bridge.port_name(o.port) if isinstance(o.port, int) else o.port})"
                             for o in run.outputs)
@@ -121,7 +124,7 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
         if outputs:
             choices.append(f"output: {outputs}")
         trace.paths.append(Path(outputs or None, round(run.weight, 6), verdict, drop, [leg],
-                                choices))
+                                choices, drop.disposition if drop is not None else None))
     return trace
 
 
@@ -227,7 +230,8 @@ def _nf_path(p: _NfPath, node: str, hook: str, first: Packet) -> Path:
                             step.rule.text if getattr(step.rule, "text", None) else None,
                             step.effect, chain=step.chain,
                             source=getattr(step.rule, "source", None),
-                            matched=tuple(step.matched), unknown=step.unknown))
+                            matched=tuple(step.matched), unknown=step.unknown,
+                            detail="ipvs" if component == "ipvs" else "netfilter-rule"))
     if leg.hops:
         leg.hops[-1].packet = p.packet.headers()
         leg.hops[-1].changed = p.packet.diff(first)
@@ -240,10 +244,13 @@ def _nf_path(p: _NfPath, node: str, hook: str, first: Packet) -> Path:
         component, last = p.steps[-1] if p.steps else ("iptables", None)
         drop = Drop(node, component, last.table if last else None,
                     last.rule.text if last and getattr(last.rule, "text", None) else None,
-                    f"{p.verdict}: {last.effect}" if last else p.verdict)
+                    f"{p.verdict}: {last.effect}" if last else p.verdict,
+                    {"UNKNOWN": Disposition.UNKNOWN, "REJECT": Disposition.REJECTED}.get(
+                        p.verdict, Disposition.DROPPED_RULE))
     endpoint = (f"{p.packet.nw_dst}:{p.packet.tp_dst}"
                 if p.nat is not None and p.nat.kind == "DNAT" else None)
-    return Path(endpoint, round(p.weight, 6), verdict, drop, [leg])
+    return Path(endpoint, round(p.weight, 6), verdict, drop, [leg], [],
+                drop.disposition if drop is not None else None)
 
 
 def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: int) -> Trace:
@@ -258,11 +265,14 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
                        sysctls=model.sysctls)
     route = dec.route
     hop = Hop(node, "route", dec.table, route.text if route is not None else None, dec.reason,
-              source=route.source if route is not None else None, notes=list(dec.steps))
+              source=route.source if route is not None else None, notes=list(dec.steps),
+              detail="route")
     ok = dec.kind in ("unicast", "local", "anycast", "broadcast", "multicast")
     verdict = Verdict.DELIVERED if ok else Verdict.DROPPED
-    drop = None if ok else Drop(node, "route", dec.table, hop.rule, dec.reason)
+    drop = None if ok else Drop(node, "route", dec.table, hop.rule, dec.reason,
+                                Disposition.NO_ROUTE)
     trace = Trace({"kind": "route-get", "source": src, "destination": dst, "protocol": None,
                    "dst_port": None, "node": node, "iif": iif, "mark": mark})
-    trace.paths.append(Path(dec.dev, 1.0, verdict, drop, [Leg("request", verdict, [hop], dst)]))
+    trace.paths.append(Path(dec.dev, 1.0, verdict, drop, [Leg("request", verdict, [hop], dst)],
+                            [], drop.disposition if drop is not None else None))
     return trace

@@ -34,8 +34,11 @@ MAX_RAW = 2000          # raw changes listed (the count is always exact)
 @dataclass
 class Question:
     label: str                      # "client -> service:port/PROTO"
-    pod_key: str
+    pod_key: str                    # the source's key: a pod's, node/NAME, an address
     destination: object             # select.Destination in BEFORE
+    source: object = None           # a node's or outside client's Endpoint (None: a pod)
+    via: str | None = None
+    src_port: int = 54321
 
 
 @dataclass
@@ -43,9 +46,11 @@ class Change:
     question: str
     before_verdict: str
     after_verdict: str
-    kind: str                       # verdict | path
+    kind: str                       # verdict | disposition | path
     divergence: dict | None = None
     paths: list = field(default_factory=list)      # per-endpoint changes, plain English
+    before_dispositions: list = field(default_factory=list)   # per path, in path order
+    after_dispositions: list = field(default_factory=list)
 
 
 @dataclass
@@ -74,12 +79,16 @@ class DiffReport:
             "schema": "traceflow.diff/v1", "before": self.before, "after": self.after,
             "summary": {"questions": self.questions, "changed": len(self.changed),
                         "verdict_changed": sum(c.kind == "verdict" for c in self.changed),
+                        "disposition_changed": sum(c.kind == "disposition"
+                                                   for c in self.changed),
                         "path_changed": sum(c.kind == "path" for c in self.changed),
                         "raw_changes": self.raw_total,
                         "raw_used": sum(r.used for r in self.raw),
                         "seconds": round(self.seconds, 3)},
             "changed": [{"question": c.question, "kind": c.kind,
                          "before_verdict": c.before_verdict, "after_verdict": c.after_verdict,
+                         "before_dispositions": c.before_dispositions,
+                         "after_dispositions": c.after_dispositions,
                          "divergence": c.divergence, "paths": c.paths} for c in self.changed],
             "raw": [{"change": r.change, "where": f"{r.file}:{r.line}", "node": r.node,
                      "component": r.component, "text": r.text, "used": r.used}
@@ -91,9 +100,12 @@ class DiffReport:
 def suite_questions(suite, snap) -> list[tuple[Question, object]]:
     from traceflow.questions.check import resolve
     from traceflow.questions.select import Resolver
+    from traceflow.bundle.kube import Pod
     out = []
-    for exp, pod, dst in resolve(suite, Resolver(snap.cluster)):
-        out.append(Question(f"{exp.name} [{pod.key}]", pod.key, dst))
+    for exp, pod, dst in resolve(suite, Resolver(snap.cluster, snap.service_cidr),
+                                 snap.bundle.node_names()):
+        out.append(Question(f"{exp.name} [{pod.key}]", pod.key, dst,
+                            None if isinstance(pod, Pod) else pod, exp.via, exp.src_port))
     return out
 
 
@@ -107,11 +119,32 @@ def matrix_questions(snap, all_pods: bool) -> list[Question]:
     return out
 
 
+def _source_in_after(q: Question, after_snap):
+    """The question's source in AFTER: the pod by key; a node by name; an outside address."""
+    from traceflow.walk.endpoints import Kind
+    if q.source is None:
+        return next((p for p in after_snap.cluster.pods if p.key == q.pod_key), None)
+    if q.source.kind is Kind.NODE:
+        return q.source if any(n.name == q.source.node for n in after_snap.cluster.nodes) \
+            else None
+    return q.source
+
+
 def _in_after(q: Question, after_snap):
     """The same question in AFTER's cluster: the pod by key, the destination by name."""
-    from traceflow.questions.select import Destination
-    pod = next((p for p in after_snap.cluster.pods if p.key == q.pod_key), None)
+    from traceflow.model.errors import InputError
+    from traceflow.questions.select import Destination, Resolver
+    pod = _source_in_after(q, after_snap)
     dst = q.destination
+    if dst.endpoint is not None:     # a typed end: resolved again as written
+        ep = dst.endpoint
+        ref = (f"node/{ep.node}:{dst.port}" if ep.kind.value == "node"
+               else f"{ep.address}:{dst.port}")
+        try:
+            return pod, Resolver(after_snap.cluster, after_snap.service_cidr).destination(
+                ref, "default", None, dst.protocol, "to")
+        except InputError:
+            return pod, None
     if dst.kind == "service":
         svc = next((s for s in after_snap.cluster.services if s.key == dst.label), None)
         if svc is None or not svc.cluster_ip:
@@ -135,8 +168,18 @@ def _hops(path) -> list:
 
 
 def _signature(trace) -> list:
-    return sorted((str(p.endpoint), str(p.verdict), tuple(_hop_key(h) for h in _hops(p)))
+    return sorted((str(p.endpoint), str(p.verdict), _dispo(p), tuple(_hop_key(h) for h in _hops(p)))
                   for p in trace.paths)
+
+
+def _dispo(path) -> str:
+    """A path's typed disposition (how it ended), compared as such, not from its text."""
+    d = getattr(path, "disposition", None)
+    return "" if d is None else str(getattr(d, "value", d))
+
+
+def _dispositions(trace) -> list:
+    return sorted(_dispo(p) for p in trace.paths)
 
 
 def _first_divergence(bp, ap) -> tuple[int, object, object]:
@@ -163,8 +206,11 @@ def _hop_dict(h) -> dict:
 def compare(question: str, bt, at) -> Change | None:
     if str(bt.verdict) == str(at.verdict) and _signature(bt) == _signature(at):
         return None
-    kind = "verdict" if str(bt.verdict) != str(at.verdict) else "path"
-    change = Change(question, str(bt.verdict), str(at.verdict), kind)
+    kind = ("verdict" if str(bt.verdict) != str(at.verdict) else
+            "disposition" if _dispositions(bt) != _dispositions(at) else "path")
+    change = Change(question, str(bt.verdict), str(at.verdict), kind,
+                    before_dispositions=[_dispo(p) for p in bt.paths],
+                    after_dispositions=[_dispo(p) for p in at.paths])
     # pair paths by endpoint, then by the longest shared prefix of hops
     b_paths, a_paths = list(bt.paths), list(at.paths)
     pairs = []
@@ -188,8 +234,10 @@ def compare(question: str, bt, at) -> Change | None:
             pairs.append((best, ap))
     first = None
     for bp, ap in pairs:
-        if str(bp.verdict) != str(ap.verdict):
-            change.paths.append(f"path to {bp.endpoint or '?'}: {bp.verdict} -> {ap.verdict}")
+        if str(bp.verdict) != str(ap.verdict) or _dispo(bp) != _dispo(ap):
+            change.paths.append(f"path to {bp.endpoint or '?'}: {bp.verdict}"
+                                + (f" ({_dispo(bp)})" if _dispo(bp) else "") + f" -> {ap.verdict}"
+                                + (f" ({_dispo(ap)})" if _dispo(ap) else ""))
         i, bh, ah = _first_divergence(bp, ap)
         if i >= 0 and (first is None or i < first[0]):
             first = (i, bh, ah, bp, ap)
@@ -286,16 +334,16 @@ def run_diff(before_snap, after_snap, before_name: str, after_name: str, suite=N
     bt_tracer, at_tracer = Tracer(before_snap), Tracer(after_snap)
     b_traces, a_traces = [], []
     for q in qs:
-        pod = next(p for p in before_snap.cluster.pods if p.key == q.pod_key) \
-            if not hasattr(q, "_pod") else q._pod
-        bt = bt_tracer.trace(pod, q.destination)
+        pod = q.source if q.source is not None else \
+            next(p for p in before_snap.cluster.pods if p.key == q.pod_key)
+        bt = bt_tracer.trace(pod, q.destination, q.src_port, q.via)
         b_traces.append(bt)
         apod, adst = _in_after(q, after_snap)
         if apod is None or adst is None:
             report.changed.append(Change(q.label, str(bt.verdict), "gone", "verdict", None,
                                          ["the client or the destination is not in AFTER"]))
             continue
-        at = at_tracer.trace(apod, adst)
+        at = at_tracer.trace(apod, adst, q.src_port, q.via)
         a_traces.append(at)
         change = compare(q.label, bt, at)
         if change is not None:

@@ -8,44 +8,14 @@ is, that a name is a Service and not a pod, the ports a Service has.
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 from traceflow.bundle.kube import Cluster, Pod, Service, deployment_pods
 from traceflow.model.errors import InputError
-from traceflow.questions.select import check_port, service_port  # noqa: F401 (resolve.service_port)
-
-PODS, SERVICES = "k8s/pods.yaml", "k8s/services.yaml"
-DEPLOY_PREFIXES = ("deploy/", "deployment/", "deployments/", "deployment.apps/")
-SVC_PREFIXES = ("svc/", "service/", "services/")
-POD_PREFIXES = ("pod/", "pods/", "po/")
-
-
-def _ip(text: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        return None
-
-
-def _split(ref: str, namespace: str) -> tuple[str, str]:
-    if "/" in ref:
-        ns, name = ref.split("/", 1)
-        return ns, name
-    return namespace, ref
-
-
-def _strip(ref: str, prefixes) -> str | None:
-    """``ref`` without one of ``prefixes`` (``ns/deploy/x`` style is not a Kubernetes form)."""
-    for p in prefixes:
-        if ref.startswith(p):
-            return ref[len(p):]
-    return None
-
-
-def _running_first(pods: list) -> list:
-    return sorted(pods, key=lambda p: (p.phase != "Running", not p.ip, p.name))
-
+from traceflow.questions.ends import (DEPLOY_PREFIXES, PODS, POD_PREFIXES, SERVICES,  # noqa: F401
+                                      SVC_PREFIXES, _ip, _running_first, _split, _strip,
+                                      check_pod, entry_nodes)
+from traceflow.questions.ports import check_port, pod_port, service_port  # noqa: F401
 
 # ---- pods ----------------------------------------------------------------------------------
 
@@ -222,28 +192,6 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
     raise _located_not_found(cluster, SERVICES, msg, ns)
 
 
-def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
-    """A destination port for pod-to-pod: a number, or the name of one of its container ports.
-    Returns (number, the named port's protocol or None); ``protocol`` (when the user gave
-    one) must agree with a named port's."""
-    port = port.strip()
-    if port.isdigit():
-        return check_port(int(port), "--port"), None
-    named = [(n, num, pr.upper()) for n, num, pr in pod.container_ports if n == port]
-    if protocol is not None:
-        kept = [x for x in named if x[2] == protocol.upper()]
-        if named and not kept:
-            has = ", ".join(f"{num}/{pr}" for _, num, pr in named)
-            raise InputError(f"container port {port!r} of pod {pod.key} is {has}, not "
-                             f"{protocol.upper()}", "--protocol")
-        named = kept
-    if named:
-        return named[0][1], named[0][2]
-    listed = ", ".join(f"{n} ({num}/{pr})" for n, num, pr in pod.container_ports if n)
-    raise InputError(f"pod {pod.key} has no container port named {port!r} "
-                     f"({'its named ports: ' + listed if listed else 'it names no ports'})", "--port")
-
-
 # ---- the endpoint pin ------------------------------------------------------------------------
 
 def endpoint(cluster: Cluster, ref: str | None, namespace: str, svc: Service | None) -> str | None:
@@ -325,3 +273,59 @@ def bundle_hint(path: Path, err: InputError) -> InputError:
     return InputError(f"{path} is not a bundle ({err.reason}); bundles below it: "
                       f"{', '.join(below)}: pass one of them to --bundle", err.file or "--bundle",
                       err.line, err.text)
+
+
+# ---- the ends of `traceflow trace` (traceflow.questions.ends), names resolved as above ---------
+
+def source_endpoint(cluster: Cluster, ref: str, namespace: str,
+                    service_cidr: str | None = None):
+    """The source of `traceflow trace` as an Endpoint; a pod by any pod form above."""
+    from traceflow.questions import ends
+    return ends.source_endpoint(cluster, ref, namespace, service_cidr,
+                                pod_of=lambda r: pod(cluster, r, namespace, "source"))
+
+
+def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str | None,
+                         protocol: str | None, service_cidr: str | None = None):
+    """The destination of `traceflow trace`: (Endpoint, port, protocol, notes)."""
+    from traceflow.questions import ends
+    return ends.destination_endpoint(
+        cluster, ref, namespace, port, protocol, service_cidr,
+        pod_of=lambda r: pod(cluster, r, namespace, "destination"),
+        service_of=lambda r: service(cluster, r, namespace))
+
+
+def trace_query(snap, source: str, destination: str, namespace: str = "default",
+                port: str | None = None, protocol: str | None = None, src_port: int = 54321,
+                via: str | None = None, pin: str | None = None, reply: bool = True):
+    """The Query (traceflow.walk.state) of `traceflow trace SOURCE DESTINATION`: both ends
+    typed, the port and protocol settled, the nodes an outside client may enter by and what
+    that assumes. Every refusal is an InputError that says what to type."""
+    from traceflow.walk.endpoints import Kind, query_kind
+    from traceflow.walk.hostnet import check_node
+    from traceflow.walk.state import Query
+    cluster = snap.cluster
+    cidr = getattr(snap, "service_cidr", None)
+    src = source_endpoint(cluster, source, namespace, cidr)
+    dst, number, proto, notes = destination_endpoint(cluster, destination, namespace, port,
+                                                     protocol, cidr)
+    if src.kind is Kind.POD:
+        check_pod(src.pod, snap)
+    elif src.kind is Kind.NODE:
+        check_node(snap, src.node, f"node/{src.node} sends from its own stack")
+    if dst.kind is Kind.POD:
+        check_pod(dst.pod, snap, "destination")
+    if src.kind is not Kind.EXTERNAL and dst.kind is not Kind.EXTERNAL and src.key == dst.key \
+            and src.kind is dst.kind:
+        raise InputError(f"the source and the destination are both {src.key}: the packet "
+                         "never leaves its stack", "DESTINATION")
+    entries, assumptions = entry_nodes(cluster, src, dst, via, snap.bundle.node_names())
+    svc = dst.service
+    if pin is not None and dst.kind is Kind.EXTERNAL:
+        raise InputError("--endpoint picks a Service backend; the destination is an outside "
+                         "address", "--endpoint")
+    pinned = endpoint(cluster, pin, namespace, svc)
+    return Query(query_kind(src, dst), src.pod if src.kind is Kind.POD else None, dst.address,
+                 number, proto, src_port, dst.label, svc, pinned, reply, src, dst,
+                 entries[0] if via is not None and entries else None, entries,
+                 tuple(notes) + tuple(assumptions))

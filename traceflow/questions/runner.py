@@ -18,7 +18,7 @@ from traceflow.bundle.kube import Pod
 from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.questions.select import Destination
 from traceflow.bundle.snapshot import Missing, Snapshot
-from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
 
 SCOPE_FULL = "end-to-end"
 SCOPE_SERVICE = "service-translation"
@@ -38,19 +38,22 @@ class Tracer:
         self._ovs: dict = {}        # node -> has OVS flows
         self.asked = 0
 
-    def key(self, pod: Pod, dst: Destination, src_port: int = 54321) -> tuple:
-        return (pod.key, dst.ip, dst.port, dst.protocol, src_port)
+    def key(self, pod, dst: Destination, src_port: int = 54321, via: str | None = None) -> tuple:
+        return (pod.key, dst.ip, dst.port, dst.protocol, src_port, dst.kind, via)
 
-    def trace(self, pod: Pod, dst: Destination, src_port: int = 54321) -> Trace:
+    def trace(self, pod, dst: Destination, src_port: int = 54321, via: str | None = None) -> Trace:
+        """The trace of one question. ``pod`` is the source: a pod, or the Endpoint of a node
+        or an outside client (traceflow.walk.endpoints)."""
         self.asked += 1
-        key = self.key(pod, dst, src_port)
+        key = self.key(pod, dst, src_port, via)
         got = self._cache.get(key)
         if got is not None:
             return got
-        if pod.node and not self._has_ovs(pod.node) and not _unusable(pod):
+        if isinstance(pod, Pod) and pod.node and not pod.host_network \
+                and not self._has_ovs(pod.node) and not _unusable(pod) and dst.endpoint is None:
             got = self._shared_service_trace(pod, dst, src_port)
         else:
-            got = self._trace(pod, dst, src_port)
+            got = self._trace(pod, dst, src_port, via)
             self.traced += 1
         self._cache[key] = got
         return got
@@ -80,15 +83,27 @@ class Tracer:
                                                       model.local_addresses if model else ())
         return got
 
-    def _trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
+    def _trace(self, pod, dst: Destination, src_port: int, via: str | None = None) -> Trace:
+        from traceflow.questions.ends import entry_nodes
         from traceflow.questions.solver import Query
-        problem = _unusable(pod)
-        if problem:
-            return _unknown_trace(pod, dst, problem)
-        if not self._has_ovs(pod.node):
-            return host_service_trace(self.snap, pod, dst, src_port)
-        q = Query("pod-to-svc" if dst.service else "pod-to-pod", pod, dst.ip, dst.port,
-                  dst.protocol, src_port, dst.label, dst.service, None, True)
+        from traceflow.walk.endpoints import Kind, query_kind
+        if isinstance(pod, Pod):
+            problem = _unusable(pod)
+            if problem:
+                return _unknown_trace(pod, dst, problem)
+            if not pod.host_network and not self._has_ovs(pod.node) and dst.endpoint is None:
+                return host_service_trace(self.snap, pod, dst, src_port)
+        src = source_endpoint_of(pod)
+        end = destination_endpoint_of(dst)
+        entries, assumed = entry_nodes(self.snap.cluster, src, end, via,
+                                       self.snap.bundle.node_names())
+        kind = query_kind(src, end)
+        if dst.kind == "ip":            # an address the suite gave as is: as pod-to-pod did
+            kind = "pod-to-pod" if src.kind is Kind.POD else kind
+        q = Query(kind, pod if isinstance(pod, Pod) else None, dst.ip, dst.port, dst.protocol,
+                  src_port, dst.label, dst.service, None, True, src, end,
+                  entries[0] if via is not None and entries else None, entries,
+                  tuple(dst.notes) + tuple(assumed))
         self.solver.warnings = []       # warnings are per trace
         trace = self.solver.trace(q)
         trace.query.setdefault("scope", SCOPE_FULL)
@@ -114,6 +129,25 @@ class Tracer:
             return None
 
 
+def source_endpoint_of(source):
+    """A suite source as a typed end: a pod's Endpoint, or the Endpoint itself."""
+    from traceflow.walk.endpoints import Endpoint
+    return Endpoint.of_pod(source) if isinstance(source, Pod) else source
+
+
+def destination_endpoint_of(dst: Destination):
+    """A suite destination as a typed end (a Service's cluster IP, a pod, or the Endpoint
+    `traceflow trace` resolved it to)."""
+    from traceflow.walk.endpoints import Endpoint, Frontend, Kind
+    if dst.endpoint is not None:
+        return dst.endpoint
+    if dst.service is not None:
+        return Endpoint.of_service(dst.service, Frontend.CLUSTERIP, dst.ip, dst.port)
+    if dst.pod is not None:
+        return Endpoint.of_pod(dst.pod)
+    return Endpoint(Kind.POD, dst.ip, None, dst.label)
+
+
 def _unusable(pod: Pod) -> str | None:
     if not pod.ip:
         return f"pod {pod.key} has no IP (phase {pod.phase})"
@@ -121,16 +155,16 @@ def _unusable(pod: Pod) -> str | None:
         return f"pod {pod.key} is not Running (phase {pod.phase})"
     if not pod.node:
         return f"pod {pod.key} is not scheduled on a node"
-    if pod.host_network:
-        return f"pod {pod.key} uses the host network (host sources are not traced yet)"
     return None
 
 
 def _unknown_trace(pod: Pod, dst: Destination, why: str) -> Trace:
     t = Trace(_query(pod, dst, 54321, SCOPE_FULL))
-    t.paths.append(Path(None, 1.0, Verdict.UNKNOWN, Drop(pod.node or "?", "pod", None, None, why),
-                        [Leg("request", Verdict.UNKNOWN, [Hop(pod.node or "?", "pod", None, None,
-                                                              why, unknown=True)])]))
+    leg = Leg("request", Verdict.UNKNOWN, [Hop(pod.node or "?", "pod", None, None, why,
+                                               unknown=True)], "", Disposition.UNKNOWN)
+    t.paths.append(Path(None, 1.0, Verdict.UNKNOWN, Drop(pod.node or "?", "pod", None, None, why,
+                                                         Disposition.UNKNOWN),
+                        [leg], [], Disposition.UNKNOWN))
     return t
 
 
@@ -202,22 +236,32 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
                 v, drop = Verdict.DELIVERED, None
                 target = snap.cluster.pod_by_ip(opkt.nw_dst)
                 endpoint = target.key if target else f"{opkt.nw_dst}:{opkt.tp_dst}"
+                # sent on to the backend the translation chose (the scope: only that is traced)
+                disposition = (Disposition.DELIVERED_POD if target is not None else
+                               Disposition.DELIVERED_HOST if snap.cluster.node_by_ip(opkt.nw_dst)
+                               else Disposition.LEFT_CLUSTER)
             elif verdict == "ACCEPT":
                 last = leg.hops[-1] if leg.hops else None
                 why = (f"no Service translation on {pod.node} for {dst.ip}:{dst.port}; the rest "
                        "of the path needs the node's OVS flows")
-                v, endpoint = Verdict.UNKNOWN, None
+                v, endpoint, disposition = Verdict.UNKNOWN, None, Disposition.UNKNOWN
                 drop = Drop(pod.node, component or "iptables", last.table if last else None,
-                            last.rule if last else None, why)
+                            last.rule if last else None, why, disposition)
             else:
                 last = leg.hops[-1] if leg.hops else None
                 v = Verdict.UNKNOWN if verdict == "UNKNOWN" else Verdict.DROPPED
+                disposition = {"UNKNOWN": Disposition.UNKNOWN,
+                               "REJECT": Disposition.REJECTED}.get(verdict,
+                                                                   Disposition.DROPPED_RULE)
                 endpoint = None
                 drop = Drop(pod.node, last.component if last else (component or "iptables"),
                             last.chain or last.table if last else None,
-                            last.rule if last else None, last.effect if last else verdict)
+                            last.rule if last else None, last.effect if last else verdict,
+                            disposition)
             leg.verdict = v
-            trace.paths.append(Path(endpoint, round(weight * w, 6), v, drop, [leg]))
+            leg.disposition = disposition
+            trace.paths.append(Path(endpoint, round(weight * w, 6), v, drop, [leg], [],
+                                    disposition))
     return trace
 
 
@@ -226,6 +270,7 @@ def _step_hop(node: str, component: str | None, step) -> Hop:
     src = getattr(rule, "source", None) if rule is not None else None
     text = getattr(rule, "text", None) if rule is not None else None
     return Hop(node, component or "iptables", step.table, text, step.effect, chain=step.chain,
+               detail="ipvs" if component == "ipvs" else "netfilter-rule",
                source=src, matched=tuple(step.matched), unknown=step.unknown)
 
 

@@ -3,8 +3,10 @@
 Forms: ``NAME`` / ``NAMESPACE/NAME`` (a pod), ``deploy/NAME`` (the pods of a Deployment, by
 their ReplicaSet owner, else by the ``NAME-<hash>-<id>`` naming), a label selector
 (``app=web,tier!=db``: every Running pod it selects in the namespace), an IP (the pod with
-it; for ``to:`` also a Service's cluster IP, or any address). Only what suites need; kept
-small so it can be merged with the trace commands' own resolution later.
+it; for ``to:`` also a Service's cluster IP, or any address), and the typed ends of `traceflow
+trace` (traceflow.resolve): ``node/NAME``, a node's IP, an outside address as ``from:``;
+``node/NAME[:PORT]``, ``NODE_IP:NODEPORT``, a LoadBalancer or externalIP, an outside
+``ADDRESS:PORT`` as ``to:``.
 """
 
 from __future__ import annotations
@@ -13,21 +15,24 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from traceflow.bundle.kube import Cluster, Pod, Service, ServicePort, deployment_pods
+from traceflow.bundle.kube import Cluster, Pod, Service, deployment_pods
 from traceflow.model.errors import InputError
+from traceflow.questions.ports import check_port, pod_port, service_port  # noqa: F401
 
 _SELECTOR_TERM = re.compile(r"^\s*(!)?\s*([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*))?\s*$")
 
 
 @dataclass(frozen=True)
 class Destination:
-    kind: str                       # "service" | "pod" | "ip"
+    kind: str                       # "service" | "pod" | "ip" | "node" | "external" | a frontend
     label: str                      # what the user named, resolved: ns/name, IP
     ip: str
     port: int
     protocol: str
     service: Service | None = None
     pod: Pod | None = None
+    endpoint: object = None         # the typed end (traceflow.walk.endpoints.Endpoint), if any
+    notes: tuple = ()               # what resolving it assumed (said in the trace's warnings)
 
 
 def is_ip(text: str) -> bool:
@@ -63,8 +68,9 @@ def parse_selector(text: str, where: str = "selector") -> dict:
 class Resolver:
     """Resolves suite references against one bundle's cluster."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, service_cidr: str | None = None):
         self.cluster = cluster
+        self.service_cidr = service_cidr
 
     # ---- sources -------------------------------------------------------------------------
     def sources(self, ref, namespace: str, where: str) -> list[Pod]:
@@ -81,8 +87,9 @@ class Resolver:
             if "ip" in ref:
                 return [self._pod_ip(ref["ip"], where)]
             raise InputError("needs one of selector, deploy, pod, ip", where)
-        if is_ip(ref):
-            return [self._pod_ip(ref, where)]
+        if is_ip(ref) or ref.startswith(("node/", "nodes/", "no/")) or \
+                is_ip(ref.rpartition(":")[0]):
+            return [self._typed_source(ref, namespace, where)]
         if ref.startswith("deploy/") or ref.startswith("deployment/"):
             return self._deploy(ref.split("/", 1)[1], namespace, where)
         if "=" in ref or ref.startswith("!"):
@@ -110,9 +117,19 @@ class Resolver:
     def _pod_ip(self, ip: str, where: str) -> Pod:
         pod = self.cluster.pod_by_ip(ip)
         if pod is None:
-            raise InputError(f"{ip} is not the IP of a pod in the bundle (traces start at a "
-                             "pod; node and external sources are not traced)", where)
+            raise InputError(f"{ip} is not the IP of a pod in the bundle (for a node or an "
+                             "outside client, write node/NAME or the address as `from:`)", where)
         return pod
+
+    def _typed_source(self, ref: str, namespace: str, where: str):
+        """A pod's IP (the pod), node/NAME or a node's IP (the node), an outside address."""
+        from traceflow.questions.ends import source_endpoint
+        from traceflow.walk.endpoints import Kind
+        try:
+            ep = source_endpoint(self.cluster, ref, namespace, self.service_cidr)
+        except InputError as err:
+            raise InputError(err.reason, where) from None
+        return ep.pod if ep.kind is Kind.POD else ep
 
     @staticmethod
     def _nonempty(pods: list, what: str, where: str) -> list:
@@ -140,9 +157,34 @@ class Resolver:
                 namespace, name = name.split("/", 1)
             return self._service(self.cluster.service(name, namespace), p or port, protocol, where)
         host, _, p = ref.rpartition(":") if ref.count(":") == 1 else (ref, "", "")
+        if ref.startswith(("node/", "nodes/", "no/")):
+            return self._typed(ref, None, port, protocol, namespace, where)
         if is_ip(host):
-            return self._ip(host, int(p) if p.isdigit() else port, protocol, where)
+            if self._plain(host):
+                return self._ip(host, int(p) if p.isdigit() else port, protocol, where)
+            return self._typed(ref, p, port, protocol, namespace, where)
         return self._pod(self.cluster.pod(ref.removeprefix("pod/"), namespace), port, protocol)
+
+    def _plain(self, ip: str) -> bool:
+        """A pod's or a Service's cluster IP (resolved as before); anything else (a node, a
+        frontend, an outside address) is a typed end."""
+        return self.cluster.service_at(ip) is not None or self.cluster.pod_by_ip(ip) is not None
+
+    def _typed(self, ref: str, inline, port, protocol, namespace: str, where: str) -> Destination:
+        """A node (node/NAME[:PORT], a node's IP), a NodePort, hostPort, LoadBalancer or
+        externalIP frontend, or an outside address, as `traceflow trace` reads them."""
+        from traceflow.questions.ends import destination_endpoint
+        from traceflow.walk.endpoints import Kind
+        try:
+            ep, number, proto, notes = destination_endpoint(
+                self.cluster, ref, namespace, None if inline or port is None else str(port),
+                protocol, self.service_cidr)
+        except InputError as err:
+            raise InputError(err.reason.replace("--protocol", "protocol:").replace(
+                "--port", "port:"), where) from None
+        kind = ep.word if ep.kind is Kind.SERVICE else ep.kind.value
+        return Destination(kind, ep.label, ep.address, number, proto, ep.service, ep.pod, ep,
+                           tuple(notes))
 
     def _service(self, svc: Service, port, protocol, where) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
@@ -177,56 +219,3 @@ _RS_POD = re.compile(r"^(?P<deploy>.+)-[a-z0-9]{5,10}-[a-z0-9]{5}$")
 def _by_name(pod_name: str, deployment: str) -> bool:
     m = _RS_POD.match(pod_name)
     return bool(m and m.group("deploy") == deployment)
-
-
-# ---- a Service's port, as the trace commands and suites name it ------------------------------
-
-SERVICES = "k8s/services.yaml"
-
-
-def _fmt_port(p: ServicePort) -> str:
-    return f"{p.port}/{p.protocol.upper()}" + (f" ({p.name})" if p.name else "")
-
-
-def service_port(svc: Service, port: str | None, protocol: str | None,
-                 bundle=None) -> ServicePort:
-    """The Service port ``--port`` (number or name) and ``--protocol`` select. A number the
-    Service has for several protocols (DNS: 53/UDP and 53/TCP) is never guessed."""
-    if not svc.ports:
-        from traceflow.bundle.located import object_error
-        raise object_error(bundle, SERVICES, svc.namespace, svc.name, ("spec", "ports"),
-                           f"service {svc.key} has no ports")
-    has = ", ".join(_fmt_port(p) for p in svc.ports)
-    proto = protocol.upper() if protocol else None
-    cands = list(svc.ports)
-    if port is not None:
-        port = port.strip()
-        if port.isdigit():
-            check_port(int(port), "--port")
-            cands = [p for p in cands if p.port == int(port)]
-        else:
-            cands = [p for p in cands if p.name and p.name == port]
-        if not cands:
-            raise InputError(f"service {svc.key} has no port {port!r} (it has {has})", "--port")
-    if proto is not None:
-        kept = [p for p in cands if p.protocol.upper() == proto]
-        if not kept:
-            what = f"port {port} over {proto}" if port is not None else f"{proto} port"
-            raise InputError(f"service {svc.key} has no {what} (it has {has})", "--protocol")
-        cands = kept
-    if len(cands) > 1:
-        protos = sorted({p.protocol.upper() for p in cands})
-        if port is not None and len(protos) > 1:
-            by = "; ".join(f"--protocol {p.protocol.lower()}" + (f" or --port {p.name}" if p.name else "")
-                           for p in cands)
-            raise InputError(f"port {port} of service {svc.key} is served over "
-                             f"{' and '.join(protos)}: choose one ({by})", "--port")
-        raise InputError(f"service {svc.key} has several ports ({has}): choose one with --port",
-                         "--port")
-    return cands[0]
-
-
-def check_port(n: int, option: str) -> int:
-    if not 1 <= n <= 65535:
-        raise InputError(f"{n} is not a port number (1-65535)", option)
-    return n

@@ -17,6 +17,8 @@ from traceflow.walk.state import (HOST_ZONE, MAX_LOCATIONS, AtBpf, AtHost, AtOvs
 def policy_intent(walk: Walk, q: Query, trace) -> None:
     """A path the datapath delivered that the NetworkPolicies as written deny is called out
     (and a drop elsewhere they would also make)."""
+    if q.source is None:        # a node's or an outside client's: no pod for policies
+        return
     from traceflow.walk.intent import note_disagreements
     note_disagreements(walk.cluster, q.source, q.protocol.upper(), trace)
 

@@ -4,10 +4,14 @@
     namespace: default                   # default namespace for names below
     expectations:
       - name: frontend reaches the backends
-        from: frontend                   # pod | ns/pod | deploy/NAME | label selector | IP
-        to: svc/backendsvc:80            # svc/NAME[:PORT] | pod/NAME | ns/pod | IP
-        expect: delivered                # delivered | dropped | dropped-by-policy | unknown
-        branches: all                    # delivered on every branch (all) or one (any)
+        from: frontend                   # pod | ns/pod | deploy/NAME | label selector | IP |
+                                         # node/NAME | an outside address (203.0.113.7)
+        to: svc/backendsvc:80            # svc/NAME[:PORT] | pod/NAME | ns/pod | IP[:PORT] |
+                                         # node/NAME[:PORT] | NODE_IP:NODEPORT | 1.1.1.1:443
+        via: node1                       # the node an outside client enters by (LB, externalIP)
+        expect: delivered                # delivered | dropped | dropped-by-policy | unknown |
+                                         # a disposition: left-cluster, rejected, delivered-host ...
+        branches: all                    # on every branch (all) or one (any)
         policy: default/backendpolicy    # dropped-by-policy: the policy that must drop it
         allow-unknown: false             # an unknown verdict fails unless this is true
         protocol: TCP                    # default: the Service port's, else TCP
@@ -24,10 +28,15 @@ import yaml
 
 from traceflow.model.errors import InputError
 
-EXPECTS = ("delivered", "dropped", "dropped-by-policy", "unknown")
+# verdicts (delivered, dropped, unknown; dropped-by-policy is dropped-policy's older name) and
+# every disposition (traceflow.trace.Disposition)
+DISPOSITIONS = ("delivered-pod", "delivered-host", "left-cluster", "dropped-policy",
+                "dropped-rule", "no-route", "no-neighbour", "no-backend", "rejected",
+                "table-miss", "loop")
+EXPECTS = ("delivered", "dropped", "dropped-by-policy", "unknown") + DISPOSITIONS
 TOP_KEYS = {"suite", "namespace", "expectations"}
 KEYS = {"name", "from", "to", "expect", "branches", "policy", "allow-unknown", "protocol", "port",
-        "namespace", "src-port"}
+        "namespace", "src-port", "via"}
 MAX_BYTES = 8 * 1024 * 1024     # a suite is hand-written; refuse anything absurd
 
 
@@ -45,6 +54,7 @@ class Expectation:
     port: int | None = None
     namespace: str = "default"
     src_port: int = 54321
+    via: str | None = None          # the node an outside client's packet enters by
     key_lines: dict = field(default_factory=dict)   # key -> its line, for located errors
 
     def line_of(self, key: str) -> int:
@@ -135,13 +145,13 @@ def _expectation(file: str, node, path: str, namespace: str) -> Expectation:
     if branches not in ("all", "any"):
         raise SuiteError(file, m["branches"][1], f"{path}.branches",
                          f"{branches!r}: use all (every branch) or any (at least one)")
-    if "branches" in m and expect != "delivered":
+    if "branches" in m and expect not in ("delivered",) + DISPOSITIONS:
         raise SuiteError(file, m["branches"][1], f"{path}.branches",
-                         "only applies to expect: delivered")
+                         "only applies to expect: delivered or a disposition")
     policy = _scalar(file, m, "policy", str, None, path)
-    if policy is not None and expect != "dropped-by-policy":
+    if policy is not None and expect not in ("dropped-by-policy", "dropped-policy"):
         raise SuiteError(file, m["policy"][1], f"{path}.policy",
-                         "only applies to expect: dropped-by-policy")
+                         "only applies to expect: dropped-by-policy (or dropped-policy)")
     protocol = _scalar(file, m, "protocol", str, None, path)
     if protocol is not None:
         protocol = protocol.upper()
@@ -151,11 +161,12 @@ def _expectation(file: str, node, path: str, namespace: str) -> Expectation:
     port = _port(file, m, "port", path)
     src_port = _port(file, m, "src-port", path) or 54321
     ns = _scalar(file, m, "namespace", str, namespace, path)
+    via = _scalar(file, m, "via", str, None, path)
     return Expectation(
         name=name, source=_endpoint(file, m, "from", path), line=node.start_mark.line + 1,
         destination=_endpoint(file, m, "to", path), expect=expect, branches=branches,
         policy=policy, allow_unknown=bool(_scalar(file, m, "allow-unknown", bool, False, path)),
-        protocol=protocol, port=port, namespace=ns, src_port=src_port,
+        protocol=protocol, port=port, namespace=ns, src_port=src_port, via=via,
         key_lines={k: v.start_mark.line + 1 for k, (_, v) in m.items()})
 
 

@@ -7,6 +7,12 @@ to the next location or to an end (delivered, dropped, unknown). Which component
 the CNI's business (the Datapath given to the walk); the kernel host stack is shared. Conntrack
 state travels with each branch per node, so the reply leg sees the entries the request leg
 committed and NAT is undone where the real datapath undoes it.
+
+A leg starts where its sender is (``traceflow.walk.endpoints``): a pod's eth0, a node's local
+output (the node itself or a hostNetwork pod), or an interface of the node an outside packet
+enters (the Datapath's ``enter_from_outside``). It ends with a disposition
+(``traceflow.trace.Disposition``); the reply starts where the request ended: at the pod or
+node that received it, or outside, at the interface the request left by.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from traceflow.bundle import kube
 from traceflow.model.errors import InputError
 from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.bundle.snapshot import Missing, Snapshot
-from traceflow.model.trace import Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.walk.endpoints import Kind
 from traceflow.walk.host import HostStack
 from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
 
@@ -43,29 +50,32 @@ class Walk:
     def trace(self, q: Query) -> Trace:
         trace = Trace(q.as_dict())
         self.query = q
+        self.warnings.extend(q.assumptions)
         first = self._initial_packet(q)
         start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(first, q))])
-        if q.service is None:       # pod-to-pod: the destination pod, hostNetwork ones too
+        if q.service is None and q.dst.kind is Kind.POD:   # the destination pod, hostNetwork too
             start.target = q.destination_label
-        branches = self._walk_leg(start, q.source, first, q)
+        branches = self._request(start, first, q)
         paths = []
         for b in branches:
             verdict, drop, endpoint = b.end
-            if verdict == Verdict.DELIVERED and q.reply and not isinstance(endpoint, kube.Pod):
-                # delivered to an address no pod object of the bundle describes (an object
-                # without name or IP, an endpoint outside the cluster): no reply to walk
+            if verdict == Verdict.DELIVERED and q.reply and b.disposition is \
+                    Disposition.DELIVERED_POD and not isinstance(endpoint, kube.Pod):
+                # delivered to a pod address no pod object of the bundle describes (an object
+                # without name or IP): no reply to walk
                 why = (f"the reply from {endpoint or 'the endpoint'} is not traced: no pod of "
                        "k8s/pods.yaml has that address (a damaged or missing pod object?)")
                 self.warnings.append(why)
                 path = self._path(b, endpoint)
                 path.verdict = Verdict.UNKNOWN
-                path.drop = path.drop or Drop("?", "pod", None, None, why)
+                path.drop = path.drop or Drop("?", "pod", None, None, why, Disposition.UNKNOWN)
+                path.disposition = Disposition.UNKNOWN
                 paths.append(path)
             elif verdict == Verdict.DELIVERED and q.reply:
                 for rb in self._reply(b, endpoint, q):
-                    paths.append(self._path(rb, endpoint))
+                    paths.append(self._path(rb, endpoint, b))
             else:
-                paths.append(self._path(b, endpoint))
+                paths.append(self._path(b, endpoint, b))
         if q.endpoint:
             paths = [p for p in paths if _endpoint_matches(p.endpoint, q.endpoint)]
             if not paths:
@@ -78,28 +88,51 @@ class Walk:
         annotate(self.snap, trace)
         return trace
 
-    def _path(self, b: Branch, endpoint) -> Path:
+    def _path(self, b: Branch, endpoint, request: Branch | None = None) -> Path:
         verdict, drop, _ = b.end
         if verdict == Verdict.DELIVERED:
             b.set_verdicts(Verdict.DELIVERED, only_unknown=True)
         name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or b.target)
-        return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices)
+        # the path's disposition: how the request ended, unless the reply then failed (a
+        # reply the walk cannot decide leaves the request's: the verdict says unknown)
+        request = request if request is not None else b
+        disposition, exit = request.disposition, request.exit
+        if b is not request and verdict == Verdict.DROPPED:
+            disposition, exit = b.disposition, b.exit
+        return Path(name, round(b.weight, 6), verdict, drop, b.legs, b.choices, disposition,
+                    exit)
 
     # ---- the first packet ------------------------------------------------------------------
     def _initial_packet(self, q: Query) -> Packet:
-        return Packet(nw_src=q.source.ip, nw_dst=q.dst_ip, nw_proto=PROTO_NUMBERS[q.protocol.lower()],
+        return Packet(nw_src=q.src.address, nw_dst=q.dst_ip,
+                      nw_proto=PROTO_NUMBERS[q.protocol.lower()],
                       tp_src=q.src_port, tp_dst=q.dst_port,
                       tcp_flags="syn" if q.protocol == "TCP" else None)
+
+    def _request(self, branch: Branch, packet: Packet, q: Query) -> list[Branch]:
+        """The request leg from the query's source: a pod, a node, or outside the cluster
+        (one branch per node it may enter, each its share of the clients)."""
+        src = q.src
+        if src.kind is Kind.POD:
+            return self._walk_leg(branch, src.pod, packet, q)
+        if src.kind is Kind.NODE:
+            return self._from_node(branch, src.node, packet, q)
+        nodes = list(q.entry_nodes)
+        out = []
+        for node in nodes:
+            nb = branch.fork() if len(nodes) > 1 else branch
+            if len(nodes) > 1:
+                nb.weight /= len(nodes)
+                nb.choices.append(f"enters at {node} (assumed: each of {len(nodes)} nodes gets "
+                                  f"an equal share of the clients; --via NODE picks one)")
+            out.extend(self._from_outside(nb, node, packet.copy(), q, entering=True))
+        return out
 
     def _walk_leg(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query) -> list[Branch]:
         """From a pod's eth0 (or a hostNetwork pod's node stack) to wherever the packet ends."""
         if pod.host_network:        # sent by the node's own stack, not through the CNI
-            from traceflow.walk import hostnet
-            try:
-                starts = hostnet.send(self.host, branch, pod, packet, AtHost)
-            except Missing as miss:
-                return [self.missing(branch, pod.node or "?", "route", miss)]
-            return [d for b, loc in starts for d in ([b] if loc is None else self._run(b, loc, q))]
+            from traceflow.walk.hostnet import Sender
+            return self._local_output(branch, Sender(pod.node, pod.key, pod.ip, True), packet, q)
         try:
             start = self.datapath.leave_pod(branch, pod, packet, q)
         except Missing as miss:
@@ -107,6 +140,82 @@ class Walk:
         if start is None:
             return [branch]
         return self._run(branch, start, q)
+
+    def _from_node(self, branch: Branch, node: str, packet: Packet, q: Query) -> list[Branch]:
+        from traceflow.walk.hostnet import Sender
+        n = next((x for x in self.cluster.nodes if x.name == node), None)
+        return self._local_output(branch, Sender(node, f"node/{node}",
+                                                 n.internal_ip if n else None), packet, q)
+
+    def _local_output(self, branch: Branch, sender, packet: Packet, q: Query) -> list[Branch]:
+        from traceflow.walk import hostnet
+        try:
+            starts = hostnet.send(self.host, branch, sender, packet, AtHost)
+        except Missing as miss:
+            return [self.missing(branch, sender.node or "?", "route", miss)]
+        return [d for b, loc in starts for d in ([b] if loc is None else self._run(b, loc, q))]
+
+    def _from_outside(self, branch: Branch, node: str, packet: Packet, q: Query,
+                      entering: bool, device: str | None = None) -> list[Branch]:
+        """A packet from outside the cluster arriving on ``node``: on ``device`` (a reply
+        coming back where its request left), else on the interface that holds the address
+        it is sent to, or the node's InternalIP (a LoadBalancer or externalIP is not a node
+        address under kube-proxy iptables/nftables: the network hands it to the node)."""
+        try:
+            device = device or self._entry_device(node, packet.nw_dst)
+        except Missing as miss:
+            return [self.missing(branch, node, "underlay", miss)]
+        whom = (f"{packet.nw_src} (outside the cluster) sends to {packet.nw_dst}:"
+                f"{packet.tp_dst}" if entering else
+                f"the answer from {packet.nw_src}:{packet.tp_src} (outside the cluster)")
+        note = ("assumed: the network outside the cluster delivers it to this node's interface"
+                if entering else f"assumed: {packet.nw_src} answers, and the network routes the "
+                f"answer back to {packet.nw_dst}, the address the request left with")
+        branch.add(Hop(node, "underlay", device, None,
+                       f"{whom}; it arrives on {node}'s {device}", packet=packet.headers(),
+                       detail="entry", notes=[note]))
+        branch.entry = (node, device)
+        try:
+            start = self.datapath.enter_from_outside(branch, node, device, packet, q)
+        except Missing as miss:
+            return [self.missing(branch, node, "underlay", miss)]
+        if start is None:
+            return [branch]
+        return self._run(branch, start, q)
+
+    def _entry_device(self, node: str, address: str) -> str:
+        model = self.snap.node(node)
+        if not model.interfaces:
+            raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface of {node} the packet "
+                                                       "arrives on")
+        n = next((x for x in self.cluster.nodes if x.name == node), None)
+        for want in (address, n.internal_ip if n else None):
+            for iface in model.interfaces:
+                # an address held by a device that cannot receive from the network (a NOARP
+                # dummy such as kube-ipvs0, lo) arrives by the node's own interface instead
+                if iface.name == "lo" or "NOARP" in iface.flags:
+                    continue
+                if want and any(a.address == want for a in iface.ipv4()):
+                    return iface.name
+        raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface holding {node}'s InternalIP "
+                                                   f"{n.internal_ip if n else '?'}")
+
+    def arrive(self, branch: Branch, node: str, packet: Packet):
+        """Where a packet another node sends to ``node``'s own address goes first (the
+        network between nodes is assumed to deliver it to the interface holding it)."""
+        device = self._entry_device(node, packet.nw_dst)
+        return self.datapath.enter_from_outside(branch, node, device, packet, self.query)
+
+    def meant_to_leave(self, b: Branch, pkt: Packet) -> bool:
+        """Whether a packet leaving the cluster towards ``pkt.nw_dst`` is where this leg was
+        going: the outside destination, the outside client (reply), or a Service backend
+        outside the pod network that the load balancer chose."""
+        q = self.query
+        if b.leg.direction == "reply":
+            return q.src.kind is Kind.EXTERNAL and pkt.nw_dst == q.src.address
+        if q.dst.kind is Kind.EXTERNAL:
+            return True
+        return q.service is not None and b.target == pkt.nw_dst and pkt.nw_dst != q.dst_ip
 
     # ---- the walk ---------------------------------------------------------------------------
     def _run(self, branch: Branch, start, q: Query) -> list[Branch]:
@@ -120,7 +229,7 @@ class Walk:
                 b.add(Hop(getattr(loc, "node", "?"), component, None, None,
                           "the packet keeps going round: loop detected", unknown=True))
                 done.append(b.finish(Verdict.UNKNOWN, Drop(loc.node, component, None, None,
-                                                           "forwarding loop")))
+                                                           "forwarding loop", Disposition.LOOP)))
                 continue
             step = self.components.get(type(loc))
             if step is None:   # a datapath handing on to a place nobody models is a bug
@@ -139,10 +248,13 @@ class Walk:
 
     def missing(self, b: Branch, node: str, component: str, miss: Missing) -> Branch:
         b.add(Hop(node, component, None, None, f"cannot continue: {miss}", unknown=True))
-        return b.finish(Verdict.UNKNOWN, Drop(node, component, None, None, str(miss)))
+        return b.finish(Verdict.UNKNOWN, Drop(node, component, None, None, str(miss),
+                                              Disposition.UNKNOWN))
 
     # ---- reply --------------------------------------------------------------------------------
-    def _reply(self, b: Branch, server: kube.Pod, q: Query) -> list[Branch]:
+    def _reply(self, b: Branch, server, q: Query) -> list[Branch]:
+        """The answer, from where the request ended back to the source; it must arrive from
+        the address the source talked to (conntrack's un-NAT), else the source resets."""
         b.set_verdicts(Verdict.DELIVERED)
         request_pkt = b.final_packet
         rb = b.fork()
@@ -150,24 +262,70 @@ class Walk:
         reply = request_pkt.reversed()
         rb.start_leg("reply", describe(reply, None))
         results = []
-        for done in self._walk_leg(rb, server, reply, q):
+        for done in self._reply_leg(rb, b, server, reply, q):
             verdict, drop, endpoint = done.end
             if verdict == Verdict.DELIVERED:
-                got = done.final_packet
-                if endpoint is not q.source and endpoint != q.source:
-                    done.finish(Verdict.DROPPED, Drop(endpoint.node if endpoint else "?", "pod",
-                                                      None, None,
-                                                      f"the reply reaches {endpoint.key if endpoint else '?'} "
-                                                      f"instead of {q.source.key}"))
-                elif (got.nw_src, got.tp_src) != (q.dst_ip, q.dst_port):
-                    last = next(done.leg.last_hops())
-                    done.finish(Verdict.DROPPED, Drop(last.node, "pod", None, None,
-                                                      f"the reply arrives from {got.nw_src}:{got.tp_src}, "
-                                                      f"but {q.source.key} talked to {q.dst_ip}:{q.dst_port}: "
-                                                      "the un-NAT did not happen, the client resets"))
+                self._check_reply(done, endpoint, b, q)
             done.end = (done.end[0], done.end[1], server)
             results.append(done)
         return results
+
+    def _reply_leg(self, rb: Branch, request: Branch, server, reply: Packet, q: Query) -> list:
+        how = request.disposition
+        if how is Disposition.LEFT_CLUSTER:       # the outside server answers
+            exit = request.exit
+            return self._from_outside(rb, exit.node, reply, q, entering=False,
+                                      device=exit.device)
+        if request.handoff is not None:           # a host-only bundle: back through the gateway
+            node, device = request.handoff
+            rb.add(Hop(node, "pod", None, None,
+                       f"{server.key if isinstance(server, kube.Pod) else server} answers; "
+                       f"assumed: the answer comes back to the host through {device} (the "
+                       f"CNI's datapath is not in the bundle)", packet=reply.headers(),
+                       detail="pod", notes=["assumption: host-only bundle"]))
+            return self._run(rb, AtHost(node, device, reply), q)
+        if how is Disposition.DELIVERED_HOST and not isinstance(server, kube.Pod):
+            return self._from_node(rb, str(server).removeprefix("node/"), reply, q)
+        if isinstance(server, kube.Pod):
+            return self._walk_leg(rb, server, reply, q)
+        why = f"the reply's sender {server} is not a pod of the bundle: not traced"
+        node = next(request.leg.last_hops()).node
+        rb.add(Hop(node, "pod", None, None, why, unknown=True))
+        return [rb.finish(Verdict.UNKNOWN, Drop(node, "pod", None, None, why,
+                                                Disposition.UNKNOWN))]
+
+    def _check_reply(self, done: Branch, endpoint, request: Branch, q: Query) -> None:
+        """The reply reached the source's side: is it the source, from the right address?"""
+        got = done.final_packet
+        src = q.src
+        where = next(done.leg.last_hops())
+        if src.kind is Kind.EXTERNAL:
+            reached = done.disposition is Disposition.LEFT_CLUSTER and got.nw_dst == src.address
+            entered = request.entry[0] if request.entry else None
+            left = done.exit.node if done.exit else None
+            if reached and entered and left and left != entered:
+                self.warnings.append(
+                    f"the reply to {src.address} leaves the cluster by {left}, not by {entered} "
+                    f"where the request entered: asymmetric (a load balancer or firewall that "
+                    "tracks connections in front of the nodes drops it)")
+                done.choices.append(f"reply leaves by {left}, the request entered at {entered}")
+        elif src.kind is Kind.NODE:
+            reached = endpoint == src.key
+        else:
+            reached = endpoint is q.source or endpoint == q.source
+        if not reached:
+            name = endpoint.key if isinstance(endpoint, kube.Pod) else (endpoint or "?")
+            node = endpoint.node if isinstance(endpoint, kube.Pod) else where.node
+            # the wrong receiver has no such connection: its stack answers with a reset
+            done.finish(Verdict.DROPPED, Drop(node or "?", "pod", None, None,
+                                              f"the reply reaches {name} instead of {src.key}",
+                                              Disposition.REJECTED))
+        elif (got.nw_src, got.tp_src) != (q.dst_ip, q.dst_port):
+            done.finish(Verdict.DROPPED, Drop(where.node, "pod", None, None,
+                                              f"the reply arrives from {got.nw_src}:{got.tp_src}, "
+                                              f"but {src.key} talked to {q.dst_ip}:{q.dst_port}: "
+                                              "the un-NAT did not happen, the client resets",
+                                              Disposition.REJECTED), None, None, done.exit)
 
     # ---- kept for callers of the one-class solver ------------------------------------------
     def _arp_via_ovs(self, node_name, node, dev, target):

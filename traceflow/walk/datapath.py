@@ -4,6 +4,25 @@ A Datapath knows its CNI's places and conventions; the solver core and the host 
 only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
 gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
 the hooks of lxc, native and overlay devices).
+
+Where a leg starts and ends (traceflow.walk.core, by the query's typed ends):
+
+- a pod sends: ``leave_pod``; a node's own stack sends or receives: the shared host stack
+  (``traceflow.walk.hostnet``), no hook;
+- a packet from outside the cluster (a client of a NodePort, LoadBalancer or externalIP; the
+  answer of an outside server; another node's packet for this node's address) arrives on a
+  node's interface: ``enter_from_outside`` (default: the kernel's host stack);
+- the host stack sends out of a device: ``host_output`` claims it for the CNI's datapath, or
+  returns None and the packet leaves the node: to another node's address (the underlay), else
+  out of the cluster (``HostStack.leave_cluster``: disposition ``left-cluster``, with the
+  addresses it left with; a datapath that sends out of the node itself, e.g. a BPF program
+  redirecting to the native device, calls it too);
+- ``untraced_gateway``: the device where the host hands pods' packets to a datapath whose
+  files the bundle lacks (host-only bundles): the walk stops there and says what it assumes.
+
+Every end a datapath makes states its disposition (``traceflow.trace.Disposition``) on its
+``Drop`` (or to ``Branch.finish``): dropped-policy naming the policies, dropped-rule,
+table-miss, no-backend, rejected, no-route, unknown ... never to be derived from the text.
 """
 
 from __future__ import annotations
@@ -62,4 +81,25 @@ class Datapath:
         return None
 
     def describe_mac(self, mac):
+        return None
+
+    # ---- traffic from and to outside the cluster -------------------------------------------
+    def enter_from_outside(self, branch, node_name: str, device: str, packet, q):
+        """Where a packet from outside the cluster (a client of a NodePort, LoadBalancer or
+        externalIP, or the answer of an outside server) goes first when it arrives on
+        ``node_name``'s ``device``: the next Location, or None when the branch already ended.
+
+        The default is the kernel's host stack (``AtHost`` with that interface), which is where
+        kube-proxy's rules and every iptables-based datapath see it. A datapath that handles
+        such packets before the kernel overrides it (Cilium with kube-proxy replacement:
+        ``from-netdev`` on the native device, nodeport_lb4; Antrea with proxyAll: the host
+        stack, then OVS through the gateway with its NodePortMark)."""
+        return AtHost(node_name, device, packet)
+
+    def untraced_gateway(self, node_name: str, node):
+        """(device, missing file) when ``node_name`` lacks the files of this datapath's own
+        part altogether (a host-only bundle, e.g. kube-proxy rules without OVS flows) and
+        ``device`` is where the host stack hands pods' packets to it; else None. The walk then
+        stops at that device and says what it assumes (the pod owning the address receives it,
+        its reply comes back through the same device)."""
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import Missing, NodeModel
-from traceflow.model.trace import Drop, Hop, Verdict
+from traceflow.model.trace import Disposition, Drop, Exit, Hop, Verdict
 from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
 from traceflow.walk.ct_hop import ct_hop as _ct_hop
@@ -103,7 +103,8 @@ class HostStack:
         hop = Hop(node, component, step.table, step.rule.text if step.rule is not None else None,
                   step.effect, chain=step.chain,
                   source=step.rule.source if step.rule is not None else None,
-                  matched=tuple(step.matched), unknown=step.unknown)
+                  matched=tuple(step.matched), unknown=step.unknown,
+                  detail="ipvs" if component == "ipvs" else "netfilter-rule")
         if any(word in step.effect.upper() for word in ("DNAT", "SNAT", "MASQUERADE", "MARK")):
             hop.packet = nf.packet.headers()
             hop.changed = nf.packet.diff(before)
@@ -111,15 +112,19 @@ class HostStack:
 
     @staticmethod
     def _nf_end(b: Branch, node: str, component: str, nf) -> Branch:
-        """A branch the hook did not accept: dropped, rejected, or not decidable."""
+        """A branch the hook did not accept: dropped (a DROP rule or policy: dropped-rule),
+        rejected (REJECT, or IPVS answering ICMP for a service without real servers:
+        rejected, as the client sees it), or not decidable (unknown)."""
         last = nf.steps[-1] if nf.steps else None
         rule = last.rule.text if last is not None and last.rule is not None else None
         table = last.table if last is not None else None
         if nf.verdict == "UNKNOWN":
             return b.finish(Verdict.UNKNOWN, Drop(node, component, table, rule,
-                                                  last.effect if last else "unknown"))
+                                                  last.effect if last else "unknown",
+                                                  Disposition.UNKNOWN))
         reason = f"{nf.verdict} in {last.table}/{last.chain}: {last.effect}" if last else nf.verdict
-        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason))
+        disposition = Disposition.REJECTED if nf.verdict == "REJECT" else Disposition.DROPPED_RULE
+        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason, disposition))
 
     def _route_and_forward(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
                            new_conn: bool, orig_tuple, late_src) -> list:
@@ -127,12 +132,7 @@ class HostStack:
         serves is load-balanced at INPUT and leaves again as a locally sent packet."""
         dec = self._route(b, loc.node, node, pkt, iif=loc.iif)
         if dec.kind == "local":
-            from traceflow.walk import hostnet  # for a hostNetwork pod of this trace: delivered
-            pod = hostnet.local_receiver(self.cluster, self.walk.query, loc.node, pkt,
-                                           b.leg.direction)
-            if pod is not None:
-                return hostnet.receive(self, b, loc, node, pkt, ctx, late_src, pod)
-            return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec)
+            return self._local_input(b, loc, node, pkt, ctx, new_conn, orig_tuple, dec, late_src)
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
@@ -156,14 +156,17 @@ class HostStack:
         route = dec.route
         b.add(Hop(node_name, "route", dec.table, route.text if route is not None else None,
                   dec.reason, source=route.source if route is not None else None,
-                  notes=list(dec.steps)))
+                  notes=list(dec.steps), detail="route"))
         return dec
 
     @staticmethod
     def _no_route(b: Branch, node_name: str, dec) -> Branch:
+        # blackhole, unreachable, prohibit, no route at all: the kernel does not send it
+        # (prohibit/unreachable answer ICMP, still no route: fib_lookup fails)
         return b.finish(Verdict.DROPPED, Drop(node_name, "route", dec.table,
                                               dec.route.text if dec.route else None,
-                                              f"no usable route: {dec.reason}"))
+                                              f"no usable route: {dec.reason}",
+                                              Disposition.NO_ROUTE))
 
     def _postrouting(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, ctx, dec):
         ctx.masquerade_ip = _primary_ip(node.interface(dec.dev))
@@ -184,11 +187,13 @@ class HostStack:
                 before, opkt = opkt, opkt.copy()
                 opkt.nw_src, opkt.tp_src = ip, port
                 ob.add(_ct_hop(loc.node, entry, is_reply, before, opkt, "POSTROUTING"))
-            if new_conn and _tuple(opkt) != orig_tuple:
+            if new_conn:
+                # the kernel confirms every new connection it forwards or sends (nf_confirm at
+                # POSTROUTING), NAT or not: its reply is ESTABLISHED, the nat table skipped
                 nat_kind = "+".join(k for k, changed in
                                     (("dst", (opkt.nw_dst, opkt.tp_dst) != (orig_tuple[3], orig_tuple[4])),
                                      ("src", (opkt.nw_src, opkt.tp_src) != (orig_tuple[1], orig_tuple[2])))
-                                    if changed)
+                                    if changed) or None
                 ob.ct(loc.node).commit(HOST_ZONE, orig_tuple, _tuple(opkt),
                                        where=f"{loc.node} kernel conntrack", nat=nat_kind)
             try:
@@ -198,22 +203,40 @@ class HostStack:
         return results
 
     def _local_input(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
-                     new_conn: bool, orig_tuple, dec) -> list:
-        ipvs = node.ipvs
-        branches = ipvs.evaluate(pkt) if ipvs is not None and new_conn else None
-        if branches is None:
-            why = ("the packet goes up to the host's own sockets" if ipvs is None or new_conn
-                   else "a reply to an IPVS connection is un-NAT-ed by conntrack before this")
-            # the INPUT hook decides first whether it gets there (a NodePort without
-            # endpoints is rejected, one without local endpoints dropped, in filter INPUT)
-            ctx.out_iface = None
-            return [(ib if ib.end else ib.finish(
-                        Verdict.UNKNOWN, Drop(loc.node, "route", dec.table,
-                                              dec.route.text if dec.route else None,
-                                              f"{pkt.nw_dst} is local to {loc.node}: {why}")),
-                     None)
-                    for ib, _, _ in self._netfilter(b, node.netfilter, "INPUT", pkt, ctx,
-                                                    loc.node)]
+                     new_conn: bool, orig_tuple, dec, late_src=None) -> list:
+        """Local delivery (ip_local_deliver): the INPUT hook, then IPVS for a new connection to
+        one of its virtual services (ip_vs_remote_request4 sits on LOCAL_IN at priority
+        NF_IP_PRI_NAT_SRC - 2, after the filter table; the nat table's INPUT chain, empty under
+        kube-proxy, runs here before it), else the node's own sockets: delivered when the node
+        or a hostNetwork pod on it is the end of this leg."""
+        from traceflow.walk import hostnet
+        ipvs = node.ipvs if new_conn else None
+        receiver = hostnet.local_receiver(self.cluster, self.walk.query, loc.node, pkt,
+                                          b.leg.direction)
+        ctx.out_iface = None
+        results, outcomes = [], []
+        for ib, ipkt, _ in self._netfilter(b, node.netfilter, "INPUT", pkt, ctx, loc.node):
+            if ib.end:
+                results.append((ib, None))
+                continue
+            branches = ipvs.evaluate(ipkt) if ipvs is not None else None
+            if branches is not None:
+                outcomes.extend(self._ipvs(ib, loc, node, ipkt, ctx, branches))
+            elif receiver is not None:
+                results.append((hostnet.receive(self, ib, loc, node, ipkt, late_src, receiver,
+                                                orig_tuple if new_conn else None), None))
+            else:
+                why = ("the packet goes up to the host's own sockets"
+                       if node.ipvs is None or new_conn
+                       else "a reply to an IPVS connection is un-NAT-ed by conntrack before this")
+                results.append((ib.finish(Verdict.UNKNOWN, Drop(
+                    loc.node, "route", dec.table, dec.route.text if dec.route else None,
+                    f"{ipkt.nw_dst} is local to {loc.node}: {why}", Disposition.UNKNOWN)), None))
+        return results + self._send_all(outcomes, loc, node, new_conn, orig_tuple)
+
+    def _ipvs(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx, branches) -> list:
+        """IPVS's choice of real server (ipvsadm -Ln: one branch per real server, by its
+        scheduler's shares); the translated packet leaves as IPVS sends it."""
         outcomes = []
         for nf in branches:
             nb = b.fork() if len(branches) > 1 else b
@@ -226,7 +249,7 @@ class HostStack:
                     nb.choices.append(f"{loc.node} IPVS: real server {nf.nat.translated[0]}:"
                                       f"{nf.nat.translated[1]} ({nf.weight:.0%} of new connections)")
             if nf.verdict != "ACCEPT":
-                outcomes.append((self._nf_end(nb, loc.node, "ipvs", nf), nf.packet, dec))
+                outcomes.append((self._nf_end(nb, loc.node, "ipvs", nf), nf.packet, None))
                 continue
             # IPVS sends the translated packet out itself: an output route lookup for the real
             # server, by destination only (the client's source address is kept, not checked)
@@ -238,18 +261,28 @@ class HostStack:
             sent = nf.packet.copy()
             sent.nw_ttl -= 1      # IPVS forwards a client's packet: TTL - 1 (ip_vs_xmit.c)
             outcomes.extend(self._postrouting(nb, loc.node, node, sent, ctx, odec))
-        return self._send_all(outcomes, loc, node, new_conn, orig_tuple)
+        return outcomes
 
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
         from traceflow.engines.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
+        untraced = self.datapath.untraced_gateway(loc.node, node)
+        if untraced is not None and dec.dev == untraced[0]:
+            return (self._into_untraced(b, loc, pkt, *untraced), None)
         iface = node.interface(dec.dev)
         before = pkt.copy()
         pkt = pkt.copy()
         if iface is not None and iface.mac:
             pkt.dl_src = iface.mac
         neigh = node.neighbours
-        if neigh is None:
+        if iface is not None and "NOARP" in iface.flags and iface.mac:
+            # a NOARP device (cilium_host, tunnels): no neighbour lookup; the kernel's entry is
+            # NUD_NOARP with the device's own address (net/ipv4/arp.c, arp_constructor)
+            result_mac, text, src, ok = iface.mac, None, iface.source, True
+            reason = (f"{dec.dev} is a NOARP device ({iface.source.file}:{iface.source.line}): "
+                      f"no neighbour lookup for {nexthop}, the frame goes to {dec.dev}'s own "
+                      f"address {iface.mac}")
+        elif neigh is None:
             result_mac, text, src, ok = None, None, None, None
             reason = f"needs nodes/{loc.node}/ip-neigh.txt to resolve {nexthop} on {dec.dev}"
         else:
@@ -269,34 +302,110 @@ class HostStack:
         if result_mac:
             pkt.dl_dst = result_mac
         b.add(Hop(loc.node, "neigh", dec.dev, text, reason, source=src, packet=pkt.headers(),
-                  changed=pkt.diff(before), notes=notes, unknown=ok is None and not result_mac))
+                  changed=pkt.diff(before), notes=notes, unknown=ok is None and not result_mac,
+                  detail="neighbour"))
         if ok is False:
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "neigh", dec.dev, text,
-                                                   f"neighbour unreachable: {reason}")), None)
+                                                   f"neighbour unreachable: {reason}",
+                                                   Disposition.NO_NEIGHBOUR)), None)
         if not result_mac:
-            return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "neigh", dec.dev, text, reason)), None)
+            return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "neigh", dec.dev, text, reason,
+                                                   Disposition.UNKNOWN)), None)
         # a device of the CNI's datapath (Antrea's gateway into OVS, Cilium's lxc or native
         # device hooks) takes the packet on; any other device leaves the node
         handed = self.datapath.host_output(b, loc, node, pkt, dec, nexthop)
         if handed is not None:
             return handed
-        return (self._leaves_node(b, loc, pkt, dec, nexthop), None)
+        return self._leaves_node(b, loc, pkt, dec, nexthop)
 
-    def _leaves_node(self, b: Branch, loc: AtHost, pkt: Packet, dec, nexthop: str) -> Branch:
-        """The host sends the packet out of a device no datapath claims: fine for the outside
-        world, wrong for a Pod of this cluster, which must go through the CNI's datapath."""
+    def _leaves_node(self, b: Branch, loc: AtHost, pkt: Packet, dec, nexthop: str) -> tuple:
+        """The host sends the packet out of a device no datapath claims: wrong for a Pod of
+        this cluster, which must go through the CNI's datapath; to another node's address it
+        crosses the network between nodes; anything else leaves the cluster.
+        Returns (branch, next location or None)."""
         owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
         rule = dec.route.text if dec.route is not None else None
         if owner is not None:
             cidr = ", ".join(owner.pod_cidrs)
-            return b.finish(Verdict.DROPPED, Drop(
+            return (b.finish(Verdict.DROPPED, Drop(
                 loc.node, "route", dec.table, rule,
                 f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "
                 f"it out of {dec.dev} via {nexthop}, outside the overlay: the route for {cidr} "
-                f"through the {self.datapath.name} gateway is missing"))
-        return b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", dec.dev, rule,
-                                              f"leaves {loc.node} on {dec.dev} towards {nexthop}: "
-                                              "outside the cluster, not followed further"))
+                f"through the {self.datapath.name} gateway is missing", Disposition.NO_ROUTE)),
+                    None)
+        peer = self.cluster.node_by_ip(pkt.nw_dst)
+        if peer is not None and peer.name != loc.node:
+            return self.to_node(b, loc.node, dec.dev, peer, pkt)
+        return (self.leave_cluster(b, loc.node, dec.dev, nexthop, pkt, dec.table, rule), None)
+
+    def to_node(self, b: Branch, node_name: str, device: str, peer, pkt: Packet):
+        """Across the network between nodes to ``peer``'s own address: it arrives on the
+        interface holding that address (assumed: the underlay delivers to the node that owns
+        the address, as for any node-to-node traffic)."""
+        b.add(Hop(peer.name, "underlay", None, None,
+                  f"{node_name} -> {peer.name} over the network between nodes ({pkt.nw_dst} is "
+                  f"{peer.name}'s address)", packet=pkt.headers(), detail="underlay",
+                  notes=[f"sent out of {node_name}'s {device}; the network between nodes is "
+                         "not in the bundle: assumed to deliver to the node owning the address"]))
+        from traceflow.bundle.snapshot import Missing
+        try:
+            nxt = self.walk.arrive(b, peer.name, pkt)
+        except Missing as miss:
+            return (self.walk.missing(b, peer.name, "underlay", miss), None)
+        return (b, nxt) if nxt is not None else (b, None)
+
+    def leave_cluster(self, b: Branch, node_name: str, device: str, nexthop: str | None,
+                      pkt: Packet, table=None, rule: str | None = None) -> Branch:
+        """The packet leaves ``node_name`` out of ``device`` towards an address outside the
+        cluster: the end of the cluster's part (disposition left-cluster), with the addresses
+        it leaves with. That is the answer when the leg was meant to go there (an outside
+        destination, the reply to an outside client, a Service backend outside the cluster);
+        otherwise what happens next is beyond the bundle (verdict unknown)."""
+        exit = Exit(node_name, device, nexthop, pkt.nw_src, pkt.tp_src, pkt.nw_dst, pkt.tp_dst)
+        meant = self.walk.meant_to_leave(b, pkt)
+        towards = f"towards {nexthop}" if nexthop and nexthop != pkt.nw_dst else "on-link"
+        text = (f"leaves the cluster: {node_name} sends it out of {device} ({towards}) as "
+                f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}")
+        b.add(Hop(node_name, "underlay", device, rule, text, packet=pkt.headers(), detail="exit",
+                  notes=[] if meant else [f"{pkt.nw_dst} is not where this leg was going: what "
+                                          "happens beyond the node is not in the bundle"]))
+        b.final_packet = pkt
+        if meant:
+            return b.finish(Verdict.DELIVERED, None, pkt.nw_dst, Disposition.LEFT_CLUSTER, exit)
+        return b.finish(Verdict.UNKNOWN, Drop(node_name, "underlay", device, rule,
+                                              f"leaves {node_name} on {device} towards "
+                                              f"{nexthop or pkt.nw_dst}: outside the cluster, not "
+                                              "followed further", Disposition.LEFT_CLUSTER),
+                        None, Disposition.LEFT_CLUSTER, exit)
+
+    def _into_untraced(self, b: Branch, loc: AtHost, pkt: Packet, device: str,
+                       missing: str) -> Branch:
+        """The host hands the packet to the CNI on ``device`` of a node whose datapath files
+        the bundle lacks (a host-only bundle): the CNI's part is not traced. The pod that owns
+        the destination is assumed to receive it, and its reply to come back through the same
+        device; both are said."""
+        name = self.datapath.name
+        pod = self.cluster.pod_by_ip(pkt.nw_dst)
+        if pod is None:
+            why = (f"{device} leads into {name}'s datapath, which the bundle does not hold for "
+                   f"{loc.node} (needs {missing}): {pkt.nw_dst} is no pod, so where it goes "
+                   "is not known")
+            b.add(Hop(loc.node, "pod", None, None, why, packet=pkt.headers(), unknown=True,
+                      detail="pod"))
+            return b.finish(Verdict.UNKNOWN, Drop(loc.node, "pod", None, None, why,
+                                                  Disposition.UNKNOWN))
+        self.warnings.append(
+            f"{loc.node}: the bundle has no {missing} (a host-only bundle): a packet the host "
+            f"hands to {name} on {device} is assumed to reach the pod that owns its address, "
+            f"and the pod's reply to come back through {device}; only the host stack is traced")
+        b.add(Hop(loc.node, "pod", None, None,
+                  f"handed to {name} on {device}: {pkt.nw_dst} is {pod.key} on {pod.node}; "
+                  f"{name}'s datapath is not in the bundle (needs {missing}): assumed to "
+                  "deliver it unchanged", packet=pkt.headers(), detail="pod",
+                  notes=["assumption: host-only bundle (the CNI's datapath is not traced)"]))
+        b.handoff = (loc.node, device)
+        b.final_packet = pkt
+        return b.finish(Verdict.DELIVERED, None, pod)
 
 
 def _describe(pkt: Packet, q: Query | None) -> str:

@@ -59,7 +59,8 @@ def note_disagreements(cluster: kube.Cluster, source: kube.Pod, proto: str, trac
             note = ("; ".join(found) + ", yet the datapath delivers the packet: the flows "
                     "disagree with the policy as written (not yet realised by the agent, "
                     "or a policy the bundle lacks)")
-        elif path.drop is not None and "NetworkPolicy" not in (path.drop.reason or ""):
+        elif path.drop is not None and str(getattr(path.drop.disposition, "value",
+                                                   path.drop.disposition)) != "dropped-policy":
             note = ("; ".join(found)
                     + f" (the packet is dropped before that, at {path.drop.component})")
         else:

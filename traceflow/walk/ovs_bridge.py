@@ -59,4 +59,14 @@ def ovs_hop(node: str, hit: TableHit, pkt: Packet, before: Packet, model: NodeMo
                priority=flow.priority if flow else None, table_name=name,
                source=flow.source if flow else None, packet=pkt.headers(),
                changed=pkt.diff(before), matched=flow.match_texts() if flow else (),
-               notes=list(hit.notes), unknown=hit.unknown is not None)
+               notes=list(hit.notes), unknown=hit.unknown is not None,
+               detail="ovs-group" if flow is not None and _uses_group(flow) else "ovs-flow")
+
+
+def _uses_group(flow) -> bool:
+    """Whether the flow's actions send the packet to a group (a select group's buckets)."""
+    from traceflow.engines.ovs.actions import Group
+    try:
+        return any(isinstance(a, Group) for a in flow.actions)
+    except ValueError:
+        return False

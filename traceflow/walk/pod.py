@@ -58,7 +58,7 @@ def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str |
     cannot send (the branch is finished with the reason and file:line); None when the pod has
     no ip-route.txt (the caller falls back to the CNI's conventions and says so)."""
     from traceflow.bundle.podside import first_hop
-    from traceflow.model.trace import Drop, Hop, Verdict
+    from traceflow.model.trace import Disposition, Drop, Hop, Verdict
     hop = first_hop(files, pod.key, pod.ip, packet.nw_dst, cni_gateway, datapath.name)
     if hop is None:
         return None
@@ -66,8 +66,10 @@ def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str |
         verdict = Verdict.DROPPED if hop.drop else Verdict.UNKNOWN
         reason = hop.drop or hop.unknown
         branch.add(Hop(pod.node, "pod", "main", hop.rule, reason, source=hop.source,
-                       unknown=verdict == Verdict.UNKNOWN))
-        branch.finish(verdict, Drop(pod.node, "pod", "main", hop.rule, reason))
+                       unknown=verdict == Verdict.UNKNOWN, detail="route"))
+        branch.finish(verdict, Drop(pod.node, "pod", "main", hop.rule, reason,
+                                    Disposition(hop.drop_disposition) if hop.drop
+                                    else Disposition.UNKNOWN))
         return False
     if hop.mac is None:   # the route is the pod's own, the MAC the CNI's: say which file lacks
         mac, how, convention = mac_of(hop.gateway)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from traceflow.bundle import kube
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.packet import Packet
-from traceflow.model.trace import Drop, Hop, Leg, Verdict
+from traceflow.model.trace import Disposition, Drop, Exit, Hop, Leg, Verdict, typed_detail
+from traceflow.walk.endpoints import Endpoint, Frontend, Kind
 
 MAX_LOCATIONS = 64          # a packet visiting more places than this is looping
 HOST_ZONE = "host"          # the kernel's conntrack, apart from OVS zones
@@ -17,8 +18,11 @@ HOST_ZONE = "host"          # the kernel's conntrack, apart from OVS zones
 
 @dataclass
 class Query:
-    kind: str                       # pod-to-svc | pod-to-pod
-    source: kube.Pod
+    """One question. ``source``/``service`` are the pod and Service of the pod-to-* commands
+    (None when the source is no pod); ``src``/``dst`` are the typed ends of any question
+    (``traceflow.walk.endpoints``), derived from those when a caller gives only them."""
+    kind: str                       # pod-to-svc | pod-to-pod | external-to-nodeport | ...
+    source: kube.Pod | None
     dst_ip: str
     dst_port: int
     protocol: str                   # TCP | UDP | SCTP
@@ -27,11 +31,34 @@ class Query:
     service: kube.Service | None = None
     endpoint: str | None = None     # pin: only paths ending at this pod / IP
     reply: bool = True
+    src: Endpoint | None = None
+    dst: Endpoint | None = None
+    via: str | None = None          # the node an outside packet enters (--via)
+    entry_nodes: tuple = ()         # outside sources: the nodes it may enter, in order
+    assumptions: tuple = ()         # what resolving the ends assumed (said as warnings)
+
+    def __post_init__(self) -> None:
+        if self.src is None and self.source is not None:
+            self.src = Endpoint.of_pod(self.source)
+        if self.dst is None:
+            if self.service is not None:
+                self.dst = Endpoint.of_service(self.service, Frontend.CLUSTERIP, self.dst_ip,
+                                               self.dst_port)
+            else:
+                self.dst = Endpoint(Kind.POD, self.dst_ip, None, self.destination_label)
+
+    @property
+    def source_label(self) -> str:
+        return self.src.key if self.src is not None else "?"
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "source": self.source.key, "destination": self.destination_label,
+        return {"kind": self.kind, "source": self.source_label,
+                "destination": self.destination_label,
                 "protocol": self.protocol, "dst_port": self.dst_port, "src_port": self.src_port,
-                "dst_ip": self.dst_ip}
+                "dst_ip": self.dst_ip,
+                "source_endpoint": self.src.as_dict() if self.src is not None else None,
+                "destination_endpoint": self.dst.as_dict() if self.dst is not None else None,
+                "via": self.via}
 
 
 # ---- branch state -----------------------------------------------------------------------
@@ -41,15 +68,18 @@ class _OpenLeg:
     a fork shares every hop so far with its parent (parent pointers) and adding a hop costs
     the same however long the path is; ``Branch.legs`` materialises them as ``Leg`` lists."""
 
-    __slots__ = ("direction", "verdict", "description", "chain", "count")
+    __slots__ = ("direction", "verdict", "description", "chain", "count", "disposition", "exit")
 
     def __init__(self, direction: str, verdict: Verdict, description: str, chain=None,
-                 count: int = 0):
+                 count: int = 0, disposition: Disposition | None = None,
+                 exit: Exit | None = None):
         self.direction, self.verdict, self.description = direction, verdict, description
         self.chain, self.count = chain, count
+        self.disposition, self.exit = disposition, exit
 
     def copy(self) -> "_OpenLeg":
-        return _OpenLeg(self.direction, self.verdict, self.description, self.chain, self.count)
+        return _OpenLeg(self.direction, self.verdict, self.description, self.chain, self.count,
+                        self.disposition, self.exit)
 
     def add(self, hop: Hop) -> None:
         self.chain = (hop, self.chain)
@@ -80,7 +110,8 @@ class Branch:
     def __init__(self, legs: list, weight: float = 1.0, choices: list | None = None,
                  conntrack: dict | None = None, steps: int = 0, end: tuple | None = None,
                  final_packet: Packet | None = None, target: str | None = None):
-        self._legs = [_OpenLeg(l.direction, l.verdict, l.description) for l in legs]
+        self._legs = [_OpenLeg(l.direction, l.verdict, l.description, None, 0,
+                               l.disposition, l.exit) for l in legs]
         for open_leg, leg in zip(self._legs, legs):
             for hop in leg.hops:
                 open_leg.add(hop)
@@ -92,6 +123,11 @@ class Branch:
         self.end = end                  # (Verdict, Drop | None, endpoint pod or None)
         self.final_packet = final_packet   # the packet as the endpoint received it
         self.target = target               # the backend this branch chose (pod key or IP)
+        self.disposition: Disposition | None = None   # how the current leg ended
+        self.exit: Exit | None = None      # left-cluster: where and as what it left
+        self.entry: tuple | None = None    # (node, device) an outside packet entered by
+        self.handoff: tuple | None = None  # (node, device): handed to a CNI datapath the
+        #                                     bundle lacks (host-only), where replies come back
 
     def fork(self) -> "Branch":
         nb = Branch.__new__(Branch)
@@ -102,12 +138,15 @@ class Branch:
         self._ct_owned = set()
         nb.steps, nb.end = self.steps, None
         nb.final_packet, nb.target = self.final_packet, self.target
+        nb.disposition, nb.exit, nb.entry = None, None, self.entry
+        nb.handoff = self.handoff
         return nb
 
     @property
     def legs(self) -> list:
         """The legs as the trace model has them (hop lists materialised)."""
-        return [Leg(l.direction, l.verdict, l.hops, l.description) for l in self._legs]
+        return [Leg(l.direction, l.verdict, l.hops, l.description, l.disposition, l.exit)
+                for l in self._legs]
 
     def start_leg(self, direction: str, description: str) -> None:
         self._legs.append(_OpenLeg(direction, Verdict.UNKNOWN, description))
@@ -128,6 +167,8 @@ class Branch:
         return self._legs[-1]
 
     def add(self, hop: Hop) -> None:
+        if hop.detail is None:
+            hop.detail = typed_detail(hop)
         self.leg.add(hop)
 
     def ct(self, node: str) -> Conntrack:
@@ -147,10 +188,34 @@ class Branch:
         self.conntrack[node] = conntrack
         self._ct_owned.add(node)
 
-    def finish(self, verdict: Verdict, drop: Drop | None = None, endpoint=None) -> "Branch":
+    def finish(self, verdict: Verdict, drop: Drop | None = None, endpoint=None,
+               disposition: Disposition | None = None, exit: Exit | None = None) -> "Branch":
+        """End the current leg. The disposition is the one its maker states (on the Drop, or
+        here); a delivery to a pod or a node's stack, or an unknown, says itself."""
+        if disposition is None and drop is not None:
+            disposition = drop.disposition
+        if disposition is None:
+            disposition = _implied(verdict, endpoint)
+        if drop is not None and drop.disposition is None:
+            drop.disposition = disposition
         self.end = (verdict, drop, endpoint)
         self.leg.verdict = verdict
+        self.leg.disposition = disposition
+        self.leg.exit = exit
+        self.disposition, self.exit = disposition, exit
         return self
+
+
+def _implied(verdict: Verdict, endpoint) -> Disposition:
+    """The disposition only the verdict and the receiver tell: a delivery (to a pod, or to
+    a hostNetwork pod's node stack) or an unknown. A drop always states its own."""
+    if verdict == Verdict.UNKNOWN:
+        return Disposition.UNKNOWN
+    if verdict == Verdict.DELIVERED:
+        if isinstance(endpoint, kube.Pod) and endpoint.host_network:
+            return Disposition.DELIVERED_HOST
+        return Disposition.DELIVERED_POD
+    raise AssertionError("a dropped leg must state its disposition (traceflow.trace.Disposition)")
 
 
 # ---- locations: (node, place) ---------------------------------------------------------------
@@ -206,7 +271,7 @@ def describe(pkt: Packet, q: Query | None) -> str:
     proto = pkt.proto_name
     text = f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst} {proto}"
     if q is not None:
-        text = f"{q.source.key} -> {q.destination_label}: " + text
+        text = f"{q.source_label} -> {q.destination_label}: " + text
     return text
 
 

@@ -15,7 +15,7 @@ from traceflow.engines.ovs.pipeline import simulate
 from traceflow.engines.ovs.runs import OvsRun, TableHit
 from traceflow.model.packet import Packet, Tunnel
 from traceflow.bundle.snapshot import Missing, NodeModel
-from traceflow.model.trace import Drop, Hop, Verdict
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
 from traceflow.walk.ovs_bridge import from_state, ovs_hop, to_state
 from traceflow.bundle.podside import port_by_mac
@@ -130,14 +130,14 @@ class AntreaDatapath(Datapath):
                                                     run.unknown)), None)]
         if not run.outputs:
             hit = run.dropped_by or last
-            reason = self._ovs_drop_reason(hit, node, loc, q)
+            reason, disposition, policies = self._ovs_drop(hit, node, loc, q)
             dropping = next((h for h in b.leg.last_hops() if h.component == "ovs"
                              and h.node == loc.node and h.table == str(hit.table)), None)
             if dropping is not None:
                 dropping.notes.append(f"why: {reason}")   # the reason at the hop, not only at the end
             return [(b.finish(Verdict.DROPPED, Drop(loc.node, "ovs", str(hit.table),
                                                     hit.flow.text if hit.flow else None,
-                                                    reason)), None)]
+                                                    reason, disposition, policies)), None)]
         results = []
         for output in run.outputs:
             nb = b.fork() if len(run.outputs) > 1 else b
@@ -147,33 +147,43 @@ class AntreaDatapath(Datapath):
             results.append(self._leave_ovs(nb, loc, output, pkt, node, q))
         return results
 
-    def _ovs_drop_reason(self, hit: TableHit, node: NodeModel, loc: AtOvs, q: Query) -> str:
+    def _ovs_drop(self, hit: TableHit, node: NodeModel, loc: AtOvs, q: Query) -> tuple:
+        """(reason, disposition, policies) of a drop in OVS: no flow (table-miss), a
+        NetworkPolicy table's default deny (dropped-policy, naming the policies that select
+        the pod), or another drop flow (dropped-rule)."""
         name = node.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
         flow = hit.flow
         where = f"table {hit.table}" + (f" ({name})" if name else "")
         if flow is None:
-            return f"no flow matched in {where} (table miss)"
+            return f"no flow matched in {where} (table miss)", Disposition.TABLE_MISS, ()
         pkt = from_state(hit.state_after or {}, loc.packet)
         direction = self.cni.policy_direction(name)
         if direction:
             pod_ip = pkt.nw_src if direction == "egress" else pkt.nw_dst
             peer_ip = pkt.nw_dst if direction == "egress" else pkt.nw_src
             pod = self.cluster.pod_by_ip(pod_ip)
+            kind = "Egress" if direction == "egress" else "Ingress"
+            names = tuple(f"{p.namespace}/{p.name}" for p in
+                          self.cluster.policies_selecting(pod, kind)) if pod is not None else ()
             return (f"dropped by the {direction} default-deny flow of {where}: "
                     + kube.policy_drop_reason(self.cluster, direction, pod, peer_ip,
-                                              pkt.proto_name, pkt.tp_dst, **POLICY_HINTS))
-        return (self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
-                or f"dropped by the flow in {where}: {flow.text}")
+                                              pkt.proto_name, pkt.tp_dst, **POLICY_HINTS),
+                    Disposition.DROPPED_POLICY, names)
+        return ((self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
+                 or f"dropped by the flow in {where}: {flow.text}"), Disposition.DROPPED_RULE, ())
 
     def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query):
         ports = node.bridge.ports
         port = output.port
         if port == "CONTROLLER":
+            # the agent answers packetins of Services without endpoints with a reset / ICMP
+            # unreachable (antrea pkg/agent/controller/networkpolicy/reject.go)
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "ovs", None,
                                                    output.via.text if output.via else None,
                                                    "sent to the agent (controller): the agent "
                                                    "answers with a TCP reset / ICMP unreachable, "
-                                                   "e.g. a Service without endpoints")), None)
+                                                   "e.g. a Service without endpoints",
+                                                   Disposition.REJECTED)), None)
         if port in ("NORMAL", "LOCAL"):
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None,
                                                    output.via.text if output.via else None,
@@ -198,7 +208,8 @@ class AntreaDatapath(Datapath):
         if not delivered:
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "pod", None, None,
                                                    f"{pod.key} receives a packet for {pkt.nw_dst}; "
-                                                   "its stack drops it")), None)
+                                                   "its stack drops it", Disposition.NO_ROUTE)),
+                    None)
         b.final_packet = pkt
         return (b.finish(Verdict.DELIVERED, None, pod), None)
 
@@ -241,6 +252,8 @@ class AntreaDatapath(Datapath):
     # ---- where the host stack's devices lead ------------------------------------------------
     def host_output(self, b, loc, node, pkt, dec, nexthop):
         """The host sends to antrea-gw0: the packet enters OVS on the gateway port."""
+        if self.untraced_gateway(loc.node, node) is not None:
+            return None       # no OVS on this node in the bundle: other devices leave the node
         gw = self.cni.gateway_port(node.bridge.ports)
         if dec.dev == gw:
             new_leg(b, pkt)
@@ -250,11 +263,44 @@ class AntreaDatapath(Datapath):
     def describe_mac(self, mac):
         return self.cni.describe_mac(mac)
 
+    def enter_from_outside(self, branch, node_name, device, packet, q):
+        """Without kube-proxy (AntreaProxy proxyAll), NodePort, LoadBalancer and externalIP
+        traffic from outside is AntreaProxy's: its iptables (ANTREA-NODE-PORT, the
+        ANTREA-NODE-PORT-IP ipset) mark it with NodePortMark and send it through antrea-gw0
+        into OVS, whose ServiceLB flows translate it (pkg/agent/proxy, pkg/agent/route).
+        That is not modelled yet: said, rather than handed to kernel rules that do not hold
+        it. With kube-proxy the kernel's host stack takes it (the default)."""
+        from traceflow.walk.endpoints import Frontend, Kind
+        front = q.dst.frontend if q is not None and q.dst is not None \
+            and q.dst.kind is Kind.SERVICE else None
+        if self.snap.kube_proxy == "none" and branch.leg.direction == "request" and front in (
+                Frontend.NODEPORT, Frontend.LOADBALANCER, Frontend.EXTERNALIP):
+            why = (f"kube-proxy does not run (manifest kube_proxy: none): AntreaProxy (proxyAll) "
+                   f"serves {q.dst.label} from outside (NodePortMark, the gateway, OVS's "
+                   "ServiceLB flows), which traceflow does not model yet")
+            branch.add(Hop(node_name, "route", None, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "route", None, None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        return super().enter_from_outside(branch, node_name, device, packet, q)
+
+    def untraced_gateway(self, node_name, node):
+        """A node without ovs-flows.txt (the generated kube-proxy bundles hold host files
+        only): its gateway device, by Antrea's naming, from ip-addr.txt."""
+        if self.snap.bundle.node_file(node_name, "ovs-flows.txt") is not None:
+            return None
+        from traceflow.cni.antrea.conventions import gateway_port_name
+        gw = gateway_port_name({i.name: None for i in node.interfaces})
+        return (gw, f"nodes/{node_name}/ovs-flows.txt") if gw else None
+
     def answer_arp(self, node_name, node, dev, target):
         answered = self._arp_via_ovs(node_name, node, dev, target)
         if answered:
+            pod_mac = node_pod_ports(node).get(target, (None, None))[1]
+            who = (f"the local pod with that address (its MAC from the SpoofGuard flows)"
+                   if pod_mac and answered == pod_mac else "OVS's ARP responder")
             return answered, (f"{target} is not in ip-neigh.txt; an ARP request on {dev} is "
-                              f"answered by OVS's ARP responder with {answered}")
+                              f"answered by {who} with {answered}")
         return None
 
     def _arp_via_ovs(self, node_name: str, node: NodeModel, dev: str, target: str) -> str | None:
@@ -272,4 +318,15 @@ class AntreaDatapath(Datapath):
             for out in run.outputs:
                 if out.state.get("arp_op") == 2:
                     return F.format_value(F.FIELDS["arp_sha"], out.state.get("arp_sha", 0))
+        # no responder flow answers: the request goes out (NORMAL floods it, L2 learning) to
+        # the local pod that has the address, whose own stack answers with its MAC (the pod's
+        # port and MAC from the SpoofGuard flows)
+        port, mac = node_pod_ports(node).get(target, (None, None))
+        if not mac:
+            return None
+        for run in simulate(node.bridge, state, Conntrack(), 0, node.annotator):
+            for out in run.outputs:
+                if out.port == "NORMAL" or (isinstance(out.port, int)
+                                            and node.bridge.port_name(out.port) == port):
+                    return mac
         return None

@@ -24,12 +24,18 @@ from traceflow.cni.cilium.lb import ServiceLB
 from traceflow.cni.cilium.policy import EndpointPolicy
 from traceflow.model.packet import Packet, Tunnel
 from traceflow.bundle.snapshot import Missing
-from traceflow.model.trace import Drop, Hop, Verdict
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
 from traceflow.walk.pod import conventions_warning, own_first_hop, pod_gateway, pod_mac
 from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
 
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
+# Cilium's drop reasons (bpf/lib/common.h DROP_*) as dispositions
+DROP_DISPOSITIONS = {L.DROP_POLICY: Disposition.DROPPED_POLICY,
+                     L.DROP_POLICY_DENY: Disposition.DROPPED_POLICY,
+                     L.DROP_POLICY_AUTH_REQUIRED: Disposition.DROPPED_POLICY,
+                     L.DROP_NO_SERVICE: Disposition.NO_BACKEND,
+                     L.DROP_NO_FIB: Disposition.NO_ROUTE}
 VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
 
 
@@ -68,10 +74,15 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
                    entry=src.text.strip() if src else None)
 
     def _end(self, b: Branch, loc, verdict: Verdict, reason: str, drop_name: str | None = None,
-             rec=None) -> tuple:
+             rec=None, disposition: Disposition | None = None, policies: tuple = ()) -> tuple:
+        """End the branch at a program: a drop states its disposition (by Cilium's drop name
+        where it has one: DROP_POLICY -> dropped-policy, DROP_NO_SERVICE -> no-backend ...)."""
         rule = rec.source.text.strip() if getattr(rec, "source", None) else None
         text = f"{drop_name}: {reason}" if drop_name else reason
-        return (b.finish(verdict, Drop(loc.node, "bpf", loc.program, rule, text)), None)
+        if disposition is None and verdict == Verdict.DROPPED:
+            disposition = DROP_DISPOSITIONS[drop_name]
+        return (b.finish(verdict, Drop(loc.node, "bpf", loc.program, rule, text, disposition,
+                                       tuple(policies))), None)
 
     def _attached(self, cn: CiliumNode, dev: str, hook: str) -> str:
         prog = cn.program_at(dev, hook)
@@ -411,9 +422,8 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
                 peer = self.cluster.node_by_ip(pkt.nw_dst)
                 how = f"{pkt.nw_dst} is the address of node {peer.name}" if peer else how
         if peer is None or peer.name == loc.node:
-            why = (f"leaves {loc.node} on {loc.device} towards {pkt.nw_dst}: outside the cluster, "
-                   "not followed further")
-            return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "underlay", loc.device, None, why)), None)]
+            return [(self.walk.host.leave_cluster(b, loc.node, loc.device, loc.nexthop, pkt),
+                     None)]
         b.add(Hop(peer.name, "underlay", None, None,
                   f"{loc.node} -> {peer.name} over the network between nodes",
                   packet=pkt.headers(), notes=[how + "; the network between nodes is not in the bundle"]))
@@ -474,3 +484,30 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
 
     def describe_mac(self, mac):
         return None
+
+    # ---- traffic from outside the cluster -------------------------------------------------------
+    def enter_from_outside(self, branch, node_name, device, packet, q):
+        """With kube-proxy replacement, from-netdev on the native device load-balances
+        NodePort, LoadBalancer and externalIP traffic itself (nodeport_lb4 in
+        bpf/lib/nodeport.h: SNAT or DSR per bpf-lb-mode, Local policy, rev_nodeport_lb4 for
+        the replies): that is not modelled yet, so such a packet is unknown rather than given
+        to the kernel rules Cilium bypasses. Without it the kernel stack (kube-proxy) takes it,
+        after from-netdev where a program is attached."""
+        cn = self.cilium(node_name)
+        s = cn.settings
+        if s.kpr:
+            src = s.source_of("kpr")
+            why = (f"Cilium runs with kube-proxy replacement ({s.kpr_mode or 'on'}"
+                   + (f", {src.file}:{src.line}" if src is not None else "")
+                   + "): a packet from outside is handled by from-netdev on "
+                   f"{device} (nodeport_lb4, bpf/lib/nodeport.h: NodePort/LoadBalancer "
+                   "translation, SNAT or DSR, BPF masquerade), which traceflow does not model yet")
+            branch.add(Hop(node_name, "bpf", "from-netdev", None, why, unknown=True,
+                           program="from-netdev", detail="bpf-program"))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", "from-netdev", None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        prog = cn.program_at(device, "ingress")
+        if prog is not None and prog.program == "from-netdev":
+            return AtBpf(node_name, device, "ingress", "from-netdev", packet)
+        return AtHost(node_name, device, packet)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from traceflow.engines.cilium import lookup as L
 from traceflow.cni.cilium.node import CT_ZONE, SOCK
 from traceflow.model.packet import Packet
-from traceflow.model.trace import Verdict
+from traceflow.model.trace import Disposition, Verdict
 from traceflow.walk.state import AtBpf, Branch, Query, tuple5
 
 
@@ -89,7 +89,7 @@ class ServiceLB:
             return [(self._end(b, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
                                Verdict.DROPPED, reason,
                                None if program == "cil_sock4_connect" else L.DROP_NO_SERVICE,
-                               svc)[0], pkt, hit)]
+                               svc, Disposition.NO_BACKEND)[0], pkt, hit)]
         algo = (cn.settings.lb_algorithm or "random").lower()
         shares, ids = None, [None] * count
         if algo == "maglev":
@@ -134,7 +134,8 @@ class ServiceLB:
             nb.add(self._hop(loc, reason, map_="cilium_lb4_backends", rec=svc, pkt=pkt,
                              program=program, unknown=False))
             out.append((self._end(nb, AtBpf(loc.node, loc.device, loc.hook, program, pkt),
-                                  Verdict.DROPPED, reason, drop_name, svc)[0], pkt, hit))
+                                  Verdict.DROPPED, reason, drop_name, svc,
+                                  Disposition.NO_BACKEND)[0], pkt, hit))
         for n, be in enumerate(hit.candidates, 1):
             nb = b.fork() if count > 1 else b
             slot = be.slot or n

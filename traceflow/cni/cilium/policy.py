@@ -73,7 +73,20 @@ class EndpointPolicy:
                 "endpoint's state disagree")
         reason = (f"{direction} policy of {me} on {loc.node} ({pmap}) denies {peer} on "
                   f"{pkt.tp_dst}/{pkt.proto_name}: {v.how}" + (f"; {behind}" if behind else ""))
-        return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry)
+        return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry,
+                         policies=self._policy_names(pod, direction))
+
+    def _policy_names(self, pod, direction) -> tuple:
+        """The policies that select ``pod`` for ``direction`` (NetworkPolicies, then
+        CiliumNetworkPolicies): the ones a policy drop names."""
+        if pod is None:
+            return ()
+        from traceflow.cni.cilium.node import cilium_policies_selecting
+        kind = "Egress" if direction == "egress" else "Ingress"
+        names = [f"{p.namespace}/{p.name}" for p in self.cluster.policies_selecting(pod, kind)]
+        cnps = [n.split(" ", 1)[-1] for n in cilium_policies_selecting(self.snap.bundle, pod,
+                                                                        direction)]
+        return tuple(dict.fromkeys(names + cnps))
 
     def _policy_behind(self, pod, direction, peer_ip, pkt, allowed) -> str:
         """The policies behind a verdict, from the k8s objects in the bundle."""
