@@ -73,13 +73,17 @@ def audit_to_dict(report) -> dict:
 
 
 def render_audit_text(report, console: Console) -> None:
-    d = report.to_dict()
+    d = report.head()           # the pairs stay in their spool: grouped below, not listed
     s = d["summary"]
     bad = s["pairs_not_delivered"] + s["findings"]
     style = "bold yellow" if bad else "bold green"
     console.print(f"[{style}]audit[/] {escape(d['bundle'])}: {s['service_ports']} service ports x "
                   f"{s['client_groups']} client groups = {s['pairs']} pairs "
                   f"({s['distinct_traces']} traces, {s['seconds']:.2f} s)")
+    if s.get("pod_questions"):
+        console.print(f"  {s['pod_questions']} pod questions answered by {s['distinct_traces']} "
+                      f"traces: each stands for {s['questions_per_trace']} on average"
+                      + (f", up to {s['most_shared'][0]['stands_for']}" if s["most_shared"] else ""))
     console.print(f"  delivered {s['pairs_delivered']}, not delivered {s['pairs_not_delivered']} "
                   f"(dropped {s['by_verdict'].get('dropped', 0)}, partial "
                   f"{s['by_verdict'].get('partial', 0)}, unknown {s['by_verdict'].get('unknown', 0)})")
@@ -95,20 +99,17 @@ def render_audit_text(report, console: Console) -> None:
                           f"{escape(f['message'])}")
             for e in f.get("evidence", []):
                 console.print(f"    {escape(e)}")
-    groups: dict = {}
-    for p in d["pairs"]:
-        if p["verdict"] != "delivered":
-            groups.setdefault((p.get("disposition") or "", p["reason"]), []).append(p)
+    groups = report.groups      # (disposition, reason) -> [count, first pairs]
     if groups:
         console.print("\n[bold]Pairs not delivered[/] (grouped by disposition and reason)")
-        for (disposition, reason), pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        for (disposition, reason), (count, pairs) in sorted(groups.items(),
+                                                            key=lambda kv: -kv[1][0]):
             label = f"{disposition}: " if disposition else ""
-            console.print(f"[red]{len(pairs)}[/] x {escape(label + reason)}")
-            for p in pairs[:8]:
-                console.print(f"    {escape(p['client'])} -> {escape(p['service'])} "
-                              f"[{p['verdict']}]")
-            if len(pairs) > 8:
-                console.print(f"    ... and {len(pairs) - 8} more (-o json lists all)")
+            console.print(f"[red]{count}[/] x {escape(label + reason)}")
+            for p in pairs:
+                console.print(f"    {escape(p.client)} -> {escape(p.service)} [{p.verdict}]")
+            if count > len(pairs):
+                console.print(f"    ... and {count - len(pairs)} more (-o json lists all)")
 
 
 # ---- diff ------------------------------------------------------------------------------------

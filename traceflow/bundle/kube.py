@@ -12,6 +12,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from traceflow.model.errors import InputError
+from traceflow.model import reads as _reads
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Cluster:
         self._pods = None if objects is not None else list(pods or [])
         self._services = None if objects is not None else list(services or [])
         self._endpoints = None if objects is not None else dict(endpoints or {})
+        self._by_ip: tuple | None = None     # (pods list, its length, ip -> [pods])
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Cluster) and (self.pods, self.services, self.nodes,
@@ -156,9 +158,17 @@ class Cluster:
         """Every pod whose podIP is ``ip`` (hostNetwork pods included), in bundle order."""
         if self._located(self._pods):
             pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
-        else:
-            pods = self.pods
-        return [p for p in pods if p.ip == ip]
+            return [p for p in pods if p.ip == ip]
+        # pods read whole: by address through an index over that list (a walk asks this at
+        # most hops; rebuilt when the list is replaced)
+        pods = self.pods
+        index = self._by_ip
+        if index is None or index[0] is not pods or index[1] != len(pods):
+            by_ip: dict = {}
+            for p in pods:
+                by_ip.setdefault(p.ip, []).append(p)
+            index = self._by_ip = (pods, len(pods), by_ip)
+        return list(index[2].get(ip, ()))
 
     def find_service(self, namespace: str, name: str) -> Service | None:
         if self._located(self._services):
@@ -248,6 +258,9 @@ class Cluster:
         return None
 
     def policies_selecting(self, pod: Pod, policy_type: str) -> list:
+        recorder = _reads.active()
+        if recorder is not None:    # a question sharing traces: the client's policies count
+            recorder.policies_selecting(pod, policy_type)
         return [np for np in self.policies if np.namespace == pod.namespace
                 and policy_type in np.policy_types and selects(np.pod_selector, pod.labels)]
 
@@ -443,6 +456,14 @@ def _endpoint_rows(slices, endpoints):
 
 def _peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:
     """Does one from/to peer of a rule cover ``ip``? None when the bundle cannot tell."""
+    recorder = _reads.active()
+    if recorder is not None:        # a question sharing traces: the client's address counts
+        recorder.peer_matches(policy, peer, ip)
+    return peer_covers(cluster, policy, peer, ip)
+
+
+def peer_covers(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:
+    """``_peer_matches`` without telling a recorder (what a question asks for another client)."""
     if "ipBlock" in peer:
         block = peer["ipBlock"] or {}
         addr = ipaddress.ip_address(ip)

@@ -20,6 +20,12 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+class AuditFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+
+
 def _console(width):
     from renderers.table import make_console
     return make_console(width=width)
@@ -93,25 +99,56 @@ def register(app: typer.Typer, cli) -> None:
         bundle: Optional[Path] = cli.BundleOpt,
         all_pods: bool = typer.Option(False, "--all-pods", help="Every pod is its own client "
                                       "(default: pods grouped by namespace and labels)."),
-        output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
+        output: AuditFormat = typer.Option(AuditFormat.table, "--output", "-o",
+                                           help="Output format (jsonl: one line per pair as "
+                                           "it is answered, for machines)."),
         width: Optional[int] = cli.WidthOpt,
+        jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Worker "
+                                           "processes, each given whole nodes (default: the "
+                                           "machine's cores); the output is the same for any "
+                                           "number."),
+        nodes: Optional[str] = typer.Option(None, "--nodes", help="Only the clients on these "
+                                            "nodes (comma-separated): one part of an audit "
+                                            "split across machines."),
+        max_pairs: Optional[int] = typer.Option(None, "--max-pairs", min=1, help="Refuse, "
+                                                "before tracing, an audit of more pairs."),
+        max_seconds: Optional[float] = typer.Option(None, "--max-seconds", min=0.0,
+                                                    help="Stop, with the estimate, an audit "
+                                                    "that would take longer."),
     ):
         """Every Service port from every client group, and intent-vs-datapath drift: policies
         the flows decide otherwise, balanced backends that differ from EndpointSlices, missing
         peer routes/tunnel flows, pods whose route/ARP disagrees with the gateway.
 
+        Clients the datapath cannot tell apart share one trace (said per pair: traced_as).
         Exit 0 when nothing drifted, 1 when a drift finding is reported (pairs that are not
         delivered are listed with the reason but do not fail the audit)."""
+        import sys
+        sink = None
+        if output is AuditFormat.jsonl:
+            from traceflow.questions.audit import jsonl_writer
+            sink = jsonl_writer(sys.stdout, str(bundle))
+
+        def say(text):
+            if sys.stderr.isatty() or max_pairs is not None or max_seconds is not None:
+                typer.echo(f"traceflow: {text}", err=True)
+
         def build():
+            import os
             from traceflow.questions.audit import run_audit
             if bundle is None:
                 raise InputError("audit needs --bundle PATH (collect one with `traceflow "
                                  "collect --all-nodes -o bundle.tar.gz`)", "--bundle")
-            return run_audit(_load(bundle), str(bundle), all_pods=all_pods)
+            chosen = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
+            return run_audit(_load(bundle), str(bundle), all_pods=all_pods,
+                             jobs=jobs or os.cpu_count() or 1, nodes=chosen,
+                             max_pairs=max_pairs, max_seconds=max_seconds,
+                             sink=sink.pair if sink else None, announce=say)
         report = cli._run(build)
-        if output is Format.json:
-            from renderers.questions import audit_to_dict, dumps
-            typer.echo(dumps(audit_to_dict(report)))
+        if sink is not None:
+            sink.close(report)
+        elif output is AuditFormat.json:
+            report.write_json(sys.stdout)
         else:
             from renderers.questions import render_audit_text
             render_audit_text(report, _console(width))

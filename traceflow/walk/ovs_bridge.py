@@ -32,17 +32,29 @@ def to_state(pkt: Packet, in_port: int) -> dict:
     return state
 
 
+_TEXTS: dict = {}        # (field, int) -> its text: a walk formats the same few addresses
+
+
+def _text(name: str, value: int) -> str:
+    key = (name, value)
+    got = _TEXTS.get(key)
+    if got is None:
+        if len(_TEXTS) > 100_000:
+            _TEXTS.clear()
+        got = _TEXTS[key] = F.format_value(F.FIELDS[name], value)
+    return got
+
+
 def from_state(state: dict, template: Packet) -> Packet:
     pkt = template.copy()
-    fmt = F.format_value
     if "dl_src" in state:
-        pkt.dl_src = fmt(F.FIELDS["dl_src"], state["dl_src"])
+        pkt.dl_src = _text("dl_src", state["dl_src"])
     if "dl_dst" in state:
-        pkt.dl_dst = fmt(F.FIELDS["dl_dst"], state["dl_dst"])
+        pkt.dl_dst = _text("dl_dst", state["dl_dst"])
     if "nw_src" in state and template.nw_src is not None:
-        pkt.nw_src = fmt(F.FIELDS["nw_src"], state["nw_src"])
+        pkt.nw_src = _text("nw_src", state["nw_src"])
     if "nw_dst" in state and template.nw_dst is not None:
-        pkt.nw_dst = fmt(F.FIELDS["nw_dst"], state["nw_dst"])
+        pkt.nw_dst = _text("nw_dst", state["nw_dst"])
     for key in ("tp_src", "tp_dst", "nw_ttl"):
         if key in state and getattr(template, key) is not None:
             setattr(pkt, key, state[key])

@@ -646,13 +646,18 @@ class LazyChain(Chain):
         return len(self._parsed)
 
     def cannot_match(self, index: int, packet) -> bool:
+        dst = self._service_destinations()[index]
+        return dst is not None and packet.nw_dst is not None and dst != packet.nw_dst
+
+    def _service_destinations(self) -> list:
+        """Per rule, the one address a kube-proxy service rule (``-d IP/32 -p P [-m comment]
+        -m P --dport N -j CHAIN``: it reads nothing else) matches, else None; unparsed."""
         if self._dst is None:
             from traceflow.model.lowgc import paused
             with paused():
                 self._dst = [m[1] if (m := _SERVICE_RULE.fullmatch(rest)) else None
                              for _, _, rest in self._entries()]
-        dst = self._dst[index]
-        return dst is not None and packet.nw_dst is not None and dst != packet.nw_dst
+        return self._dst
 
     def rule_at(self, index: int) -> Rule:
         rule = self._parsed[index]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from traceflow.model import reads as _reads
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.lowgc import paused
 from traceflow.engines.ovs import actions as A
@@ -54,10 +55,28 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     annotator = annotator or Annotator()
     first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
                     None if ct_next is None else list(ct_next))
+    # a question sharing traces between clients records what each lookup read
+    first.shared.reads = _reads.active()
     first.recirc.append((start_table, dict(state)))
     # thousands of small acyclic objects (hits, packets): see traceflow.model.lowgc
     with paused():
         return _explore(first)
+
+
+_LOOKUP_RUNNERS: dict = {}
+
+
+def lookup_answer(bridge: Bridge, table: int | str, state: dict) -> tuple:
+    """(hit or None, its conjunction and ambiguity notes): one lookup of ``state`` in
+    ``table``, as a walk makes it (through the bridge's remembered lookups). For a question
+    asking whether another packet would hit the same flow (traceflow.questions.classes)."""
+    got = _LOOKUP_RUNNERS.get(id(bridge))
+    if got is None or got[0] is not bridge:
+        if len(_LOOKUP_RUNNERS) > 256:
+            _LOOKUP_RUNNERS.clear()
+        got = _LOOKUP_RUNNERS[id(bridge)] = (bridge, _Runner(bridge, Annotator(), Conntrack(),
+                                                             {}))
+    return got[1].memo_lookup(state, bridge.table_id(table))
 
 
 def _explore(first: "_Runner") -> list[OvsRun]:
@@ -91,9 +110,10 @@ class _Shared:
     """What every runner of one ``simulate`` call may remember: the annotator's answers
     that depend on a table or a flow alone."""
 
-    __slots__ = ("labels", "match_notes", "write_notes", "notes")
+    __slots__ = ("labels", "match_notes", "write_notes", "notes", "reads")
 
     def __init__(self, annotator: Annotator):
+        self.reads = None               # the active recorder (traceflow.model.reads), if any
         self.labels: dict = {}          # table -> "70 (L3Forwarding)"
         self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
         self.write_notes: dict = {}     # (field, start, end, value) -> note, see Annotator
@@ -244,6 +264,8 @@ class _Runner(ConntrackSteps):
             if answer is None:
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
             flow, lookup_notes, drops, body, last, writes, jump = answer
+            if self.shared.reads is not None:   # the fields this lookup read, and its hit
+                self.shared.reads.ovs_lookup(bridge, table, memo.fields, key, looked_up, answer)
             effects: list = []
             hit = TableHit(table, flow, effects, [], None, None, self.stage)
             hits.append(hit)
