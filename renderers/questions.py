@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
-from rich.markup import escape
-
 from renderers.json_out import trace_to_dict
+
+
+def escape(text: str) -> str:
+    """Rich's markup escape, Rich loaded for text only (-o json does not load it)."""
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
 
 
 # ---- check ---------------------------------------------------------------------------------

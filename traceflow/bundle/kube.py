@@ -190,7 +190,7 @@ class Cluster:
         if not self._located(self._endpoints):
             return self.endpoints.get(key, [])
         ns, _, name = key.partition("/")
-        if self._objects.count(SLICES):
+        if self._objects.has_items(SLICES):
             rows = _endpoint_rows(self._objects.lookup(SLICES, "service", name), ())
         else:
             rows = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))

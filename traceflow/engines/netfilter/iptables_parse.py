@@ -498,10 +498,11 @@ class _SaveReader:
     def __init__(self, name: str, default_table: str | None, lazy: bool = False):
         self.ruleset = Ruleset(name)
         self.lazy = lazy
-        self.pending: dict[tuple[str, str], list] = {}   # (table, chain) -> unread rule lines
+        self.pending: dict[tuple[str, str], list] = {}   # (table, chain) -> its rules' line numbers
         self.default_table = default_table
         self.table: Table | None = None
         self.headerless: list[Source] = []     # lines before any *table (grep-filtered output)
+        self.lines: list[str] = []             # the text's lines (lazy chains read theirs)
 
     def feed(self, source: Source) -> None:
         line = source.text.strip()
@@ -533,10 +534,11 @@ class _SaveReader:
                 f"{self.default_table!r} as asked; the output looks filtered, so chains may be "
                 f"incomplete and rules of other tables mixed in")
         if self.lazy:
-            for (table, chain), lines in self.pending.items():
+            for (table, chain), numbers in self.pending.items():
                 t = self.ruleset.tables[table]
                 old = t.chains[chain]
-                t.chains[chain] = LazyChain(old.name, old.policy, lines, t, self.ruleset)
+                t.chains[chain] = LazyChain(old.name, old.policy, None, t, self.ruleset,
+                                            numbers, self.lines)
         else:
             _resolve_targets(self.ruleset)
         return self.ruleset
@@ -574,8 +576,7 @@ class _SaveReader:
             return
         chain = table.chain(head[1])
         if self.lazy:     # the words are read when a walk first looks at the rule
-            self.pending.setdefault((table.name, chain.name), []).append(
-                (source.line, line, head[2] if len(head) > 2 else ""))
+            self.pending.setdefault((table.name, chain.name), []).append(source.line)
             return
         chain.rules.append(_rule_of(source, line, head[2] if len(head) > 2 else "",
                                     self.ruleset.diagnostics, self._error))
@@ -748,19 +749,36 @@ def parse_iptables_save(text: str, name: str, default_table: str | None = None,
         raise ValueError(f"default_table must be one of {TABLES}")
     reader = _SaveReader(name, default_table, lazy)
     pending = reader.pending
-    for number, line in enumerate(text.splitlines(), 1):
-        if lazy and line.startswith("-A ") and reader.table is not None:
-            # the common line, read without building a Source (220,000 of them at 20k
-            # Services); anything else goes through feed()
-            stripped = line.strip()
-            head = stripped.split(None, 2)
-            if len(head) == 3:
+    lines = text.splitlines()
+    reader.lines = lines
+    current = None                  # the table whose chains ``numbers`` holds
+    numbers: dict = {}
+    for number, line in enumerate(lines, 1):
+        if lazy and reader.table is not None and line.startswith("-A "):
+            # the common line: only its chain is read now, and its number kept (220,000 of
+            # them at 20k Services; LazyChain reads the words when the chain is walked);
+            # anything else goes through feed()
+            space = line.find(" ", 3)
+            if space > 3 and line[space + 1:].strip() and " " not in line[3:space] \
+                    and "\t" not in line[3:space]:
                 table = reader.table
-                key = (table.name, head[1])
-                if key not in pending:
-                    table.chain(head[1])
-                    pending[key] = []
-                pending[key].append((number, stripped, head[2]))
+                if table is not current:
+                    current, numbers = table, {}
+                chain = line[3:space]
+                found = numbers.get(chain)
+                if found is None:
+                    key = (table.name, chain)
+                    found = pending.get(key)
+                    if found is None:
+                        table.chain(chain)
+                        found = pending[key] = []
+                    numbers[chain] = found
+                found.append(number)
+                continue
+        if lazy and reader.table is not None and line.startswith(":"):
+            declared = _CHAIN_DECL.match(line)     # a chain declaration, read the same way
+            if declared:
+                reader.table.chain(declared[1], None if declared[2] == "-" else declared[2])
                 continue
         reader.feed(Source(name, number, line))
     return reader.finish()
