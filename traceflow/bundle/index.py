@@ -113,7 +113,7 @@ def load_cluster(bundle):
 def _later_k8s(objects, digest: str, stored: dict) -> None:
     import atexit
     import weakref
-    if not _PENDING_K8S and not _PENDING:
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
         atexit.register(store_pending)
     _PENDING_K8S.append((weakref.ref(objects), digest, set(stored), stored))
 
@@ -259,9 +259,12 @@ def parse_iptables_save(text: str, name: str):
         except (ValueError, TypeError, KeyError, IndexError):
             pass                       # a layout that does not fit: read the file
     ruleset = parse(text, name, lazy=True)
-    layout = save_layout(ruleset)
-    if layout is not None:
-        store_blob("iptables-save", digest, layout)
+    if STORE_AT_ONCE:
+        layout = save_layout(ruleset)
+        if layout is not None:
+            store_blob("iptables-save", digest, layout)
+    else:           # after the command answered (as flow layouts)
+        _later_store("iptables-save", digest, ruleset, save_layout)
     return ruleset
 
 
@@ -355,16 +358,34 @@ STORE_AT_ONCE = False
 
 def _later(dump, path: Path, digest: str, indexed: int) -> None:
     import weakref
-    if not _PENDING and not _PENDING_K8S:
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
         import atexit
         atexit.register(store_pending)
     # weakly: a dump nobody uses any more (a long test session's) is not kept for this
     _PENDING.append((weakref.ref(dump), path, digest, indexed))
 
 
+_PENDING_BLOBS: list = []
+
+
+def _later_store(kind: str, digest: str, source, make) -> None:
+    """Store ``make(source)`` as blob ``kind``/``digest`` after the command answered."""
+    import weakref
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
+        import atexit
+        atexit.register(store_pending)
+    _PENDING_BLOBS.append((kind, digest, weakref.ref(source), make))
+
+
 def store_pending() -> None:
     """Store what this command learnt about its bundle (after it answered: atexit): the
-    Kubernetes files it located, the flow dumps that gained an index."""
+    Kubernetes files it located, the flow dumps that gained an index, the rulesets' layouts."""
+    while _PENDING_BLOBS:
+        kind, digest, ref, make = _PENDING_BLOBS.pop()
+        source = ref()
+        value = make(source) if source is not None else None
+        if value is not None:
+            store_blob(kind, digest, value)
     _store_k8s_layouts()
     while _PENDING:
         ref, path, digest, indexed = _PENDING.pop()

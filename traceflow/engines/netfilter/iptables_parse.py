@@ -617,13 +617,15 @@ class LazyChain(Chain):
 
     def __init__(self, name: str, policy: str | None, lines: list | None, table: Table,
                  ruleset: Ruleset, numbers: list | None = None, text_lines: list | None = None):
-        super().__init__(name, policy)
+        # (not the dataclass __init__: a 20k-Service ruleset makes 60,000 of these, and a
+        # walk reads a handful)
+        self.name, self.policy = name, policy
         # (line number, stripped text, words text) per rule; or, from a stored layout
         # (traceflow.bundle.index), the rules' line numbers in ``text_lines``
         self._lines = lines
         self._numbers = numbers
         self._text_lines = text_lines
-        self._parsed: list[Rule | None] = [None] * len(lines if lines is not None else numbers)
+        self._parsed: list[Rule | None] | None = None     # made when a rule is first read
         self._dst: list[str | None] | None = None
         self._table = table
         self._ruleset = ruleset
@@ -644,7 +646,7 @@ class LazyChain(Chain):
         return self._lines
 
     def rule_count(self) -> int:
-        return len(self._parsed)
+        return len(self._lines if self._lines is not None else self._numbers)
 
     def cannot_match(self, index: int, packet) -> bool:
         dst = self._service_destinations()[index]
@@ -661,6 +663,8 @@ class LazyChain(Chain):
         return self._dst
 
     def rule_at(self, index: int) -> Rule:
+        if self._parsed is None:
+            self._parsed = [None] * self.rule_count()
         rule = self._parsed[index]
         if rule is not None:
             return rule
@@ -683,13 +687,11 @@ class LazyChain(Chain):
 
     @property
     def rules(self) -> list[Rule]:
-        if self._parsed:
-            return [self.rule_at(i) for i in range(len(self._parsed))]
-        return self._rules
+        return [self.rule_at(i) for i in range(self.rule_count())]
 
     @rules.setter
     def rules(self, value: list[Rule]) -> None:
-        self._rules = value
+        raise AttributeError("a lazily read chain's rules come from its lines")
 
 
 def save_layout(ruleset: Ruleset) -> dict | None:
@@ -759,8 +761,8 @@ def parse_iptables_save(text: str, name: str, default_table: str | None = None,
             # them at 20k Services; LazyChain reads the words when the chain is walked);
             # anything else goes through feed()
             space = line.find(" ", 3)
-            if space > 3 and line[space + 1:].strip() and " " not in line[3:space] \
-                    and "\t" not in line[3:space]:
+            if space > 3 and not line[space + 1:space + 2].isspace() \
+                    and len(line) > space + 1 and "\t" not in line[3:space]:
                 table = reader.table
                 if table is not current:
                     current, numbers = table, {}
@@ -770,7 +772,8 @@ def parse_iptables_save(text: str, name: str, default_table: str | None = None,
                     key = (table.name, chain)
                     found = pending.get(key)
                     if found is None:
-                        table.chain(chain)
+                        if chain not in table.chains:
+                            table.chains[chain] = Chain(chain, None)
                         found = pending[key] = []
                     numbers[chain] = found
                 found.append(number)
@@ -778,7 +781,12 @@ def parse_iptables_save(text: str, name: str, default_table: str | None = None,
         if lazy and reader.table is not None and line.startswith(":"):
             declared = _CHAIN_DECL.match(line)     # a chain declaration, read the same way
             if declared:
-                reader.table.chain(declared[1], None if declared[2] == "-" else declared[2])
+                chains, policy = reader.table.chains, declared[2]
+                known = chains.get(declared[1])
+                if known is None:
+                    chains[declared[1]] = Chain(declared[1], None if policy == "-" else policy)
+                elif policy != "-":
+                    known.policy = policy
                 continue
         reader.feed(Source(name, number, line))
     return reader.finish()

@@ -239,7 +239,17 @@ class FlowDump:
                 skipped.append(n)
                 continue
             end = line.find("actions=")
-            value = _token_value(line if end < 0 else line[:end], "table")
+            # _token_value(head, "table") without cutting the head off the line first
+            at = line.find("table=", 0, end if end >= 0 else len(line))
+            while at > 0 and line[at - 1] not in " ,\t":
+                at = line.find("table=", at + 1, end if end >= 0 else len(line))
+            if at < 0:
+                value = None
+            else:
+                stop = line.find(",", at + 6, end if end >= 0 else len(line))
+                value = line[at + 6:stop if stop >= 0 else (end if end >= 0 else len(line))]
+                if " " in value or "\t" in value:
+                    value = value.split()[0] if value.split() else ""
             table = _table_id(value) if value else 0
             got = numbers.get(table)
             if got is None:
