@@ -505,7 +505,20 @@ def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -
     """Is the packet in the set? The most specific entry holding it decides, as the kernel's
     hash:net types look prefixes up longest first (ip_set_hash_gen.h, mtype_test_cidrs): a
     ``nomatch`` entry excludes, a narrower ordinary entry inside it includes again. None if
-    an entry is undecidable and no entry decides."""
+    an entry is undecidable and no entry decides.
+
+    A set is looked up as the kernel hashes it: its entries compiled once into dicts keyed by
+    their (masked) addresses and ports (``_HashedSet``); the entries that do not hash (port
+    ranges, interfaces, ``tcpudp``) are tested one by one, as before."""
+    if len(members) > _HASH_FROM:
+        hashed = _hashed(members, flags)
+        got = hashed.contains(packet)
+        if got is not _SLOW:
+            return got
+    return _contains(members, flags, packet)
+
+
+def _contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> bool | None:
     hits: list[tuple[int, bool]] = []              # (entry's prefix bits, entry is nomatch)
     undecidable = False
     for member in members:
@@ -521,6 +534,114 @@ def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -
         most = max(bits for bits, _ in hits)
         return not any(nomatch for bits, nomatch in hits if bits == most)
     return None if undecidable else False
+
+
+_HASH_FROM = 32                 # sets of more members than this are hashed
+_BYTE = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_QUAD = re.compile(rf"{_BYTE}\.{_BYTE}\.{_BYTE}\.{_BYTE}(?:/(3[0-2]|[12]?[0-9]))?")
+_SLOW = object()                # a packet the hashed set cannot decide alone
+_HASHED: dict = {}              # (id(members), flags) -> (members, len, _HashedSet)
+
+
+def _hashed(members: list[str], flags: tuple[str, ...]) -> "_HashedSet":
+    key = (id(members), flags)
+    got = _HASHED.get(key)
+    if got is None or got[0] is not members or got[1] != len(members):
+        if len(_HASHED) > 256:
+            _HASHED.clear()
+        got = _HASHED[key] = (members, len(members), _HashedSet(members, flags))
+    return got[2]
+
+
+class _HashedSet:
+    """A set's entries by shape: for each sequence of element kinds (an address with its
+    prefix length, a protocol:port), a dict from the entry's values to (prefix bits,
+    nomatch) entries; entries of other forms in ``rest``, tested one by one."""
+
+    def __init__(self, members: list[str], flags: tuple[str, ...]):
+        self.flags = flags
+        self.shapes: dict = {}          # shape -> {key: [(bits, nomatch)]}
+        self.rest: list[str] = []
+        for member in members:
+            words = member.split()
+            if not words:
+                continue
+            shaped = self._shape(words[0])
+            if shaped is None:
+                self.rest.append(member)
+                continue
+            shape, key, bits = shaped
+            self.shapes.setdefault(shape, {}).setdefault(key, []).append(
+                (bits, "nomatch" in words[1:]))
+
+    def _shape(self, entry: str):
+        shape, key, bits = [], [], 0
+        for element, flag in zip(entry.split(","), self.flags):
+            quad = _QUAD.fullmatch(element)
+            if quad is not None:      # a dotted IPv4 address or network: read without ipaddress
+                length = int(quad[5]) if quad[5] is not None else 32
+                value = (int(quad[1]) << 24) | (int(quad[2]) << 16) | (int(quad[3]) << 8) \
+                    | int(quad[4])
+                if length > 32:
+                    return None
+                shape.append(("net", flag, 4, length))
+                key.append(value >> (32 - length) << (32 - length) if length else 0)
+                bits += length
+                continue
+            try:
+                net = _network(element)
+            except ValueError:
+                port = _SET_PORT.match(element)
+                if not port or port["hi"] or not port["proto"] or port["proto"] == "tcpudp" \
+                        or port["proto"] not in PROTO_NUMBERS:
+                    return None                   # a range, any protocol, an interface ...
+                shape.append(("port", flag))
+                key.append((PROTO_NUMBERS[port["proto"]], int(port["port"])))
+                continue
+            shape.append(("net", flag, net.version, net.prefixlen))
+            key.append(int(net.network_address))
+            bits += net.prefixlen
+        return tuple(shape), tuple(key), bits
+
+    def contains(self, packet: Packet):
+        """As ``_contains``; _SLOW when the packet lacks a value an entry needs."""
+        hits: list = []
+        for shape, table in self.shapes.items():
+            key = []
+            for part in shape:
+                side = "src" if part[1] == "src" else "dst"
+                if part[0] == "port":
+                    value = getattr(packet, f"tp_{side}")
+                    if value is None or packet.nw_proto is None:
+                        return _SLOW
+                    key.append((packet.nw_proto, value))
+                    continue
+                addr = getattr(packet, f"nw_{side}")
+                if addr is None:
+                    return _SLOW
+                try:
+                    ip = _address(addr)
+                except ValueError:
+                    return _SLOW
+                if ip.version != part[2]:
+                    key = None
+                    break
+                bits = ip.max_prefixlen
+                key.append(int(ip) >> (bits - part[3]) << (bits - part[3]) if part[3] else 0)
+            if key is not None:
+                hits.extend(table.get(tuple(key), ()))
+        undecidable = False
+        for member in self.rest:
+            words = member.split()
+            hit = _set_entry_hit(words[0], self.flags, packet)
+            if hit is None:
+                undecidable = True
+            elif hit:
+                hits.append((_set_entry_bits(words[0]), "nomatch" in words[1:]))
+        if hits:
+            most = max(bits for bits, _ in hits)
+            return not any(nomatch for bits, nomatch in hits if bits == most)
+        return None if undecidable else False
 
 
 def _set_entry_bits(entry: str) -> int:
