@@ -324,8 +324,12 @@ class FileCatalog:
         if self.search is not None:
             found = self.search.items_holding(value)
             if found is not None:
-                return [self.get(i) for i in self._adopt(found)]
-            self.locate()
+                out = [self.get(i) for i in self._adopt(found)]
+                if self.search is not None:
+                    return out
+                # an item did not stand alone: the file was read whole, ask it again
+            else:
+                self.locate()
         return self._parsed_items(lambda: self.find(key, value))
 
     def _adopt(self, spans: list) -> list[int]:
@@ -413,6 +417,9 @@ def _parse_yaml_item(cat: FileCatalog, i: int) -> dict:
         # the item does not stand alone (an alias, a split quoted value): read the file
         # whole, which gives the same objects as before or the located error
         from traceflow.bundle.validate import load_list
+        if cat.search is not None:      # found by a search: its index in the file
+            i = cat.file_index(i)
+            cat.search, cat.items, cat._parsed, cat._starts = None, [], {}, {}
         cat._whole = load_list(cat.text, cat.name)
         return cat._whole[i] if i < len(cat._whole) else {}
     item = doc[0]

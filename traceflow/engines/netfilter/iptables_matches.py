@@ -553,6 +553,17 @@ def _hashed(members: list[str], flags: tuple[str, ...]) -> "_HashedSet":
     return got[2]
 
 
+def _quad_bits(element: str) -> int:
+    """``_set_entry_bits`` of one element (a prefix's length; 0 for a port)."""
+    quad = _QUAD.fullmatch(element)
+    if quad is not None:
+        return int(quad[5]) if quad[5] is not None else 32
+    try:
+        return _network(element).prefixlen
+    except ValueError:
+        return 0
+
+
 class _HashedSet:
     """A set's entries by shape: for each sequence of element kinds (an address with its
     prefix length, a protocol:port), a dict from the entry's values to (prefix bits,
@@ -575,8 +586,10 @@ class _HashedSet:
                 (bits, "nomatch" in words[1:]))
 
     def _shape(self, entry: str):
-        shape, key, bits = [], [], 0
-        for element, flag in zip(entry.split(","), self.flags):
+        shape, key = [], []
+        elements = entry.split(",")
+        bits = sum(_quad_bits(e) for e in elements[len(self.flags):])   # as _set_entry_bits
+        for element, flag in zip(elements, self.flags):
             quad = _QUAD.fullmatch(element)
             if quad is not None:      # a dotted IPv4 address or network: read without ipaddress
                 length = int(quad[5]) if quad[5] is not None else 32
