@@ -116,7 +116,14 @@ def render_audit_text(report, console: Console) -> None:
 
 
 # ---- diff ------------------------------------------------------------------------------------
-def render_diff_text(report, console: Console) -> None:
+GROUPS_SHOWN = 12           # groups of changed questions listed (then "N more")
+RAW_SHOWN = 12              # raw-change groups listed
+
+
+def render_diff_text(report, console: Console, paths: bool = False) -> None:
+    """The summary, the changed questions grouped (traceflow.questions.diff: by how they
+    changed and where the walks first diverge), the raw changes counted per node and
+    component; ``paths``: every changed question and raw change as well."""
     d = report.to_dict()
     s = d["summary"]
     console.print(f"[bold]diff[/] {escape(d['before'])} -> {escape(d['after'])}: "
@@ -126,6 +133,37 @@ def render_diff_text(report, console: Console) -> None:
                      if s.get("disposition_changed") else "")
                   + f"{s['path_changed']} path only); "
                   f"{s['raw_changes']} raw changes ({s['raw_used']} on a traced path)")
+    groups = d["groups"]
+    for g in groups[:GROUPS_SHOWN]:
+        colour = "red" if g["kind"] == "verdict" else "yellow"
+        nodes = f" on {', '.join(g['nodes'][:4])}" + (" ..." if len(g["nodes"]) > 4 else "") \
+            if g["nodes"] else ""
+        console.print(f"\n[{colour}]{g['count']}[/] x {escape(g['cause'])}{escape(nodes)}")
+        dv = g.get("divergence")
+        if dv:
+            for side in ("before", "after"):
+                h = dv[side]
+                console.print(f"  {side:6} {escape(h['at'] or '-')}: "
+                              f"{escape(h['rule'] or h['effect'] or '-')}")
+        if g["kind"] != "path" or paths:
+            for q in g["examples"]:
+                console.print(f"    {escape(q)}")
+            if g["more"] and not paths:
+                console.print(f"    ... and {g['more']} more (--paths lists them)")
+    if len(groups) > GROUPS_SHOWN:
+        rest = sum(g["count"] for g in groups[GROUPS_SHOWN:])
+        console.print(f"\n... {len(groups) - GROUPS_SHOWN} more groups ({rest} questions; "
+                      "--paths or -o json lists them)")
+    if d["raw_groups"]:
+        console.print("\n[bold]Raw changes[/] (used by a traced path first)")
+        for r in d["raw_groups"][:RAW_SHOWN]:
+            used = "[red]used[/]" if r["used"] else "[dim]unused[/]"
+            console.print(f"{used} {escape(r['node'])} {escape(r['component'])}: "
+                          f"+{r['added']} -{r['removed']}")
+        if len(d["raw_groups"]) > RAW_SHOWN:
+            console.print(f"... {len(d['raw_groups']) - RAW_SHOWN} more (--paths lists them)")
+    if not paths:
+        return
     for c in d["changed"]:
         console.print(f"\n[yellow]{escape(c['question'])}[/]: {c['before_verdict']} -> "
                       f"{c['after_verdict']}")
@@ -143,7 +181,7 @@ def render_diff_text(report, console: Console) -> None:
         for note in c.get("paths", []):
             console.print(f"  - {escape(note)}")
     if d["raw"]:
-        console.print("\n[bold]Raw changes[/] (used by a traced path first)")
+        console.print("\n[bold]Raw changes[/]")
         for r in d["raw"]:
             used = "[red]used[/]" if r["used"] else "[dim]unused[/]"
             console.print(f"{used} {r['change']} {escape(r['where'])}: {escape(r['text'])}")

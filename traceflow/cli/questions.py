@@ -164,9 +164,12 @@ def register(app: typer.Typer, cli) -> None:
                                       "own client."),
         output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
         width: Optional[int] = cli.WidthOpt,
+        paths: bool = typer.Option(False, "--paths", help="List every changed question and "
+                                   "raw change (default: grouped, with counts)."),
     ):
-        """Which questions changed verdict or path between two bundles, the first hop where the
-        walks diverge (file:line on each side), and the raw changes ranked by use.
+        """Which questions changed verdict or path between two bundles, grouped by how they
+        changed and the first hop where the walks diverge (file:line on each side), and the
+        raw changes counted per node and component, those a traced path used first.
 
         Exit 0 when nothing changed, 1 when something did."""
         def build():
@@ -183,7 +186,7 @@ def register(app: typer.Typer, cli) -> None:
             typer.echo(dumps(report.to_dict()))
         else:
             from renderers.questions import render_diff_text
-            render_diff_text(report, _console(width))
+            render_diff_text(report, _console(width), paths=paths)
         raise typer.Exit(int(ExitCode.NOT_DELIVERED if report.changed or report.raw
                              else ExitCode.OK))
 
