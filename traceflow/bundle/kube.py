@@ -98,6 +98,7 @@ class Cluster:
         self._services = None if objects is not None else list(services or [])
         self._endpoints = None if objects is not None else dict(endpoints or {})
         self._by_ip: tuple | None = None     # (pods list, its length, ip -> [pods])
+        self._at_ip: dict = {}               # located: ip -> [pods] found so far
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Cluster) and (self.pods, self.services, self.nodes,
@@ -157,8 +158,11 @@ class Cluster:
     def pods_at(self, ip: str) -> list:
         """Every pod whose podIP is ``ip`` (hostNetwork pods included), in bundle order."""
         if self._located(self._pods):
-            pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
-            return [p for p in pods if p.ip == ip]
+            found = self._at_ip.get(ip)       # (a walk asks most hops: read once per address)
+            if found is None:
+                pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
+                found = self._at_ip[ip] = [p for p in pods if p.ip == ip]
+            return list(found)
         # pods read whole: by address through an index over that list (a walk asks this at
         # most hops; rebuilt when the list is replaced)
         pods = self.pods

@@ -269,6 +269,7 @@ class FileCatalog:
         self._by: dict[str, dict] = {}
         self._asked: dict[str, int] = {}
         self._starts: dict[int, int] = {}    # search mode: an item's offset -> its index
+        self._searched: dict = {}             # search mode: value -> the items holding it
 
     def __len__(self) -> int:
         self.locate()
@@ -322,7 +323,12 @@ class FileCatalog:
         """The parsed items whose ``key`` may be ``value``, in file order: a superset that
         the caller narrows by the parsed values."""
         if self.search is not None:
-            found = self.search.items_holding(value)
+            found = self._searched.get(value)
+            if found is None:
+                found = self.search.items_holding(value)
+                if len(self._searched) > 4096:
+                    self._searched.clear()
+                self._searched[value] = found
             if found is not None:
                 out = [self.get(i) for i in self._adopt(found)]
                 if self.search is not None:

@@ -60,6 +60,12 @@ class Flow:
         """Parsed on first use: a lookup reads only matches, and most flows never match."""
         return A.parse_actions(self.action_text)
 
+    @functools.cached_property
+    def match_plan(self) -> tuple:
+        """(field name, mask, value, port name) per match: what a lookup compares, without
+        the attribute hops (a lookup tests thousands of flows)."""
+        return tuple((m.field.name, m.mask, m.value, m.port_name) for m in self.matches)
+
     def match_texts(self) -> tuple:
         # a protocol keyword ("tcp") stands for several implied fields: name it once
         out = tuple(m.text for m in self.matches if m.text not in F.PROTOCOLS)

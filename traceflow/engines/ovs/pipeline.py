@@ -15,6 +15,7 @@ bucket goes on from the group that forked it when nothing else was left to do in
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from traceflow.model import reads as _reads
@@ -427,10 +428,13 @@ class _Runner(ConntrackSteps):
             return []
         if flows is None:
             flows = self.bridge.flows.candidates(table, state)
-        others = [f for f in flows
-                  if f is not flow and f.priority == flow.priority and f.conj_id is None
-                  and not any(isinstance(a, A.Conjunction) for a in f.actions)
-                  and self.matches(f, state)]
+        # only the flows of that priority (the list is in priority order, highest first)
+        prios = self.bridge.lookup_memo(flows).neg_prios()
+        lo = bisect.bisect_left(prios, -flow.priority)
+        hi = bisect.bisect_right(prios, -flow.priority, lo)
+        others = [f for f in flows[lo:hi]
+                  if f is not flow and f.conj_id is None and self.matches(f, state)
+                  and not any(isinstance(a, A.Conjunction) for a in f.actions)]
         if not others:
             return []
         lines = ", ".join(f"line {f.source.line}" for f in others[:3])
@@ -439,13 +443,14 @@ class _Runner(ConntrackSteps):
                 f"flows undefined (traced with the first in the dump, line {flow.source.line})"]
 
     def matches(self, flow: Flow, state: dict) -> bool:
-        for m in flow.matches:
-            if m.value is None:   # in_port by name
-                want = self.bridge.port_number(m.port_name)
-                if want is None or state.get("in_port") != want:
+        get = state.get
+        for name, mask, value, port_name in flow.match_plan:
+            if value is None:   # in_port by name
+                want = self.bridge.port_number(port_name)
+                if want is None or get("in_port") != want:
                     return False
                 continue
-            if (state.get(m.field.name, 0) & m.mask) != m.value:
+            if (get(name, 0) & mask) != value:
                 return False
         return True
 
