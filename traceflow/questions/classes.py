@@ -32,6 +32,7 @@ from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
 
 SELF_IP, SELF_MAC, SELF_PORT = "<own address>", "<own MAC>", "<own port>"
+_NOTHING = frozenset()
 _REGISTERS = frozenset([f"reg{i}" for i in range(16)] + [f"xreg{i}" for i in range(8)]
                        + [f"xxreg{i}" for i in range(4)])
 # identity-typed OVS fields: a flow with an exact match on one of them equal to a client's value
@@ -323,6 +324,8 @@ class Classes:
         self._outcomes: dict = {}
         self._canonical: dict = {}
         self._by_client: dict = {}
+        self._recurring: dict = {}
+        self._seen: dict = {}           # an OVS lookup's key -> in how many plans it is
         self._analyses: dict = {}
         self._chains: dict = {}
         self._route_class: dict = {}
@@ -376,8 +379,16 @@ class Classes:
         for table, chain, pkt, ctx, want in plan.nft:
             if self._nft_key(table, chain, pkt, ctx, rep, other) != want:
                 return False
-        for entry, want in plan.ovs:
-            if self._ovs_outcome(entry, rep, other) != want:
+        values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
+        for entry, want, quick in plan.ovs:
+            unnamed = quick is not None and quick.applies(entry, other, values)
+            if unnamed and quick.empty is not None:
+                got = quick.empty       # no flow there names the client: as any such client
+            else:
+                got = self._ovs_outcome(entry, rep, other)
+                if unnamed:
+                    quick.empty = got
+            if got != want:
                 return False
         return True
 
@@ -415,7 +426,13 @@ class Classes:
         plan.policy = self.policy_class(rec, rep) if rec.selecting or rec.peers else None
         plan.nft = [(table, chain, pkt, ctx, self._nft_key(table, chain, pkt, ctx, rep, rep))
                     for table, chain, pkt, ctx in rec.nft.values()]
-        plan.ovs = [(entry, self._ovs_outcome(entry, rep, rep)) for entry in rec.ovs.values()]
+        plan.ovs = [(entry, self._ovs_outcome(entry, rep, rep), self._quick(entry))
+                    for entry in rec.ovs.values()]
+        seen = self._seen
+        if len(seen) > 500_000:
+            seen.clear()
+        for entry in rec.ovs.values():
+            seen[entry[5]] = seen.get(entry[5], 0) + 1
         return plan
 
     # OVS: the lookup again with the other client's values in the representative's places.
@@ -427,33 +444,56 @@ class Classes:
         if other is rep:
             return (self.canonical(flow, rep), ambiguous)
         mine = (where, other.ip)        # the same lookup (another destination's walk, often)
-        got = self._by_client.get(mine)
+        # a lookup several representatives' walks made (the client's own flows, the reply's
+        # delivery: not the destination's) is kept apart from the many made once
+        cache = self._recurring if self._seen.get(where, 0) > 1 else self._by_client
+        got = cache.get(mine)
         if got is not None:
             return got
-        got = self._by_client[mine] = self._ovs_fresh(entry, other)
-        if len(self._by_client) > 100_000:
-            self._by_client.clear()
+        got = cache[mine] = self._ovs_fresh(entry, other)
+        if len(cache) > 200_000:
+            cache.clear()
         return got
 
     def _ovs_fresh(self, entry, other: _Values):
         bridge, table, state, flow, ambiguous, where, places = entry
-        swapped = dict(state)
         values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
-        for name, kind in places:
-            swapped[name] = values[kind]
-        places = tuple(name for name, _ in places)
-        flows = bridge.flows.candidates(bridge.table_id(table), swapped)
-        analysis = self._constraints(bridge, flows, tuple(places))
-        signature = frozenset(self.canonical(f, other) for f in analysis.satisfied(swapped))
+        mine = {name: values[kind] for name, kind in places}
+        # the other client's state, read through (no copy of the state unless it is looked
+        # up: most clients' signature is one already answered); the constraints read only
+        # the client's own places
+        table_id = bridge.table_id(table)
+        flows = bridge.flows.candidates(table_id, _Overlay(mine, state))
+        analysis = self._constraints(bridge, flows, tuple(mine))
+        satisfied = analysis.satisfied(mine)
+        signature = frozenset(self.canonical(f, other) for f in satisfied) if satisfied \
+            else _NOTHING
         key = (where, signature)
         got = self._outcomes.get(key)
         if got is None:
-            hit, notes = self._lookup(bridge, table, swapped)
+            hit, notes = self._lookup(bridge, table, {**state, **mine})
             got = (self.canonical(hit, other), _ambiguous(notes))
             if len(self._outcomes) > 200_000:
                 self._outcomes.clear()
             self._outcomes[key] = got
         return got
+
+    def _quick(self, entry) -> "_Quick | None":
+        """For a lookup whose candidates do not depend on the client's own values (the
+        table's index is on another field) and whose flows constrain those values only
+        exactly: the values they name. A client naming none of them gets the answer every
+        such client gets (no flow there can tell them apart), computed once."""
+        bridge, table, state, _, _, _, places = entry
+        table_id = bridge.table_id(table)
+        flows = bridge.flows.candidates(table_id, state)
+        probe = bridge.flows.candidates(table_id, _Overlay({n: -1 for n, _ in places}, state))
+        # (when the table's index is on one of those places, a client whose value it does
+        # not hold gets the same flows as the probe: the ones without the indexed field)
+        analysis = self._constraints(bridge, probe, tuple(n for n, _ in places))
+        if analysis.masked:
+            return None
+        return _Quick({value for (_, value) in analysis.exact},
+                      None if probe is flows else (table_id, len(probe)))
 
     def canonical(self, flow, v: _Values):
         if flow is None:
@@ -561,6 +601,45 @@ class Classes:
         peers = tuple(kube.peer_covers(self.cluster, policy, peer, v.ip)
                       for _, (policy, peer) in sorted(rec.peers.items()))
         return selecting, peers
+
+
+class _Quick:
+    """The exact values a lookup's flows want in the client's places, and the answer of a
+    client naming none of them (once one was asked)."""
+
+    __slots__ = ("exact", "empty", "indexed")
+
+    def __init__(self, exact: set, indexed: tuple | None):
+        self.exact, self.empty = exact, None
+        self.indexed = indexed          # (table, how many flows a client unnamed by the index gets)
+
+    def applies(self, entry, other: "_Values", values: dict) -> bool:
+        """Whether no flow of the lookup names the client (its answer is the unnamed one)."""
+        places = entry[6]
+        if any(values[kind] in self.exact for _, kind in places):
+            return False
+        if self.indexed is None:
+            return True
+        table, size = self.indexed
+        flows = entry[0].flows.candidates(table, _Overlay(
+            {name: values[kind] for name, kind in places}, entry[2]))
+        return len(flows) == size
+
+
+class _Overlay:
+    """A state with some fields replaced, for ``get`` only (what candidates() asks)."""
+
+    __slots__ = ("mine", "state")
+
+    def __init__(self, mine: dict, state: dict):
+        self.mine, self.state = mine, state
+
+    def get(self, key, default=None):
+        got = self.mine.get(key, _ABSENT)
+        return self.state.get(key, default) if got is _ABSENT else got
+
+
+_ABSENT = object()
 
 
 class _Plan:
