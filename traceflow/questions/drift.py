@@ -51,6 +51,7 @@ class PolicyCache:
         self._intent: dict = {}
         self._pods = {p.key: p for p in cluster.pods}
         self._at: dict = {}
+        self.by_path: dict = {}         # id(path) -> (path, server question, allowed)
 
     def pod(self, key: str):
         return self._pods.get(key)
@@ -58,6 +59,7 @@ class PolicyCache:
     def release(self) -> None:
         """Forget the paths seen (their traces are no longer kept)."""
         self._at.clear()
+        self.by_path.clear()
 
     def at_server(self, path, server_ip: str) -> tuple:
         """``_at_server``, once per path (a shared trace's paths are asked for every client)."""
@@ -138,9 +140,22 @@ def policy_drift(cluster, client, trace, policies: PolicyCache | None = None) ->
         if seen_src and seen_src != traced_ip:
             continue        # source NAT on the way: the server sees a node address, not the pod
         proto = trace.query.get("protocol") or "TCP"
-        allowed, why = policies.intent(client, server, proto, port)
+        # a path of a trace shared with clients of one class: the walk compared them on
+        # every policy question this asks (traceflow.walk.intent), so the answer is theirs too
+        known = policies.by_path.get(id(path))
+        if known is not None and known[0] is path and known[1] == (server.key, proto, port):
+            allowed = known[2]
+            why = None
+        else:
+            allowed, why = policies.intent(client, server, proto, port)
+            policies.by_path[id(path)] = (path, (server.key, proto, port), allowed)
         if allowed is None:
             continue
+        if why is None and ((path.verdict == Verdict.DELIVERED and allowed is False) or
+                            (path.verdict == Verdict.DROPPED and allowed is True)):
+            allowed, why = policies.intent(client, server, proto, port)   # the client's words
+            if allowed is None:
+                continue
         subject = f"{client.key} -> {server.key}:{port}/{proto}"
         is_policy, _ = policy_of(path.drop)
         if path.verdict == Verdict.DELIVERED and allowed is False:

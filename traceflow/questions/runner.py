@@ -93,6 +93,9 @@ class Tracer:
                     self.classes.same(rep.recorder, rep.values, values):
                 self.shared += 1
                 rep.stands_for += 1
+                if slot[0] is not rep:      # the class met most recently is asked first
+                    slot.remove(rep)
+                    slot.insert(0, rep)
                 return Trace(dict(rep.trace.query, source=pod.key,
                                   shares_trace_of=rep.trace.query.get("source")),
                              rep.trace.paths, rep.trace.warnings)
