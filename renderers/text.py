@@ -84,6 +84,8 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
     q = trace.query or {}
     kind = f"{escape(q['kind'])}: " if q.get("kind") else ""
     out.wrapped(f"trace {kind}", escape(walk.query_line(q)), "tf.header", head_style="tf.header")
+    for head, text in walk.capture_lines(q):         # a trace from a captured packet
+        out.wrapped(head, escape(text))
     if about is not None:
         if about.path:
             out.wrapped("bundle: ", escape(about.path))

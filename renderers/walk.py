@@ -259,11 +259,38 @@ def query_line(query: dict) -> str:
     if q.get("via"):
         text += f", entering at {q['via']}"
     shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port",
-             "source_endpoint", "destination_endpoint", "via"}
+             "source_endpoint", "destination_endpoint", "via", "capture"}
     extra = [f"{k}={v}" for k, v in q.items() if k not in shown and v is not None]
     if extra:
         text += "  " + " ".join(extra)
     return text
+
+
+def capture_lines(query: dict) -> list:
+    """(head, text) lines saying what a trace took from a captured packet (query.capture)."""
+    c = (query or {}).get("capture")
+    if not isinstance(c, dict):
+        return []
+
+    def place(at) -> str:
+        if not isinstance(at, dict):
+            return ""
+        if at.get("pod"):
+            return f"{at['pod']} eth0"
+        way = {"in": " (received)", "out": " (sent)"}.get(at.get("direction") or "", "")
+        return f"{at.get('node')} {at.get('device')}{way}"
+    seen = place(c.get("seen_at"))
+    out = [("capture: ", f"{c.get('frame')}" + (f", seen at {seen}" if seen else ""))]
+    if c.get("taken"):
+        out.append(("  taken: ", "; ".join(str(t) for t in c["taken"])))
+    out.append(("  ", str(c.get("why") or "")))
+    start = place(c.get("starts_at"))
+    if start:
+        out.append(("  ", f"the walk starts where it was captured: {start}"))
+    hop = c.get("hop")
+    out.append(("  ", f"the captured packet is hop {hop}" if hop else
+                "the captured packet is not found as such in the trace (see the warnings)"))
+    return out
 
 
 def disposition(path: Path) -> str | None:

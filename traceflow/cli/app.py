@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from traceflow import __version__
-from traceflow.cli import completion
+from traceflow.cli import capture, completion
 from traceflow.model.errors import CollectionError, ExitCode, InputError
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ class Output(str, enum.Enum):
     yaml = "yaml"
     html = "html"
     dot = "dot"
+    pcap = "pcap"          # pcapng on stdout, one packet per changing hop (traceflow.cli.capture)
 
 
 class Protocol(str, enum.Enum):
@@ -218,6 +219,8 @@ def _closed_pipe() -> None:
 
 def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
            wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    if output is Output.pcap:
+        return capture.write_pcap(trace, _traced, context)
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
@@ -281,12 +284,13 @@ def _internal(err: Exception) -> None:
     _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
-@app.command("trace")
+@capture.command(app, "trace", ("SOURCE", "DESTINATION"))
 def trace_cmd(
-    source: str = typer.Argument(..., help="Who sends: a pod (NAME, NAMESPACE/NAME, deploy/NAME, "
-                                           "its IP), node/NAME (the node's own stack) or an "
-                                           "address outside the cluster (203.0.113.7)."),
-    destination: str = typer.Argument(..., help="Where to: a pod, svc/NAME (or a Service's "
+    source: Optional[str] = typer.Argument(None, help="Who sends: a pod (NAME, NAMESPACE/NAME, "
+                                           "deploy/NAME, its IP), node/NAME (the node's own "
+                                           "stack) or an address outside the cluster."),
+    destination: Optional[str] = typer.Argument(None, help="Where to: a pod, svc/NAME (or a "
+                                                "Service's "
                                                 "name or cluster IP), node/NAME[:PORT], "
                                                 "NODE_IP:NODEPORT, a LoadBalancer or externalIP "
                                                 "[:PORT], a pod's hostPort (NODE_IP:HOSTPORT), "
@@ -342,11 +346,11 @@ def trace_cmd(
     _exit_for(trace, live)
 
 
-@app.command("pod-to-svc")
+@capture.command(app, "pod-to-svc", ("SOURCE", "SERVICE"))
 def pod_to_svc(
-    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
-                                           "deploy/NAME)."),
-    service: str = typer.Argument(..., help="Service (name or namespace/name)."),
+    source: Optional[str] = typer.Argument(None, help="Client pod (name, namespace/name; "
+                                           "live: also deploy/NAME)."),
+    service: Optional[str] = typer.Argument(None, help="Service (name or namespace/name)."),
     namespace: str = NamespaceOpt,
     port: Optional[str] = typer.Option(None, "--port", "-p", help="Service port (number or name)."),
     protocol: Optional[Protocol] = typer.Option(None, "--protocol",
@@ -406,11 +410,11 @@ def pod_to_svc(
     _exit_for(trace, live)
 
 
-@app.command("pod-to-pod")
+@capture.command(app, "pod-to-pod", ("SOURCE", "DESTINATION"))
 def pod_to_pod(
-    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
-                                           "deploy/NAME)."),
-    destination: str = typer.Argument(..., help="Server pod (name or namespace/name)."),
+    source: Optional[str] = typer.Argument(None, help="Client pod (name, namespace/name; "
+                                           "live: also deploy/NAME)."),
+    destination: Optional[str] = typer.Argument(None, help="Server pod (namespace/name)."),
     namespace: str = NamespaceOpt,
     port: str = typer.Option("80", "--port", "-p", help="Destination port (number, or the name "
                                                           "of one of the pod's container ports)."),
@@ -637,10 +641,10 @@ def example_path_cmd():
     typer.echo(str(example_path()))
 
 
-@app.command("ovs-trace")
+@capture.command(app, "ovs-trace", ("FLOW",))
 def ovs_trace(
     node: str = typer.Argument(..., help="Node whose OVS bridge to trace."),
-    flow: str = typer.Argument(..., help="Packet as for `ovs-appctl ofproto/trace`, e.g. "
+    flow: Optional[str] = typer.Argument(None, help="Packet as for `ovs-appctl ofproto/trace`, e.g. "
                                          "'in_port=frontend-a3ba2f,tcp,nw_src=10.222.1.48,"
                                          "nw_dst=10.104.65.133,tp_dst=80'."),
     table: int = typer.Option(0, "--table", help="Table to start in."),
@@ -664,11 +668,11 @@ def ovs_trace(
     _exit_for(trace)
 
 
-@app.command("nf-trace")
+@capture.command(app, "nf-trace", ("--src", "--dst"))
 def nf_trace(
     node: str = typer.Argument(..., help="Node whose iptables rules to use."),
-    src: str = typer.Option(..., "--src", help="Source IP."),
-    dst: str = typer.Option(..., "--dst", help="Destination IP."),
+    src: Optional[str] = typer.Option(None, "--src", help="Source IP."),
+    dst: Optional[str] = typer.Option(None, "--dst", help="Destination IP."),
     dport: Optional[int] = typer.Option(None, "--dport", min=1, max=65535,
                                         help="Destination port."),
     sport: int = typer.Option(54321, "--sport", min=1, max=65535, help="Source port."),
@@ -699,10 +703,10 @@ def nf_trace(
     _exit_for(trace)
 
 
-@app.command("route-get")
+@capture.command(app, "route-get", ("DST",))
 def route_get(
     node: str = typer.Argument(..., help="Node whose rules and routes to use."),
-    dst: str = typer.Argument(..., help="Destination IP."),
+    dst: Optional[str] = typer.Argument(None, help="Destination IP."),
     src: Optional[str] = typer.Option(None, "--from", help="Source IP."),
     iif: Optional[str] = typer.Option(None, "--iif", help="Input interface (forwarded packet)."),
     mark: str = typer.Option("0", "--mark", help="fwmark: 16, 0x10 or 0o20."),
@@ -740,6 +744,7 @@ def _register_questions() -> None:
     """check / audit / diff live in traceflow.questions (many traces over one bundle)."""
     from traceflow.cli.questions import register
     register(app, sys.modules[__name__])
+    capture.register(app, sys.modules[__name__])     # compare-capture; captured packets
 
 
 _register_questions()

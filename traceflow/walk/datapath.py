@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traceflow.model.errors import Source
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 from traceflow.walk.state import AtHost
 
 
@@ -95,6 +96,29 @@ class Datapath:
         ``from-netdev`` on the native device, nodeport_lb4; Antrea with proxyAll: the host
         stack, then OVS through the gateway with its NodePortMark)."""
         return AtHost(node_name, device, packet)
+
+    # ---- a walk that starts where a packet was captured (traceflow.walk.seen) ---------------
+    def start_at(self, branch, node_name: str, device: str, packet, q, sent: bool | None):
+        """Where a packet captured on ``node_name``'s ``device`` goes next: ``sent`` is True
+        when the node's side of the device transmitted it (tcpdump's Out), False when it
+        received it, None when the capture does not say. Return a Location, None when the
+        branch already ended, or NotImplemented when the device is none of this datapath's
+        (the walk then takes the host's view: received, ``enter_from_outside``; sent, on the
+        wire). Taps see a received packet before the device's rx handler or tc ingress, and a
+        sent one after tc egress (net/core/dev.c: ptype_all before sch_handle_ingress and
+        rx_handler; dev_queue_xmit_nit in dev_hard_start_xmit)."""
+        return NotImplemented
+
+    def arrive_by_tunnel(self, branch, node_name: str, packet, q):
+        """A packet that arrives on ``node_name`` in this datapath's tunnel (``packet.tunnel``
+        holds the outer header, from a capture): the next Location, or None when the branch
+        already ended. The default: not modelled, said."""
+        why = (f"a packet arriving on {node_name} in a {packet.tunnel.kind} tunnel is not "
+               f"modelled for {self.name}")
+        branch.add(Hop(node_name, "tunnel", None, None, why, unknown=True))
+        branch.finish(Verdict.UNKNOWN, Drop(node_name, "tunnel", None, None, why,
+                                            Disposition.UNKNOWN))
+        return None
 
     def untraced_gateway(self, node_name: str, node):
         """(device, missing file) when ``node_name`` lacks the files of this datapath's own

@@ -136,6 +136,7 @@ class HostStack:
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
+        b.place = dec.dev          # FORWARD, POSTROUTING and the neighbour act for the out device
         # forwarding decrements the TTL before the FORWARD hook (ip_forward); a packet the
         # node sends itself keeps its socket's TTL
         pkt = pkt.copy()
@@ -258,6 +259,7 @@ class HostStack:
                 outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
                 continue
             ctx.out_iface = odec.dev
+            nb.place = odec.dev
             sent = nf.packet.copy()
             sent.nw_ttl -= 1      # IPVS forwards a client's packet: TTL - 1 (ip_vs_xmit.c)
             outcomes.extend(self._postrouting(nb, loc.node, node, sent, ctx, odec))
@@ -303,7 +305,7 @@ class HostStack:
             pkt.dl_dst = result_mac
         b.add(Hop(loc.node, "neigh", dec.dev, text, reason, source=src, packet=pkt.headers(),
                   changed=pkt.diff(before), notes=notes, unknown=ok is None and not result_mac,
-                  detail="neighbour"))
+                  detail="neighbour", device=dec.dev))
         if ok is False:
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "neigh", dec.dev, text,
                                                    f"neighbour unreachable: {reason}",
@@ -367,6 +369,7 @@ class HostStack:
         text = (f"leaves the cluster: {node_name} sends it out of {device} ({towards}) as "
                 f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}")
         b.add(Hop(node_name, "underlay", device, rule, text, packet=pkt.headers(), detail="exit",
+                  device=device,
                   notes=[] if meant else [f"{pkt.nw_dst} is not where this leg was going: what "
                                           "happens beyond the node is not in the bundle"]))
         b.final_packet = pkt

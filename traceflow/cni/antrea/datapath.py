@@ -87,7 +87,7 @@ class AntreaDatapath(Datapath):
         branch.add(Hop(pod.node, "pod", "main", rule,
                        f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
                        f"eth0 into OVS port {port.number} ({port_name})",
-                       source=src, packet=packet.headers(),
+                       source=src, packet=packet.headers(), device=port_name,
                        notes=[how, REALISTIC_FIRST_PACKET] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
@@ -139,12 +139,13 @@ class AntreaDatapath(Datapath):
                                                     hit.flow.text if hit.flow else None,
                                                     reason, disposition, policies)), None)]
         results = []
+        chooser = _tun_dst_setter(loc, run)
         for output in run.outputs:
             nb = b.fork() if len(run.outputs) > 1 else b
             pkt = from_state(output.state, loc.packet)
             if pkt.nw_dst != loc.packet.nw_dst:   # DNAT inside OVS (AntreaProxy)
                 nb.choose_target(self.cluster, pkt.nw_dst)
-            results.append(self._leave_ovs(nb, loc, output, pkt, node, q))
+            results.append(self._leave_ovs(nb, loc, output, pkt, node, q, chooser))
         return results
 
     def _ovs_drop(self, hit: TableHit, node: NodeModel, loc: AtOvs, q: Query) -> tuple:
@@ -172,7 +173,8 @@ class AntreaDatapath(Datapath):
         return ((self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
                  or f"dropped by the flow in {where}: {flow.text}"), Disposition.DROPPED_RULE, ())
 
-    def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query):
+    def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query,
+                   chooser=None):
         ports = node.bridge.ports
         port = output.port
         if port == "CONTROLLER":
@@ -192,7 +194,7 @@ class AntreaDatapath(Datapath):
         if name == self.cni.gateway_port(ports):
             return (b, AtHost(loc.node, name, pkt))
         if name == self.cni.tunnel_port(ports):
-            return self._tunnel(b, loc, output, pkt)
+            return self._tunnel(b, loc, output, pkt, chooser)
         # a local pod port?
         pod_ip = node_pod_ports(node).ip_on_port(name)
         pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
@@ -200,20 +202,24 @@ class AntreaDatapath(Datapath):
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None, None,
                                                    f"output to port {port} ({name}), which is not "
                                                    "a known pod, gateway or tunnel port")), None)
+        return self._to_pod(b, loc.node, pod, port, name, pkt)
+
+    def _to_pod(self, b: Branch, node: str, pod: kube.Pod, port, name: str, pkt: Packet):
+        """OVS sends the packet out of ``pod``'s port (``name``): its stack takes it."""
         delivered = pkt.nw_dst == pod.ip
-        b.add(Hop(loc.node, "pod", None, None,
+        b.add(Hop(node, "pod", None, None,
                   f"delivered to {pod.key} ({pod.ip}) on port {port} ({name})" if delivered else
                   f"reaches {pod.key} ({pod.ip}) but is addressed to {pkt.nw_dst}",
-                  packet=pkt.headers()))
+                  packet=pkt.headers(), device=name))
         if not delivered:
-            return (b.finish(Verdict.DROPPED, Drop(loc.node, "pod", None, None,
+            return (b.finish(Verdict.DROPPED, Drop(node, "pod", None, None,
                                                    f"{pod.key} receives a packet for {pkt.nw_dst}; "
                                                    "its stack drops it", Disposition.NO_ROUTE)),
                     None)
         b.final_packet = pkt
         return (b.finish(Verdict.DELIVERED, None, pod), None)
 
-    def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet):
+    def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet, chooser=None):
         tun_dst = output.state.get("tun_dst", 0)
         dst_ip = str(ipaddress.IPv4Address(tun_dst)) if tun_dst else None
         peer = self.cluster.node_by_ip(dst_ip) if dst_ip else None
@@ -224,18 +230,21 @@ class AntreaDatapath(Datapath):
                       unknown=True))
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "tunnel", None, None,
                                                    f"tunnel to {dst_ip}: unknown Node")), None)
-        dev = (self.snap.bundle.manifest.get("nodes") or {}).get(loc.node, {}).get("tunnel_dev",
-                                                                                  "the tunnel device")
+        dev = self._tunnel_dev(loc.node) or "the tunnel device"
         inner = pkt.copy()
         inner.tunnel = Tunnel("geneve", src_node.internal_ip if src_node else "?", dst_ip)
-        b.add(Hop(loc.node, "tunnel", "geneve", None,
+        # the flow that chose the tunnel destination is the one to blame for it
+        b.add(Hop(loc.node, "tunnel", "geneve", chooser.text if chooser is not None else None,
                   f"encapsulate in Geneve on {dev}: outer {inner.tunnel.src} -> {dst_ip} UDP/6081 "
                   f"to {peer.name}; inner headers unchanged",
                   packet=inner.headers(), changed=inner.diff(pkt),
-                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"]))
+                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"],
+                  device=self._uplink(loc.node, inner.tunnel.src),
+                  source=chooser.source if chooser is not None else None))
         b.add(Hop(peer.name, "underlay", None, None,
                   f"{peer.name} receives the Geneve packet from {inner.tunnel.src} and "
-                  f"decapsulates it into its tunnel port", packet=pkt.headers()))
+                  f"decapsulates it into its tunnel port", packet=pkt.headers(),
+                  device=self._tunnel_dev(peer.name)))
         try:
             peer_model = self.snap.node(peer.name)
             tname = self.cni.tunnel_port(peer_model.bridge.ports)
@@ -248,6 +257,71 @@ class AntreaDatapath(Datapath):
         arriving.extra["tun_src"] = src_node.internal_ip if src_node else None
         arriving.extra["tun_dst"] = dst_ip
         return (b, AtOvs(peer.name, peer_model.bridge.ports[tname].number, arriving))
+
+    def _tunnel_dev(self, node_name: str) -> str | None:
+        """The kernel's tunnel device (genev_sys_6081), as the manifest names it."""
+        return ((self.snap.bundle.manifest.get("nodes") or {}).get(node_name) or {}) \
+            .get("tunnel_dev")
+
+    def _uplink(self, node_name: str, address: str | None) -> str | None:
+        """The device holding ``address`` (the outer source): where the outer header is seen."""
+        try:
+            node = self.snap.node(node_name)
+        except Missing:
+            return None
+        return next((i.name for i in node.interfaces
+                     if any(a.address == address for a in i.ipv4())), None)
+
+    # ---- a walk that starts where a packet was captured ---------------------------------------
+    def start_at(self, branch, node_name, device, packet, q, sent):
+        """Captured on one of the bridge's ports. The gateway: sent by the host it enters OVS
+        on the gateway port, received by the host it is the host stack's. The tunnel device
+        (genev_sys_6081) or port: received, it enters OVS on the tunnel port; sent, its peer
+        is OVS's tun_dst, which the inner packet does not show. A pod's port: received from
+        the pod it enters OVS there; sent to the pod, the pod receives it."""
+        node = self.snap.node(node_name)
+        if self.untraced_gateway(node_name, node) is not None:
+            return NotImplemented
+        ports = node.bridge.ports
+        gw, tun = self.cni.gateway_port(ports), self.cni.tunnel_port(ports)
+        if device == gw:
+            if sent:
+                return AtOvs(node_name, ports[gw].number, packet)
+            return NotImplemented        # received from OVS: the host stack takes it
+        if device in (tun, self._tunnel_dev(node_name)) and tun is not None:
+            if sent:
+                why = (f"sent into the tunnel on {node_name}'s {device}: the node it goes to is "
+                       "OVS's tun_dst, which a capture of the inner packet does not show "
+                       "(capture on the uplink, where the outer header is, or before OVS)")
+                branch.add(Hop(node_name, "tunnel", None, None, why, unknown=True))
+                branch.finish(Verdict.UNKNOWN, Drop(node_name, "tunnel", None, None, why,
+                                                    Disposition.UNKNOWN))
+                return None
+            return AtOvs(node_name, ports[tun].number, packet)
+        if device not in ports:
+            return NotImplemented
+        pod_ip = node_pod_ports(node).ip_on_port(device)
+        pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
+        if sent is None and pod is not None:
+            sent = packet.nw_dst == pod.ip and packet.nw_src != pod.ip
+        if sent and pod is not None:
+            return self._to_pod(branch, node_name, pod, ports[device].number, device, packet)[1]
+        return AtOvs(node_name, ports[device].number, packet)
+
+    def arrive_by_tunnel(self, branch, node_name, packet, q):
+        """The kernel decapsulates (genev_sys_6081) and OVS takes the packet on its tunnel
+        port, the outer addresses as tun_src/tun_dst."""
+        node = self.snap.node(node_name)
+        tname = self.cni.tunnel_port(node.bridge.ports)
+        if tname is None:
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "ovs", None, None,
+                                                "no tunnel port in ovs-show.txt"))
+            return None
+        arriving = packet.copy()
+        arriving.extra["tun_src"] = packet.tunnel.src
+        arriving.extra["tun_dst"] = packet.tunnel.dst
+        arriving.tunnel = None
+        return AtOvs(node_name, node.bridge.ports[tname].number, arriving)
 
     # ---- where the host stack's devices lead ------------------------------------------------
     def host_output(self, b, loc, node, pkt, dec, nexthop):
@@ -330,3 +404,15 @@ class AntreaDatapath(Datapath):
                                             and node.bridge.port_name(out.port) == port):
                     return mac
         return None
+
+
+def _tun_dst_setter(loc: AtOvs, run: OvsRun):
+    """The flow of ``run`` that last set tun_dst (L3Forwarding's load to NXM_NX_TUN_IPV4_DST):
+    where the tunnel's destination comes from."""
+    known = loc.packet.extra.get("tun_dst")
+    value, flow = int(ipaddress.IPv4Address(known)) if known else None, None
+    for hit in run.hits:
+        after = hit.state_after or {}
+        if "tun_dst" in after and after["tun_dst"] != value:
+            value, flow = after["tun_dst"], hit.flow
+    return flow
