@@ -1,7 +1,7 @@
 """The trace as a capture (``-o pcap``): pcapng, one section per path, one packet per hop that
-changes it (and each leg's first), the hop's number, node, component, table and effect as the
-packet's comment, the device it is on as its interface (``NODE:DEVICE``; ``NODE:COMPONENT``
-where the trace names no device, e.g. inside an OVS bridge).
+changes it, the hop's number, node, component, table and effect as the packet's comment, the
+device it is on as its interface (``NODE:DEVICE``, which `--pcap` reads back as where it was
+seen; ``NODE COMPONENT`` where the trace names no device, e.g. inside an OVS bridge).
 
 A packet inside a tunnel (``tun_src``/``tun_dst``) is written with its outer headers: outer
 IPv4 and UDP to the tunnel's port (Geneve 6081, or VXLAN 4789 where the tunnel hop says vxlan),
@@ -37,13 +37,10 @@ def render_pcapng(trace: Trace, about=None) -> bytes:
     layers = _Layers()
     base = _base_time(about)
     capture = (trace.query or {}).get("capture") or {}
-    out = bytearray()
+    interfaces: dict = {}               # name -> its description, in first-use order
+    sections = []
     for index, path in enumerate(trace.paths, 1):
-        out += _shb(f"traceflow path {index}/{len(trace.paths)}: {path.endpoint or 'none'} "
-                    f"({walk.percent(path.weight)}) {walk.outcome_word(path)}; "
-                    f"{walk.query_line(trace.query or {})}")
-        interfaces: dict = {}
-        previous = None
+        packets, previous = [], None
         leg_of = _legs(path)
         for h in walk.numbered(path, index):
             headers = walk.headers(h.hop.packet)
@@ -53,10 +50,11 @@ def render_pcapng(trace: Trace, about=None) -> bytes:
             if key == previous:
                 continue              # unchanged: the packet of an earlier hop
             previous = key
-            name = f"{h.hop.node}:{h.hop.device or h.hop.component}"
-            if name not in interfaces:
-                interfaces[name] = len(interfaces)
-                out += _idb(name, _describe(h.hop))
+            # NODE:DEVICE reads back as where it was seen (--pcap); without a device, a name
+            # that names no device
+            name = f"{h.hop.node}:{h.hop.device}" if h.hop.device else \
+                f"{h.hop.node} {h.hop.component}"
+            interfaces.setdefault(name, _describe(h.hop))
             flags = _flags(path.legs[h.leg], leg_of[h.leg], capture)
             frame, note = layers.frame(headers, flags, _tunnel_kind(path, h))
             comment = (f"{h.ref} {h.hop.node} {h.hop.component}"
@@ -65,7 +63,21 @@ def render_pcapng(trace: Trace, about=None) -> bytes:
                        f"{h.hop.effect}"
                        + (f" [{h.hop.source.file}:{h.hop.source.line}]" if h.hop.source else "")
                        + (f"; {note}" if note else ""))
-            out += _epb(interfaces[name], base + h.number * 1000, frame, comment)
+            packets.append((name, base + h.number * 1000, frame, comment))
+        sections.append((f"traceflow path {index}/{len(trace.paths)}: {path.endpoint or 'none'} "
+                         f"({walk.percent(path.weight)}) {walk.outcome_word(path)}; "
+                         f"{walk.query_line(trace.query or {})}", packets))
+    ids = {name: i for i, name in enumerate(interfaces)}
+    out = bytearray()
+    for comment, packets in sections:
+        out += _shb(comment)
+        # interface ids are per section; every section declares every interface of the file
+        # in one order, so a reader that keeps one list for the whole file (scapy's
+        # RawPcapNgReader does not reset it at a new section) names them alike
+        for name, text in interfaces.items():
+            out += _idb(name, text)
+        for name, micros, frame, text in packets:
+            out += _epb(ids[name], micros, frame, text)
     return bytes(out)
 
 

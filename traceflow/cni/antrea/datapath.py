@@ -10,6 +10,7 @@ import ipaddress
 from traceflow.bundle import kube
 from traceflow.cni.antrea.conventions import node_pod_ports
 from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import InputError
 from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.pipeline import simulate
 from traceflow.engines.ovs.runs import OvsRun, TableHit
@@ -285,6 +286,11 @@ class AntreaDatapath(Datapath):
         ports = node.bridge.ports
         gw, tun = self.cni.gateway_port(ports), self.cni.tunnel_port(ports)
         if device == gw:
+            if sent is None:
+                raise InputError(f"cannot tell whether {node_name} sent the packet into OVS on "
+                                 f"{device} or received it from OVS: say --seen-at "
+                                 f"{node_name}:{device}:out (sent) or :in (received)",
+                                 "--seen-at")
             if sent:
                 return AtOvs(node_name, ports[gw].number, packet)
             return NotImplemented        # received from OVS: the host stack takes it

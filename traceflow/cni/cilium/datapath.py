@@ -511,3 +511,39 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
         if prog is not None and prog.program == "from-netdev":
             return AtBpf(node_name, device, "ingress", "from-netdev", packet)
         return AtHost(node_name, device, packet)
+
+    # ---- a walk that starts where a packet was captured (traceflow.walk.seen) -----------------
+    def start_at(self, branch, node_name, device, packet, q, sent):
+        """Captured on a device carrying Cilium's programs. Received: the device's tc ingress
+        program runs next (from-container on an lxc device, from-netdev on the native
+        device, from-overlay on cilium_vxlan/cilium_geneve), as taps see a received packet
+        before tc ingress (net/core/dev.c, __netif_receive_skb_core). Sent: the packet has
+        already passed tc egress (taps see it in dev_hard_start_xmit); going on from there is
+        not modelled for Cilium yet, said. Other devices are the host's."""
+        cn = self.cilium(node_name)
+        rec = cn.endpoint_by_device(device)
+        if sent is None and rec is not None:
+            sent = packet.nw_dst == rec.ip and packet.nw_src != rec.ip
+        ingress = cn.program_at(device, "ingress")
+        if sent is False or (sent is None and ingress is not None):
+            if ingress is not None:
+                return AtBpf(node_name, device, "ingress", ingress.program, packet)
+            return NotImplemented
+        if rec is not None or device in TUNNEL_DEVS or cn.program_at(device, "egress"):
+            why = (f"captured as {node_name} sent it on {device}, after its tc egress program: "
+                   "a walk from there is not modelled for Cilium yet (capture where it is "
+                   "received, or trace from its sender)")
+            branch.add(Hop(node_name, "bpf", device, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", device, None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        return NotImplemented
+
+    def arrive_by_tunnel(self, branch, node_name, packet, q):
+        """The overlay device's from-overlay program takes the decapsulated packet, the
+        outer header's VNI as the source identity (bpf_overlay.c)."""
+        dev = f"cilium_{packet.tunnel.kind}"
+        cn = self.cilium(node_name)
+        if cn.program_at(dev, "ingress") is None and cn.attachments_known:
+            return super().arrive_by_tunnel(branch, node_name, packet, q)
+        return AtBpf(node_name, dev, "ingress", "from-overlay", packet)

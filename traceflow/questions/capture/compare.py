@@ -42,6 +42,7 @@ class State:
     headers: dict
     places: set = field(default_factory=set)     # (node, device) of the hops it spans
     origin: dict = field(default_factory=dict)   # header -> where its value was set
+    after_reply: bool = False        # a request-direction packet after its connection's reply
 
 
 @dataclass
@@ -126,10 +127,11 @@ def states(doc: dict) -> list:
     """Every packet state of every path of the trace document, in walk order."""
     out: list = []
     for pi, path in enumerate(doc.get("paths") or [], 1):
-        number, origin = 0, {}
+        number, origin, replied = 0, {}, False
         current: State | None = None
         for leg in path.get("legs") or []:
             direction = leg.get("direction") or "request"
+            replied = replied or direction == "reply"
             for hop in leg.get("hops") or []:
                 number += 1
                 ref = f"{pi}.{number}"
@@ -138,13 +140,16 @@ def states(doc: dict) -> list:
                     origin[name] = _origin(hop, ref)
                 place = (hop.get("node"), hop.get("device"))
                 if isinstance(pkt, dict) and (current is None or pkt != current.headers
-                                              or current.direction != direction):
+                                              or current.direction != direction
+                                              or (replied and not current.after_reply
+                                                  and direction == "request")):
                     if current is None:     # the first packet: every header is the sender's
                         origin = {k: f"the first packet (hop {ref}: {hop.get('node')} "
                                      f"{hop.get('component')})" for k in pkt} | origin
                     current = State(ref, pi, direction, hop.get("node"), hop.get("component"),
                                     hop.get("table"), hop.get("effect") or "", dict(pkt),
-                                    set(), {k: origin.get(k, f"hop {ref}") for k in pkt})
+                                    set(), {k: origin.get(k, f"hop {ref}") for k in pkt},
+                                    replied and direction == "request")
                     out.append(current)
                 if current is not None and place[1]:
                     current.places.add(place)

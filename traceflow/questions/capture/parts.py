@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from traceflow.model.errors import InputError
 from traceflow.questions.capture.frames import Frame
-from traceflow.questions.capture.start import direction, from_interface, seen_at
+from traceflow.questions.capture.start import (direction, from_interface, seen_at,
+                                               with_direction)
 from traceflow.walk.seen import SeenAt
 
 WORDS = {6: "tcp", 17: "udp", 132: "sctp"}
@@ -22,9 +23,7 @@ def _where(snap, node: str, frame: Frame, seen: str | None, namespace: str) -> S
     if where is not None and where.node != node:
         raise InputError(f"the packet was seen on {where.label}, not on NODE {node}",
                          "--seen-at")
-    if where is not None and where.sent is None and frame.direction and where.pod is None:
-        where = SeenAt(where.node, where.device, None, frame.direction == "out", where.how)
-    return where
+    return with_direction(snap, where, frame)
 
 
 def info(frame: Frame, where: SeenAt | None, why: str, notes: list) -> dict:

@@ -180,9 +180,7 @@ def frame_query(snap, frame: Frame, seen: str | None = None, namespace: str = "d
         where, note = from_interface(snap, frame)
         if note:
             notes.append(note)
-    if where is not None and where.sent is None and frame.direction and where.pod is None:
-        where = dataclasses.replace(where, sent=frame.direction == "out",
-                                    how=f"{where.how}; direction from the capture")
+    where = with_direction(snap, where, frame)
     proto = PROTOCOL_NAMES[n.proto]
     src_ref = _ref(snap, client[0], frame, "source")
     dst_ref = _ref(snap, server[0], frame, "destination")
@@ -212,6 +210,27 @@ def frame_query(snap, frame: Frame, seen: str | None = None, namespace: str = "d
     q.captured = captured
     q.assumptions = tuple(q.assumptions) + tuple(notes)
     return q
+
+
+def with_direction(snap, where: SeenAt | None, frame: Frame) -> SeenAt | None:
+    """Which way the packet crossed the device, when --seen-at did not say: the capture's
+    own word (pcapng flags, a cooked header, tcpdump's In/Out), else the device's MAC as the
+    frame's source (sent) or destination (received)."""
+    if where is None or where.pod is not None or where.sent is not None:
+        return where
+    if frame.direction:
+        return dataclasses.replace(where, sent=frame.direction == "out",
+                                   how=f"{where.how}; which way from the capture")
+    try:
+        iface = snap.node(where.node).interface(where.device)
+    except Missing:
+        iface = None
+    mac = (iface.mac or "").lower() if iface is not None else ""
+    link = frame.link if frame.outer is None else frame.outer.link
+    if mac and link is not None and mac in (link.src, link.dst):
+        return dataclasses.replace(where, sent=link.src == mac,
+                                   how=f"{where.how}; which way from {where.device}'s MAC {mac}")
+    return where
 
 
 def _key(endpoint) -> str | None:
@@ -307,7 +326,10 @@ def trace_frame(snap, q, frame: Frame):
     c = q.captured
     where = (c.seen_at.node, c.seen_at.device) if c.seen_at is not None and \
         c.seen_at.pod is None else None
-    finding = compare(frame, states(trace_document(trace)), where)
+    predicted = states(trace_document(trace))
+    if c.established and c.direction == "request":      # the captured leg, after the set-up
+        predicted = [s for s in predicted if s.after_reply] or predicted
+    finding = compare(frame, predicted, where)
     info = trace.query.get("capture")
     if isinstance(info, dict):
         info["hop"] = finding.state.ref if finding.matches else None

@@ -40,8 +40,11 @@ _NAMES = re.compile(r"(?P<src>\S+) > (?P<dst>\S+?):? ")
 _TCP_FLAGS = re.compile(r"^Flags \[(?P<flags>[^\]]*)\]")
 _FLAG_CHARS = {"S": "syn", "F": "fin", "P": "psh", "R": "rst", "U": "urg", "W": "cwr",
                "E": "ece", ".": "ack"}
-_GENEVE = re.compile(r"^Geneve, Flags \[[^\]]*\], vni 0x(?P<vni>[0-9a-fA-F]+), proto (?P<name>\S+)"
-                     r" \(0x(?P<proto>[0-9a-fA-F]{4})\)(?:, options \[.*?\])?: ")
+# print-geneve.c: the protocol only with -e or -v; the inner packet after ": " (or, with -v,
+# on the next line)
+_GENEVE = re.compile(r"^Geneve, Flags \[[^\]]*\], vni 0x(?P<vni>[0-9a-fA-F]+)"
+                     r"(?:, proto (?P<name>\S+) \(0x(?P<proto>[0-9a-fA-F]{4})\))?"
+                     r"(?:, options \[.*?\])?(?::\s*|\s+)")
 _VXLAN = re.compile(r"^VXLAN, flags \[[^\]]*\] \(0x[0-9a-fA-F]+\), vni (?P<vni>\d+)\s+")
 _ETHER_NAMES = {"IPv4": ETH_IPV4, "IPv6": ETH_IPV6, "ARP": ETH_ARP, "802.1Q": 0x8100,
                 "802.1Q-QinQ": 0x88A8}
@@ -135,7 +138,7 @@ def _packet(t: _Text, inner: bool) -> tuple:
             raise t.error(f"a {kind} header on UDP port {dport}: not a port traceflow reads "
                           f"{kind} on ({', '.join(map(str, ports))})")
         vni = int(geneve["vni"], 16) if geneve else int(vxlan["vni"])
-        if geneve and int(geneve["proto"], 16) != TEB:
+        if geneve and geneve["proto"] and int(geneve["proto"], 16) not in (TEB, ETH_IPV4):
             raise t.error(f"a Geneve packet carrying {geneve['name']}: not read")
         inner_link, inner_net, inner_tr, _ = _packet(t, inner=True)
         outer = (link, _with_proto(network, 17), sport, dport, kind, vni)
