@@ -166,7 +166,7 @@ def _where(frame, seen, snap, doc) -> tuple | None:
 
 
 def _compare(doc, snap, frames, skipped, seen_text, namespace, what, capture_file) -> dict:
-    from traceflow.questions.capture.compare import compare, states
+    from traceflow.questions.capture.compare import compare_all
     seen = None
     if seen_text is not None:
         if snap is not None:
@@ -177,12 +177,12 @@ def _compare(doc, snap, frames, skipped, seen_text, namespace, what, capture_fil
         if seen.pod is not None:
             raise InputError("compare-capture compares at a node's device: give --seen-at "
                              "NODE:IFACE", "--seen-at")
-    predicted = states(doc)
-    findings = []
+    located = []
     for f in frames:
         if seen is not None and seen.sent is not None:
             f = dataclasses.replace(f, direction="out" if seen.sent else "in")
-        findings.append(compare(f, predicted, _where(f, seen, snap, doc)))
+        located.append((f, _where(f, seen, snap, doc)))
+    findings = compare_all(located, doc)
     lines = [line for finding in findings for line in finding.lines()]
     good = sum(1 for x in findings if x.matches)
     lines.append(f"{len(findings)} frame{'' if len(findings) == 1 else 's'} compared: {good} "

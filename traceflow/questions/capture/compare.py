@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from traceflow.questions.capture.frames import Frame
 
 UNKNOWN_MAC = "00:00:00:00:00:00"
-# how much agreeing on a header counts when choosing a frame's state: the connection's
-# addresses and ports first, then the tunnel, then the rest
-WEIGHTS = {"nw_src": 4, "nw_dst": 4, "tp_src": 4, "tp_dst": 4, "nw_proto": 4, "tun_src": 2,
+# how much agreeing on a header counts when choosing a frame's state (and a capture's path):
+# the addresses first (another address is another backend, another path), then the ports
+# and protocol (a translation's detail), the tunnel, then the rest
+WEIGHTS = {"nw_src": 8, "nw_dst": 8, "tp_src": 4, "tp_dst": 4, "nw_proto": 4, "tun_src": 2,
            "tun_dst": 2, "dl_src": 1, "dl_dst": 1, "nw_ttl": 1}
 COMPARED = ("dl_src", "dl_dst", "nw_src", "nw_dst", "nw_proto", "tp_src", "tp_dst", "nw_ttl",
             "tun_src", "tun_dst")
@@ -69,7 +70,8 @@ class Finding:
         f = self.frame
         head = f"{f.ref}: {f.flow()}"
         if self.state is None:
-            return [f"{head}: no packet of the trace is of this connection"]
+            return [f"{head}: the trace has no packet of this connection going this way"] + \
+                ([f"  {self.note}"] if self.note else [])
         s = self.state
         hop = f"hop {s.ref} ({s.node} {s.component}{' ' + s.table if s.table else ''})"
         out = []
@@ -118,8 +120,12 @@ def trace_document(trace) -> dict:
                 "source": None if h.source is None else {"file": h.source.file,
                                                          "line": h.source.line},
                 "device": h.device}
+    def drop(d) -> dict | None:
+        return None if d is None else {"node": d.node, "component": d.component,
+                                       "table": d.table, "reason": d.reason}
     return {"query": trace.query,
-            "paths": [{"legs": [{"direction": leg.direction, "hops": [hop(h) for h in leg.hops]}
+            "paths": [{"endpoint": p.endpoint, "drop": drop(p.drop),
+                       "legs": [{"direction": leg.direction, "hops": [hop(h) for h in leg.hops]}
                                 for leg in p.legs]} for p in trace.paths]}
 
 
@@ -206,7 +212,12 @@ def _same_connection(seen: dict, expected: dict) -> bool:
 def compare(frame: Frame, trace_states: list, where: tuple | None = None) -> Finding:
     """The state ``frame`` is, and the headers that differ from it."""
     seen = observed(frame)
-    candidates = [s for s in trace_states if _same_connection(seen, s.headers)]
+    # the same connection, the same way: one end as the frame has it (the other may differ
+    # where the trace translated it otherwise)
+    candidates = [s for s in trace_states if _same_connection(seen, s.headers) and (
+        (seen["nw_src"], seen["tp_src"]) == (s.headers.get("nw_src"), s.headers.get("tp_src"))
+        or (seen["nw_dst"], seen["tp_dst"]) == (s.headers.get("nw_dst"),
+                                                s.headers.get("tp_dst")))]
     if not candidates:
         return Finding(frame, where, None, [], False)
     here = [s for s in candidates if where is not None and _at(s, where)]
@@ -224,3 +235,60 @@ def compare(frame: Frame, trace_states: list, where: tuple | None = None) -> Fin
 
 def _at(state: State, where: tuple) -> bool:
     return any(node == where[0] and device == where[1] for node, device in state.places)
+
+
+def compare_all(frames: list, doc: dict) -> list:
+    """Findings for ``frames`` [(frame, where)] of one capture against a trace document.
+
+    A capture holds one connection, which took one of the trace's paths (one load-balancer
+    branch): the path that agrees best with all the frames is the one a frame is compared
+    with, unless the frame is exactly a packet of another path (a capture of a trace's own
+    `-o pcap` holds every path). A frame the chosen path has no packet for at that place is
+    told where the path stopped, when it stopped early."""
+    predicted = states(doc)
+    paths = sorted({s.path for s in predicted})
+    by_path = {p: [s for s in predicted if s.path == p] for p in paths}
+    scores = {p: 0 for p in paths}
+    tried = {}
+    for i, (f, where) in enumerate(frames):
+        for p in paths:
+            finding = compare(f, by_path[p], where)
+            tried[(i, p)] = finding
+            scores[p] += _score(finding)
+    # what tells the paths apart is the address each branch's load balancer chose: a path
+    # whose own addresses (those no other path has) the capture shows is the one it took
+    addresses = {p: {s.headers.get(k) for s in by_path[p] for k in ("nw_src", "nw_dst")}
+                 for p in paths}
+    common = set.intersection(*addresses.values()) if addresses else set()
+    shown = {a for f, _ in frames for a in (f.network.src, f.network.dst)}
+    own = {p: len((addresses[p] - common) & shown) for p in paths}
+    best = max(paths, key=lambda p: (own[p], scores[p], -p)) if paths else None
+    out = []
+    for i, (f, where) in enumerate(frames):
+        exact = next((tried[(i, p)] for p in paths if tried[(i, p)].matches), None)
+        if exact is not None or best is None:
+            out.append(exact or compare(f, [], where))
+            continue
+        finding = tried[(i, best)]
+        if finding.state is None or (where is not None and not finding.at_place):
+            finding.note = _stopped(doc, best)
+        out.append(finding)
+    return out
+
+
+def _score(finding: Finding) -> int:
+    if finding.state is None:
+        return 0
+    agree = sum(WEIGHTS[n] for n in COMPARED) - sum(WEIGHTS[d[0]] for d in finding.differences)
+    return agree + (100 if finding.at_place else 0) + (1000 if finding.matches else 0)
+
+
+def _stopped(doc: dict, index: int) -> str | None:
+    path = (doc.get("paths") or [])[index - 1]
+    drop = path.get("drop")
+    if not isinstance(drop, dict):
+        return None
+    where = " ".join(str(x) for x in (drop.get("node"), drop.get("component"), drop.get("table"))
+                     if x)
+    return (f"the trace's path {index} ({path.get('endpoint')}) stops before it: at {where}: "
+            f"{drop.get('reason')}")
