@@ -115,6 +115,8 @@ def hop_to_dict(hop: Hop) -> dict:
         out["detail"] = hop.detail
     if hop.device is not None:       # the device the packet is on (v1.3)
         out["device"] = hop.device
+    if hop.varies:                   # headers set to a value picked at run time (v1.3)
+        out["varies"] = list(hop.varies)
     if hop.program is not None or hop.map is not None or hop.entry is not None:
         out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
     return out

@@ -91,6 +91,9 @@ class Hop:
     # the device the packet is on at this hop, when the walk knows it: an interface of the
     # node (antrea-gw0, a pod's veth, the uplink), the OVS bridge (br-int), a BPF hook's device
     device: str | None = None
+    # headers this hop sets to a value the kernel picks at run time (a NAT's --random-fully
+    # source port): the value shown is one of many, a capture may show another
+    varies: tuple = ()
 
 
 @dataclass

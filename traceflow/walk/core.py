@@ -320,7 +320,7 @@ class Walk:
                        f"{server.key if isinstance(server, kube.Pod) else server} answers; "
                        f"assumed: the answer comes back to the host through {device} (the "
                        f"CNI's datapath is not in the bundle)", packet=reply.headers(),
-                       detail="pod", notes=["assumption: host-only bundle"]))
+                       detail="pod", notes=["assumption: host-only bundle"], device=device))
             return self._run(rb, AtHost(node, device, reply), q)
         if how is Disposition.DELIVERED_HOST and not isinstance(server, kube.Pod):
             return self._from_node(rb, str(server).removeprefix("node/"), reply, q)

@@ -108,6 +108,10 @@ class HostStack:
         if any(word in step.effect.upper() for word in ("DNAT", "SNAT", "MASQUERADE", "MARK")):
             hop.packet = nf.packet.headers()
             hop.changed = nf.packet.diff(before)
+            nat = nf.nat
+            if nat is not None and nat.random_port and nat.kind != "DNAT" and \
+                    nat.kind in step.effect:
+                hop.varies = ("tp_src",)     # the kernel picks it: not predictable
         return hop
 
     @staticmethod

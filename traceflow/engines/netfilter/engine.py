@@ -48,6 +48,8 @@ class NatAction:
     kind: str                             # "DNAT" | "SNAT" | "MASQUERADE"
     original: tuple[str | None, int | None]
     translated: tuple[str | None, int | None]
+    random_port: bool = False             # --random[-fully]: the kernel picks the port at run
+    #                                       time (nf_nat_l4proto_unique_tuple); shown unchanged
 
 
 @dataclass(frozen=True)
@@ -405,13 +407,21 @@ def _dnat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
 
 def _snat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     step(nat_rewrite(walk, "SNAT", rule.target_args["to"]) + _port_note(rule))
+    _randomised(walk, rule.target_args.get("flags", ()))
     return "ACCEPT"
+
+
+def _randomised(walk: Walk, flags) -> None:
+    """--random / --random-fully: the source port the kernel picks is not predictable."""
+    if walk.nat is not None and {"random", "random-fully", "fully-random"} & set(flags):
+        walk.nat = dataclasses.replace(walk.nat, random_port=True)
 
 
 def _masquerade(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     ports = rule.target_args.get("to_ports")
     step(nat_rewrite(walk, "MASQUERADE", NatTo(None, ports=ports) if ports else None)
          + _port_note(rule))
+    _randomised(walk, rule.target_args.get("flags", ()))
     return "ACCEPT"
 
 

@@ -44,6 +44,7 @@ class State:
     places: set = field(default_factory=set)     # (node, device) of the hops it spans
     origin: dict = field(default_factory=dict)   # header -> where its value was set
     after_reply: bool = False        # a request-direction packet after its connection's reply
+    varies: set = field(default_factory=set)     # headers picked at run time (not compared)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Finding:
     differences: list                # (header, seen, expected, origin)
     at_place: bool                   # the state is one the trace has at ``where``
     note: str | None = None
+    unpredictable: list = field(default_factory=list)   # (header, seen, shown, origin)
 
     @property
     def matches(self) -> bool:
@@ -82,6 +84,10 @@ class Finding:
             for name, seen, expected, origin in self.differences:
                 out.append(f"  {self.place_text()} shows {name} {_show(seen)}; the trace "
                            f"expected {_show(expected)} from {origin}")
+        for name, seen, shown, origin in self.unpredictable:
+            if seen != shown:
+                out.append(f"  {name} {_show(seen)} not compared: picked at run time by "
+                           f"{origin} (the trace shows {_show(shown)})")
         if self.where is not None and not self.at_place:
             out.append(f"  the trace has no packet of this connection on {self.where[0]} "
                        f"{self.where[1]}")
@@ -101,6 +107,8 @@ class Finding:
                 "at_seen_place": self.at_place,
                 "differences": [{"header": n, "seen": a, "expected": b, "from": o}
                                 for n, a, b, o in self.differences],
+                "not_compared": [{"header": n, "seen": a, "shown": b, "from": o}
+                                 for n, a, b, o in self.unpredictable],
                 "note": self.note}
 
 
@@ -129,33 +137,49 @@ def trace_document(trace) -> dict:
                                 for leg in p.legs]} for p in trace.paths]}
 
 
+# a reply's addresses and ports are its request's, swapped: so are where they were set
+SWAPPED = {"nw_src": "nw_dst", "nw_dst": "nw_src", "tp_src": "tp_dst", "tp_dst": "tp_src",
+           "tun_src": "tun_dst", "tun_dst": "tun_src"}
+
+
 def states(doc: dict) -> list:
     """Every packet state of every path of the trace document, in walk order."""
     out: list = []
     for pi, path in enumerate(doc.get("paths") or [], 1):
-        number, origin, replied = 0, {}, False
+        number, origin, replied, before = 0, {}, False, None
         current: State | None = None
         for leg in path.get("legs") or []:
             direction = leg.get("direction") or "request"
+            if before is not None and direction != before:
+                # header -> (where it was set, picked at run time): a reply's addresses and
+                # ports are the request's swapped; its MACs and TTL are its sender's
+                origin = {SWAPPED[k]: v for k, v in origin.items() if k in SWAPPED}
+            before = direction
             replied = replied or direction == "reply"
             for hop in leg.get("hops") or []:
                 number += 1
                 ref = f"{pi}.{number}"
                 pkt = hop.get("packet")
-                for name in (hop.get("changed") or {}):
-                    origin[name] = _origin(hop, ref)
+                varies = set(hop.get("varies") or ())
+                for name in set(hop.get("changed") or {}) | varies:
+                    origin[name] = (_origin(hop, ref), name in varies)
+                    if current is not None and pkt == current.headers:   # said after the fact
+                        current.origin[name] = origin[name][0]
+                        (current.varies.add if name in varies else current.varies.discard)(name)
                 place = (hop.get("node"), hop.get("device"))
                 if isinstance(pkt, dict) and (current is None or pkt != current.headers
                                               or current.direction != direction
                                               or (replied and not current.after_reply
                                                   and direction == "request")):
-                    if current is None:     # the first packet: every header is the sender's
-                        origin = {k: f"the first packet (hop {ref}: {hop.get('node')} "
-                                     f"{hop.get('component')})" for k in pkt} | origin
+                    for k in pkt:
+                        origin.setdefault(k, (f"the packet as sent (hop {ref}: "
+                                              f"{hop.get('node')} {hop.get('component')})",
+                                              False))
                     current = State(ref, pi, direction, hop.get("node"), hop.get("component"),
                                     hop.get("table"), hop.get("effect") or "", dict(pkt),
-                                    set(), {k: origin.get(k, f"hop {ref}") for k in pkt},
-                                    replied and direction == "request")
+                                    set(), {k: origin[k][0] for k in pkt},
+                                    replied and direction == "request",
+                                    {k for k in pkt if origin[k][1]})
                     out.append(current)
                 if current is not None and place[1]:
                     current.places.add(place)
@@ -202,11 +226,18 @@ def _comparable(seen: dict, expected: dict) -> list:
     return names
 
 
-def _same_connection(seen: dict, expected: dict) -> bool:
-    ends = {(seen["nw_src"], seen["tp_src"]), (seen["nw_dst"], seen["tp_dst"])}
-    other = {(expected.get("nw_src"), expected.get("tp_src")),
-             (expected.get("nw_dst"), expected.get("tp_dst"))}
-    return seen.get("nw_proto") == expected.get("nw_proto") and bool(ends & other)
+def _end(seen: dict, state: State, side: str, other: str | None = None) -> bool:
+    """Whether the frame's ``side`` end (src/dst: address and port) is the state's ``other``
+    end (default the same side); a port the kernel picks at run time matches any."""
+    other = other or side
+    port = f"tp_{other}"
+    return seen[f"nw_{side}"] == state.headers.get(f"nw_{other}") and (
+        seen[f"tp_{side}"] == state.headers.get(port) or port in state.varies)
+
+
+def _same_connection(seen: dict, state: State) -> bool:
+    return seen.get("nw_proto") == state.headers.get("nw_proto") and any(
+        _end(seen, state, a, b) for a in ("src", "dst") for b in ("src", "dst"))
 
 
 def compare(frame: Frame, trace_states: list, where: tuple | None = None) -> Finding:
@@ -214,23 +245,24 @@ def compare(frame: Frame, trace_states: list, where: tuple | None = None) -> Fin
     seen = observed(frame)
     # the same connection, the same way: one end as the frame has it (the other may differ
     # where the trace translated it otherwise)
-    candidates = [s for s in trace_states if _same_connection(seen, s.headers) and (
-        (seen["nw_src"], seen["tp_src"]) == (s.headers.get("nw_src"), s.headers.get("tp_src"))
-        or (seen["nw_dst"], seen["tp_dst"]) == (s.headers.get("nw_dst"),
-                                                s.headers.get("tp_dst")))]
+    candidates = [s for s in trace_states if _same_connection(seen, s)
+                  and (_end(seen, s, "src") or _end(seen, s, "dst"))]
     if not candidates:
         return Finding(frame, where, None, [], False)
     here = [s for s in candidates if where is not None and _at(s, where)]
     pool = here or candidates
 
     def score(s: State) -> tuple:
-        names = _comparable(seen, s.headers)
+        names = [n for n in _comparable(seen, s.headers) if n not in s.varies]
         agree = sum(WEIGHTS[n] for n in names if seen[n] == s.headers.get(n))
         return (agree, -len(names))
     best = max(pool, key=score)             # max keeps the first of equals: walk order
+    names = _comparable(seen, best.headers)
     diffs = [(n, seen[n], best.headers.get(n), best.origin.get(n, f"hop {best.ref}"))
-             for n in _comparable(seen, best.headers) if seen[n] != best.headers.get(n)]
-    return Finding(frame, where, best, diffs, bool(here))
+             for n in names if seen[n] != best.headers.get(n) and n not in best.varies]
+    free = [(n, seen[n], best.headers.get(n), best.origin.get(n, f"hop {best.ref}"))
+            for n in names if n in best.varies]
+    return Finding(frame, where, best, diffs, bool(here), unpredictable=free)
 
 
 def _at(state: State, where: tuple) -> bool:
