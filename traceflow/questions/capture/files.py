@@ -255,6 +255,12 @@ class BpfMatcher:
         self.lib.pcap_close.argtypes = [ctypes.c_void_p]
         self.programs: dict = {}            # linktype -> (handle, bpf_program)
 
+        class Header(ctypes.Structure):      # struct pcap_pkthdr
+            _fields_ = [("ts_sec", ctypes.c_long), ("ts_usec", ctypes.c_long),
+                        ("caplen", ctypes.c_uint32), ("len", ctypes.c_uint32)]
+        self.header = Header()
+        self.header_ref = ctypes.byref(self.header)
+
     def __enter__(self):
         return self
 
@@ -283,12 +289,7 @@ class BpfMatcher:
         return self.programs[linktype][1]
 
     def __call__(self, raw: RawFrame) -> bool:
-        ct = self.ct
-
-        class Header(ct.Structure):
-            _fields_ = [("ts_sec", ct.c_long), ("ts_usec", ct.c_long),
-                        ("caplen", ct.c_uint32), ("len", ct.c_uint32)]
         program = self._program(raw.linktype)
-        header = Header(0, 0, len(raw.data), raw.wire_length)
-        return bool(self.lib.pcap_offline_filter(ct.byref(program), ct.byref(header),
+        self.header.caplen, self.header.len = len(raw.data), raw.wire_length
+        return bool(self.lib.pcap_offline_filter(self.ct.byref(program), self.header_ref,
                                                  raw.data))
