@@ -204,6 +204,10 @@ def frame_query(snap, frame: Frame, seen: str | None = None, namespace: str = "d
                          "client connected to the Service, the translation before the capture "
                          "(and the reply's un-NAT there) is not in this trace; trace the "
                          "Service to see it")
+    if frame.link is not None and frame.link.vlans:
+        notes.append(f"VLAN {', '.join(map(str, frame.link.vlans))}: the walk carries the "
+                     "packet untagged, as the node's VLAN device hands it on (ovs-trace takes "
+                     "the tag as dl_vlan)")
     captured = Captured(frame.packet(), frame.ref, leg, established, why, where, start,
                         frame.outer.tunnel() if frame.outer is not None else None,
                         tuple(frame.taken()), tuple(notes), frame.transport.flag_text)
