@@ -86,6 +86,16 @@ def test_a_pcap_of_that_packet_gives_the_same(seed_trace, tmp_path):
     capture = doc["query"].pop("capture")
     assert code == 0 and doc == seed_trace
     assert capture["frame"] == f"{path} frame 1" and "TTL 64" in capture["taken"]
+    # a pcapng taken inside the pod (`kubectl debug`): its interface eth0 is the pod's
+    from scapy.utils import rdpcap, wrpcapng
+    inside = tmp_path / "inside.pcapng"
+    packet = rdpcap(str(path))[0]
+    packet.sniffed_on = "eth0"
+    wrpcapng(str(inside), [packet])
+    code, doc = run("trace", "--pcap", str(inside), "-o", "json")
+    capture = doc["query"].pop("capture")
+    assert code == 0 and doc == seed_trace
+    assert capture["seen_at"]["pod"] == "default/frontend"
 
 
 def test_a_syn_ack_traces_the_reply_leg(tmp_path):

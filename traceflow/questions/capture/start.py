@@ -20,12 +20,10 @@ the walk starts at the sender, and the captured packet is found among the trace'
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 
 from traceflow.bundle.snapshot import Missing
 from traceflow.model.errors import InputError
-from traceflow.model.packet import PROTO_NAMES
-from traceflow.questions.capture.frames import CaptureError, Frame
+from traceflow.questions.capture.frames import Frame
 from traceflow.walk.seen import Captured, SeenAt
 
 EPHEMERAL = 32768                 # Linux's ip_local_port_range starts here (32768-60999)
@@ -152,6 +150,11 @@ def from_interface(snap, frame: Frame) -> tuple[SeenAt | None, str | None]:
     having = [n for n in names if name in devices(snap, n)]
     if len(having) == 1:
         return SeenAt(having[0], name, None, None, "the capture's interface name"), None
+    pods = [p for p in (snap.cluster.pod_by_ip(ip) for ip in (frame.network.src,
+                                                             frame.network.dst)) if p]
+    if not having and name == "eth0" and len(pods) == 1:     # a pod's own interface
+        return SeenAt(pods[0].node, "eth0", pods[0].key, None,
+                      f"the capture's interface name (inside {pods[0].key})"), None
     if not having:
         return None, (f"the capture's interface {name!r} is no device of the bundle's nodes: "
                       "where it was seen is not used (--seen-at says it)")
@@ -306,17 +309,6 @@ def _backend_of(cluster, ip: str, port: int) -> str | None:
         if any(addr == ip for addr, _, _ in cluster.endpoints_of(svc.key)):
             return svc.key
     return None
-
-
-def is_ipv4(text: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
-    except ValueError:
-        return False
-
-
-def protocol_name(proto: int) -> str:
-    return str(PROTO_NAMES.get(proto, proto))
 
 
 # ---- the trace, and the captured packet in it -----------------------------------------------
