@@ -310,3 +310,28 @@ def test_wrong_link_type_frame_past_the_end_arp_ipv6(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("tcpdump output, not a capture\n")
     assert "not a pcap or pcapng" in _bad(text).reason
+
+
+# printed by tcpdump 4.99.3 (libpcap 1.10.3) `-i any -n` and `-i any -n -e` on this machine,
+# for one SYN sent on a veth pair (va -> vb) in a namespace: the interface, In/Out/P, and with
+# -e the Linux cooked header's ifindex and sender MAC
+ANY_LINES = [
+    ("19:49:11.395508 va    Out IP 10.9.0.1.1234 > 10.9.0.2.80: Flags [S], seq 0, win 8192, "
+     "length 0", "va", "out", None),
+    ("19:49:11.395516 vb    P   IP 10.9.0.1.1234 > 10.9.0.2.80: Flags [S], seq 0, win 8192, "
+     "length 0", "vb", "in", None),
+    ("19:49:11.395510 va    Out ifindex 3 26:ea:0c:7d:3d:55 ethertype IPv4 (0x0800), length "
+     "60: 10.9.0.1.1234 > 10.9.0.2.80: Flags [S], seq 0, win 8192, length 0", "va", "out",
+     "26:ea:0c:7d:3d:55"),
+    ("19:49:11.395517 vb    P   ifindex 2 26:ea:0c:7d:3d:55 ethertype IPv4 (0x0800), length "
+     "60: 10.9.0.1.1234 > 10.9.0.2.80: Flags [S], seq 0, win 8192, length 0", "vb", "in",
+     "26:ea:0c:7d:3d:55"),
+]
+
+
+@pytest.mark.parametrize("text, interface, direction, mac", ANY_LINES)
+def test_tcpdump_any_says_interface_and_way(text, interface, direction, mac):
+    f = parse_tcpdump(text)
+    assert (f.interface, f.direction) == (interface, direction)
+    assert (f.link.src if f.link else None) == mac and (f.link is None or f.link.dst is None)
+    assert (f.network.src, f.transport.dport, f.syn) == ("10.9.0.1", 80, True)
