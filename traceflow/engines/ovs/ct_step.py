@@ -18,6 +18,9 @@ from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.runs import TableHit
 
 
+_CT_BYTES = 512      # a generous bound on ct(...), recirc and the sets committed before them
+
+
 class ConntrackSteps:
     """The ``ct(...)`` action, for the pipeline's runner (which has the conntrack table, the
     ``--ct-next`` states, the bridge and apply_actions)."""
@@ -50,7 +53,13 @@ class ConntrackSteps:
                            + (f", ct_mark={hex(mark)}" if mark else ""))
             if hit.state_after is None:
                 hit.state_after = dict(state)
-            self.recirc.append((target, tracked))
+            # the recirculation carries the stack (and would carry the action set)
+            if self.actset:
+                self._frozen_actset(hit)
+            self.recirc.append((target, tracked, tuple(self.stack) if self.stack else ()))
+        # ct and recirc actions, and the header sets committed before them: sizes not
+        # counted, see _Runner's 64 kB limit of datapath actions
+        self.dp_size += _CT_BYTES
         hit.effects.append(": ".join([phrases[0], "; ".join(phrases[1:])]) if len(phrases) > 1
                            else phrases[0])
 
