@@ -195,14 +195,17 @@ def _chain_switch(flows: str) -> tuple[PrivateOvs, Bridge]:
     return ovs, Bridge("n1", FlowDump(flows, "ovs-flows.txt"), {}, parse_show(show, "ovs-show.txt"))
 
 
-@pytest.mark.parametrize("extra,want", [(0, ["LOCAL"]), (1, [])])
-def test_resubmit_limit_is_the_first_lookup_and_4096_resubmits(extra, want):
-    """Table 0 resubmits 64 times to table 1 (and ``extra`` times to table 2), each table 1
-    lookup 63 times to table 2: 64 + 64 * 63 = 4,096 resubmits after the first lookup pass
-    (then LOCAL); one more and the translation fails (OVS: "over 4096 resubmit actions")."""
-    flows = ("table=0 actions=" + ",".join(["resubmit(,1)"] * 64 + ["resubmit(,2)"] * extra)
-             + ",LOCAL\ntable=1 actions=" + ",".join(["resubmit(,2)"] * 63) + "\n"
-             "table=2 actions=drop\n")
+@pytest.mark.parametrize("extra,last,want", [(0, False, ["LOCAL"]), (1, False, []),
+                                             (1, True, [])])
+def test_resubmit_limit_is_the_first_lookup_and_4096_resubmits(extra, last, want):
+    """Table 0 resubmits 64 times to table 1 (and ``extra`` times to table 2, before or
+    after its LOCAL), each table 1 lookup 63 times to table 2: 64 + 64 * 63 = 4,096
+    resubmits after the first lookup pass; one more and the translation fails (OVS: "over
+    4096 resubmit actions"), whether it is a flow's last action or not."""
+    more = ["resubmit(,2)"] * extra
+    acts = ["resubmit(,1)"] * 64 + (["LOCAL"] + more if last else more + ["LOCAL"])
+    flows = ("table=0 actions=" + ",".join(acts) + "\ntable=1 actions="
+             + ",".join(["resubmit(,2)"] * 63) + "\ntable=2 actions=drop\n")
     ovs, bridge = _chain_switch(flows)
     try:
         trace = ovs.trace("in_port=1")

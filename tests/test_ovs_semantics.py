@@ -368,8 +368,9 @@ def _actset_actions(rng: random.Random, table: int, match: str) -> str:
             # at most two VLAN headers (OFPBAC_BAD_TAG beyond)
             rng.choice((["push_vlan:0x8100,set_field:4101->vlan_vid", "push_vlan:0x8100"]
                         if depth < 2 else []) + ["mod_vlan_vid:7"]
-                       + (["pop_vlan", "move:NXM_NX_REG1[0..11]->OXM_OF_VLAN_VID[]"] if depth
-                          else [])),
+                       + (["pop_vlan", "move:NXM_NX_REG1[0..11]->OXM_OF_VLAN_VID[]",
+                           "set_field:3->vlan_pcp", "move:NXM_NX_REG1[0..2]->OXM_OF_VLAN_PCP[]"]
+                          if depth else [])),
             f"load:0x{rng.randint(1, 7)}->OXM_OF_PKT_REG0[0..15]"])
         acts.append(choice)
         if choice.startswith("push_vlan") or choice == "mod_vlan_vid:7" and not depth:

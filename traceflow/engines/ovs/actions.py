@@ -393,6 +393,8 @@ def _load(arg: str) -> Load:
 def _view_write(fld: F.Field, value: int, mask: int, text: str) -> ViewWrite:
     if fld.view == "port11":
         raise ActionError(f"{fld.name} is read-only")
+    if fld.name in ("dl_vlan", "dl_vlan_pcp"):
+        raise ActionError(f"{fld.name} has no NXM/OXM id: OVS cannot hold a write into it")
     return ViewWrite(fld, value, mask, text)
 
 
