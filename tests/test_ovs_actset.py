@@ -106,7 +106,8 @@ CASES = {
         "the pushed header is outer; pop leaves VLAN 7; mod_vlan_vid, dumped in OpenFlow 1.5 as "
         "push_vlan and set_field, pushes 9 over it"),
     "stack-push-pop-underflow": (
-        "in_port=1,ip,nw_dst=10.0.0.13", [2, 5], "reg1 gets 0x2, reg2 0x5; the third pop underflows"),
+        "in_port=1,ip,nw_dst=10.0.0.13", [2, 5],
+        "reg1 gets 0x2, reg2 0x5; the third pop underflows"),
     "write_metadata-masked": ("in_port=1,ip,nw_dst=10.0.0.14,metadata=0xffff", [2], "0xff0f"),
     "tcp_flags-unnamed-bits-as-ofproto-trace-prints-them": (
         "in_port=1,tcp,tcp_flags=syn|[200]|[400]", [2], "OVS's own Flow: spelling"),

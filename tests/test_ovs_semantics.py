@@ -424,7 +424,8 @@ def random_actset_spec(rng: random.Random) -> tuple[str, list[str]]:
             words += [f"nw_src=10.0.0.{rng.randint(1, 3)}", f"nw_dst=10.0.1.{rng.randint(1, 3)}"]
         if proto != "ip":
             kind = proto.rstrip("6")
-            words += [f"{kind}_src={rng.randint(1024, 65535)}", f"{kind}_dst={rng.choice([80, 443])}"]
+            words += [f"{kind}_src={rng.randint(1024, 65535)}",
+                      f"{kind}_dst={rng.choice([80, 443])}"]
         if proto.startswith("tcp") and rng.random() < 0.5:
             words.append(f"tcp_flags={rng.choice(['syn|[200]', 'syn', '[200]|[400]', 'ack'])}")
     if rng.random() < 0.3:
