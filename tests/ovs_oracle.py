@@ -138,6 +138,7 @@ class PrivateOvs:
         self._sock: socket.socket | None = None
         self._next_id = 0
         self._odp: dict | None = None
+        self._unsettled = True          # an ovs-ofctl command ran since the last trace
 
     # ---- life cycle ------------------------------------------------------------------
     @classmethod
@@ -194,6 +195,23 @@ class PrivateOvs:
                 self.ofctl("-O", "OpenFlow15", "add-flow", self.BRIDGE, line)
             except OvsCommandError:
                 self.ofctl("add-flow", self.BRIDGE, line)
+
+    def set_port_down(self, name: str, down: bool = True) -> None:
+        """``ovs-ofctl mod-port`` a port down (or up). ofproto-dpif notices the link in
+        port_run and hands it to the translation (a bundle's member_enabled_cb) in a later
+        main loop iteration, while mod-port returns at once: the next trace settles first."""
+        self.ofctl("mod-port", self.BRIDGE, name, "down" if down else "up")
+
+    def _settle(self) -> None:
+        """Let ovs-vswitchd's main loop go round a few times after an ovs-ofctl command: its
+        OpenFlow 1.0 connection counts as a controller until the daemon sees it closed (a
+        table-0 miss then "calls for a packet-in": connmgr_wants_packet_in_on_miss), and a
+        port's new state reaches the translation an iteration or two later. Each unixctl
+        request is answered in an iteration of its own."""
+        if self._unsettled:
+            for _ in range(4):
+                self._call_many([[]], method="version")
+            self._unsettled = False
 
     def appctl(self, *args: str) -> str:
         return self._run(_which("ovs-appctl"), "-t", str(self.ctl), *args)
@@ -272,6 +290,7 @@ class PrivateOvs:
         args = list(args)
         i = next(i for i, a in enumerate(args) if a == self.BRIDGE)
         args[i] = f"unix:{self.dir}/{self.BRIDGE}.mgmt"
+        self._unsettled = True
         return self._run(_which("ovs-ofctl"), *args)
 
     def close(self) -> None:
@@ -296,6 +315,7 @@ class PrivateOvs:
 
     def trace_many(self, requests: list[tuple[str, list[str]]], window: int = 256) -> list[OvsTrace]:
         """ofproto/trace for each (flow spec, ct-next states), pipelined on one connection."""
+        self._settle()
         texts: list[str] = []
         for i in range(0, len(requests), window):
             texts.extend(self._call_many([self._trace_params(f, ct) for f, ct in
@@ -309,14 +329,14 @@ class PrivateOvs:
             params += ["--ct-next", state]
         return params
 
-    def _call_many(self, param_lists: list[list[str]]) -> list[str]:
+    def _call_many(self, param_lists: list[list[str]], method: str = "ofproto/trace") -> list[str]:
         if self._sock is None:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(60)
             self._sock.connect(str(self.ctl))
         first = self._next_id
         self._next_id += len(param_lists)
-        payload = "".join(json.dumps({"id": first + i, "method": "ofproto/trace", "params": p})
+        payload = "".join(json.dumps({"id": first + i, "method": method, "params": p})
                           for i, p in enumerate(param_lists))
         self._sock.sendall(payload.encode())
         replies: dict[int, str] = {}

@@ -127,7 +127,7 @@ def switch(tmp_path_factory):
         ovs = PrivateOvs.start(PORTS, FLOWS, GROUPS, tlv_map=None)
     except OvsUnavailable as exc:
         pytest.skip(f"no Open vSwitch to compare with: {exc}")
-    ovs.ofctl("mod-port", "br-int", "p3", "down")
+    ovs.set_port_down("p3")
     show = ovs.ofctl("show", "br-int")
     dump = ovs.ofctl("-O", "OpenFlow15", "dump-flows", "--no-stats", "br-int")
     groups = ovs.ofctl("-O", "OpenFlow15", "dump-groups", "br-int")

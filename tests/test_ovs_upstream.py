@@ -156,7 +156,7 @@ def test_upstream_case_through_ovs_trace(case, tmp_path):
 
 def _set_down(ovs: PrivateOvs, case: dict, down: list) -> None:
     for n in case["ports"]:
-        ovs.ofctl("mod-port", "br-int", f"p{n}", "down" if n in down else "up")
+        ovs.set_port_down(f"p{n}", n in down)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -36,20 +36,22 @@ class ActionSetSteps:
             for a in actions:
                 if type(a) is A.Output and a.reg is None and a.max_len is None:
                     port = self.bridge.port_number(a.port)
-                    state["actset_output"] = port if port is not None else F.UNSET_PORT
+                    state[F.ACTSET_OUTPUT] = F.actset_output_value(
+                        port if port is not None else F.UNSET_PORT)
                 elif type(a) is A.SpecialPort:
-                    state["actset_output"] = F.RESERVED_PORTS[a.name]
+                    state[F.ACTSET_OUTPUT] = F.actset_output_value(F.RESERVED_PORTS[a.name])
                 elif type(a) is A.Group:
-                    state["actset_output"] = F.UNSET_PORT
+                    state.pop(F.ACTSET_OUTPUT, None)
                     self.actset_group = True
                     break
         self.actset.extend((a, flow) for a in actions)
+        self.extras = True
 
     def _clear_actions(self, state: dict, hit: TableHit) -> None:
         had = ",".join(action_text(a) for a in action_set_list([a for a, _ in self.actset]))
         self.actset = []
         self.actset_group = False
-        state["actset_output"] = F.UNSET_PORT
+        state.pop(F.ACTSET_OUTPUT, None)
         hit.effects.append("clear the action set" + (f" (it was: {had})" if had else ""))
 
     def _run_action_set(self, state: dict) -> None:
@@ -67,11 +69,7 @@ class ActionSetSteps:
         writer = {id(a): f for a, f in written}
         hit.effects.append("the pass ends: run the action set: "
                            + ",".join(action_text(a) for a in ordered))
-        self.in_actset = True
-        try:
-            self.apply_actions(ordered, state, hit, 0, writer.get(id(ordered[-1])))
-        finally:
-            self.in_actset = False
+        self.apply_actions(ordered, state, hit, 0, writer.get(id(ordered[-1])))
         if self.hits[-1] is hit:
             hit.state_after = dict(state)     # the set's writes are in the final flow
 

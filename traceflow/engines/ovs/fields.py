@@ -129,6 +129,15 @@ RESERVED_PORTS = {"IN_PORT": 0xfff8, "TABLE": 0xfff9, "NORMAL": 0xfffa, "FLOOD":
                   "UNSET": 0xfff7}
 LOCAL_PORT = RESERVED_PORTS["LOCAL"]
 UNSET_PORT = RESERVED_PORTS["UNSET"]     # OFPP_UNSET: actset_output of an empty action set
+# The packet state holds actset_output as the port XOR OFPP_UNSET, so that a packet without
+# the key (every packet until a write_actions: its state is copied at every hop, one key
+# more is not free) is UNSET; matches on it are written the same way (view_match).
+ACTSET_OUTPUT = "actset_output"
+
+
+def actset_output_value(port: int) -> int:
+    """What the state holds for an action set whose output is ``port``."""
+    return port ^ UNSET_PORT
 VLAN_CFI = 0x1000                        # the "VLAN header present" bit of vlan_tci
 
 CT_STATE_BITS = {"new": 0x01, "est": 0x02, "rel": 0x04, "rpl": 0x08, "inv": 0x10,
@@ -332,9 +341,10 @@ def view_match(field: Field, value: int, mask: int) -> list[tuple[Field, int, in
     view = field.view
     if view is None:
         return [(field, value & mask, mask)]
-    if view == "port11":     # the packet holds the 16-bit port
-        base = field if field.name == "actset_output" else FIELDS["in_port"]
-        return [(base, value, full_mask(base))]
+    if view == "port11":     # the packet holds the 16-bit port (actset_output: XOR UNSET)
+        if field.name == ACTSET_OUTPUT:
+            return [(field, actset_output_value(value), full_mask(field))]
+        return [(FIELDS["in_port"], value, full_mask(FIELDS["in_port"]))]
     if view in ("xreg", "xxreg"):
         out = []
         for reg, low in _reg_pieces(field):
@@ -361,7 +371,7 @@ def view_read(state: dict, field: Field) -> int:
             value |= state.get(reg.name, 0) << low
         return value
     if view == "port11":
-        port = (state.get("actset_output", UNSET_PORT) if field.name == "actset_output"
+        port = (state.get(ACTSET_OUTPUT, 0) ^ UNSET_PORT if field.name == ACTSET_OUTPUT
                 else state.get("in_port", 0))
         return port + 0xFFFF0000 if port >= 0xFF00 else port
     tci = state.get("vlan_tci", 0)

@@ -35,7 +35,8 @@ class Checkpoint:
         self.ct_entries = [(e, e.mark, e.label, e.seen_reply) for e in runner.ct.entries]
         self.ct_assoc = dict(runner.ct_assoc)
         self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
-        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
+        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage,
+                        runner.extras)
 
     def runner(self, choices: dict):
         src = self.source
@@ -52,7 +53,7 @@ class Checkpoint:
         other.choice_log = src.choice_log[:n_choices]
         other.finals = src.finals[:n_finals]
         other.recirc = [(table, dict(st), frozen) for table, st, frozen in self.recirc]
-        other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
+        other.unknown, other.dropped_by, other.visits, other.stage, other.extras = self.scalars
         other.origin = self
         return other
 
@@ -98,11 +99,11 @@ class Midpass:
         other.recirc = [(table, dict(st), frozen) for table, st, frozen in src.recirc]
         other.unknown, other.visits, other.stage = src.unknown, src.visits, src.stage
         # the rest of the pass: its action set, stack and datapath actions so far
-        if src.actset or src.actset_group:
+        if src.extras:
+            other.extras = True
             other.actset, other.actset_group = list(src.actset), src.actset_group
-        if src.stack:
             other.stack, other.stack_bytes = list(src.stack), src.stack_bytes
-        other.dp_bytes, other.dp_size, other.pass_sent = src.dp_bytes, src.dp_size, src.pass_sent
+        other.dp_size, other.pass_sent = src.dp_size, src.pass_sent
         if src.commits is not None:
             other.commits = list(src.commits)
         dropped = src.dropped_by

@@ -33,7 +33,7 @@ _HEADERS = ("dl_src", "dl_dst", "dl_type", "vlan_tci", "vlan_tci1", "nw_src", "n
 
 
 class LimitSteps:
-    """The limit checks (the runner has visits, the stack, dp_bytes/dp_size, the outputs)."""
+    """The limit checks (the runner has visits, the stack, dp_size, the outputs)."""
 
     __slots__ = ()
 
@@ -47,34 +47,40 @@ class LimitSteps:
         if self.visits >= MAX_TABLE_VISITS:
             raise _Failed(f"over {MAX_TABLE_VISITS} resubmit actions: too many resubmits")
         if self.dp_size > _DP_WATCH:
-            size = self.dp_size + self._commit_bytes()
-            if self.dp_bytes > MAX_DP_ACTIONS:
+            least, commits = self._dp_bytes()
+            size = self.dp_size + commits
+            if least > MAX_DP_ACTIONS:
                 hit.effects.append("resubmits yielded over 64 kB of datapath actions: OVS stops "
                                    "translating here and keeps the actions composed so far "
                                    "(the flow is handled in the slow path)")
                 raise _Exit()
             if size > MAX_DP_ACTIONS:
-                hit.unknown = (f"between {self.dp_bytes} and {size} bytes of datapath actions: "
+                hit.unknown = (f"between {least} and {size} bytes of datapath actions: "
                                "too close to OVS's 64 kB limit to tell whether it stops here")
                 raise _Stop(hit.unknown)
         if self.stack_bytes >= STACK_LIMIT:
             raise _Failed("resubmits yielded over 64 kB of stack: stack too deep")
 
-    def _commit_bytes(self) -> int:
-        """A bound on the set actions committed before this pass's outputs: one commit for
-        each output whose headers differ from the previous one's (from the pass's first
-        headers when they are known), counted incrementally."""
-        done = self.commits      # [next output, bytes so far, headers, the pass (stage)]
-        if done is None or done[3] != self.stage:
+    def _dp_bytes(self) -> tuple[int, int]:
+        """(at least, a bound on the set actions) of this pass's datapath actions, counted
+        incrementally over its outputs: 8 bytes for each output to a port (NORMAL's and the
+        controller's are of other sizes, bounded in dp_size), and one commit of set actions
+        for each output whose headers differ from the previous one's (from the pass's first
+        headers when they are known)."""
+        done = self.commits      # [next output, port outputs, set bytes, headers, the pass]
+        if done is None or done[4] != self.stage:
             base = self.pass_base if self.stage == 0 else None
-            done = self.commits = [self.pass_sent, 0,
+            done = self.commits = [self.pass_sent, 0, 0,
                                    None if base is None else tuple(map(base.get, _HEADERS)),
                                    self.stage]
         outputs = self.outputs
         for i in range(done[0], len(outputs)):
-            key = tuple(map(outputs[i].state.get, _HEADERS))
-            if key != done[2]:
-                done[1] += _SET_BYTES
-                done[2] = key
+            out = outputs[i]
+            if out.port != "NORMAL" and out.port != "CONTROLLER":
+                done[1] += 1
+            key = tuple(map(out.state.get, _HEADERS))
+            if key != done[3]:
+                done[2] += _SET_BYTES
+                done[3] = key
         done[0] = len(outputs)
-        return done[1]
+        return _OUTPUT_BYTES * done[1], done[2]

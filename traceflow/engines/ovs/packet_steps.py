@@ -69,6 +69,7 @@ class PacketSteps:
         value = A.read_bits(state, act.sub)
         nbytes = (act.sub.width + 7) // 8
         self.stack.append((value, nbytes))
+        self.extras = True
         self.stack_bytes += nbytes + 1
         hit.effects.append(f"push {act.sub} ({hex(value)}) on the stack")
 

@@ -39,6 +39,7 @@ from traceflow.engines.ovs.runs import OvsRun, Output, TableHit, _Exit, _Failed,
 
 MAX_RECIRCULATIONS = 16
 
+_ACTSET_OUTPUT = F.ACTSET_OUTPUT
 _MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
 
 
@@ -127,8 +128,8 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
     __slots__ = ("bridge", "shared", "notes_matches", "notes_writes", "notes_ports", "ct_next",
                  "annotator", "ct", "choices", "hits", "outputs", "unknown", "dropped_by",
                  "choice_log", "visits", "recirc", "stage", "ct_assoc", "finals", "resumed",
-                 "origin", "actset", "actset_group", "in_actset", "stack", "stack_bytes",
-                 "dp_bytes", "dp_size", "pass_sent", "pass_base", "commits")
+                 "origin", "extras", "actset", "actset_group", "stack", "stack_bytes",
+                 "dp_size", "pass_sent", "pass_base", "commits")
 
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
                  ct_next: list[int] | None = None, shared: _Shared | None = None):
@@ -158,14 +159,15 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         # what this runner began from (Checkpoint, Midpass): a fork that cannot go on
         # from where it met its group makes runners from there
         self.origin: Checkpoint | Midpass | None = None
-        # this pass's action set ([(action, the flow that wrote it)]) and stack
+        # this pass's action set ([(action, the flow that wrote it)]) and stack; ``extras``:
+        # either was ever used (until then a pass start has nothing of theirs to reset)
+        self.extras = False
         self.actset: list = []
         self.actset_group = False       # a group is in the set: actset_output stays UNSET
-        self.in_actset = False
         self.stack: list = []           # [(value, bytes)]
         self.stack_bytes = 0
-        # this pass's datapath actions: at least dp_bytes (outputs), at most dp_size
-        self.dp_bytes = self.dp_size = 0
+        # this pass's datapath actions: at least 8 bytes an output, at most dp_size
+        self.dp_size = 0
         self.pass_sent = 0              # this pass's first output
         self.pass_base: dict | None = None   # the headers the first pass starts from
         self.commits: list | None = None     # see _commit_bytes
@@ -193,14 +195,14 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
             table, st, stack = self.recirc.pop(0)
             # a pass starts as a new translation (xlate_in_init): its own limits, the stack
             # it was frozen with, an empty action set (actset_output OFPP_UNSET)
-            self.visits = self.dp_bytes = self.dp_size = 0
+            self.visits = self.dp_size = 0
             self.pass_sent = sent = len(self.outputs)
-            if self.actset or self.actset_group:
+            if self.extras:                  # an action set or the stack was used
                 self.actset, self.actset_group = [], False
-            if stack or self.stack:
                 self.stack = list(stack)
                 self.stack_bytes = sum(n + 1 for _, n in stack)
-            st["actset_output"] = F.UNSET_PORT
+                if _ACTSET_OUTPUT in st:     # the previous pass's (a copy of its state)
+                    del st[_ACTSET_OUTPUT]
             fork = self._pass(st, sent, self.lookup_and_apply, st, table, 0, None, False, True)
             if fork is not None or self.unknown is not None:
                 return fork
@@ -253,6 +255,9 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         hits = self.hits
         labels = self.shared.labels
         match_notes = self.shared.match_notes
+        notes_matches, notes_writes = self.notes_matches, self.notes_writes
+        stage = self.stage             # (a pass's lookups are all in one stage)
+        fragment = state.get("nw_frag", 0) & 1      # (read-only: no action changes it)
         while True:
             if type(table) is not int:
                 table = self.bridge.table_id(table)
@@ -263,7 +268,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                     self.hits.append(hit)
                     raise _Stop(hit.unknown)
             looked_up = state
-            if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
+            if fragment and state.get("dl_type") in (0x0800, 0x86DD):
                 # frags=normal (OVS's default): a fragment, first or later, is looked up with
                 # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
                 # keeps its ports
@@ -284,7 +289,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
             flow, lookup_notes, drops, body, last, writes, jump = answer
             effects: list = []
-            hit = TableHit(table, flow, effects, [], None, None, self.stage)
+            hit = TableHit(table, flow, effects, [], None, None, stage)
             hits.append(hit)
             if flow is None:
                 # Reached by resubmit/goto from another table (depth > 0), a miss only ends
@@ -298,7 +303,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                 return
             if lookup_notes:
                 hit.notes.extend(lookup_notes)
-            if self.notes_matches:
+            if notes_matches:
                 known = match_notes.get(id(flow))      # _match_notes, inlined
                 hit.notes.extend(known[1] if known is not None and known[0] is flow
                                  else self._match_notes(flow))
@@ -314,7 +319,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                 for name, mask, bits, start, end, value, text in writes:
                     state[name] = (state.get(name, 0) & ~mask) | bits
                     effects.append(text)
-                    if self.notes_writes:
+                    if notes_writes:
                         note = self._write_note(name, start, end, value, state)
                         if note:
                             hit.notes.append(note)
@@ -652,8 +657,12 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
         """One rule for every way of naming the port (number, register, name): a port the
         bridge does not have sends nothing, as OVS's "Nonexistent output port"."""
-        if act.reg is not None:
-            port = A.read_bits(state, act.reg)
+        reg = act.reg
+        if reg is not None:
+            if reg.field.view is None:       # A.read_bits, inlined
+                port = (state.get(reg.field.name, 0) >> reg.start) & ((1 << reg.width) - 1)
+            else:
+                port = A.read_bits(state, reg)
             how = f"output to the port in {act.reg} = {port}"
             if port > 0xffff:
                 # xlate_output_reg_action: wider than an OpenFlow port number
@@ -704,8 +713,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         if hit.state_after is None:
             hit.state_after = dict(state)
         self.outputs.append(Output(port, dict(state), flow))
-        self.dp_bytes += _OUTPUT_BYTES
-        self.dp_size += _OUTPUT_BYTES if act.max_len is None else 2 * _OUTPUT_BYTES
+        self.dp_size += _OUTPUT_BYTES if act.max_len is None else 2 * _OUTPUT_BYTES  # (trunc)
 
     def _special_output(self, name: str, state: dict, hit: TableHit, flow: Flow) -> None:
         if name == "LOCAL" and state.get("in_port") == F.LOCAL_PORT:
@@ -717,7 +725,6 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
             hit.effects.append(f"send back out of the input port {port} "
                                f"({self.bridge.port_name(port)})")
             self.outputs.append(Output(port, dict(state), flow))
-            self.dp_bytes += _OUTPUT_BYTES
             self.dp_size += _OUTPUT_BYTES
         elif name == "NORMAL":
             hit.effects.append("NORMAL: hand to the bridge's L2 learning switch")
@@ -726,11 +733,9 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         elif name == "LOCAL":
             hit.effects.append("output to the bridge's LOCAL port")
             self.outputs.append(Output("LOCAL", dict(state), flow))
-            self.dp_bytes += _OUTPUT_BYTES
             self.dp_size += _OUTPUT_BYTES
         elif name == "CONTROLLER":
-            hit.effects.append("send to the controller (agent)"
-                               + (" from the action set" if self.in_actset else ""))
+            hit.effects.append("send to the controller (agent)")
             self.outputs.append(Output("CONTROLLER", dict(state), flow))
             self.dp_size += _UNSIZED_BYTES
         elif name == "NONE":
