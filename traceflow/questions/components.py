@@ -45,11 +45,16 @@ def parse_flow_spec(spec: str, bridge) -> dict:
                 raise InputError.at(src, f"no port {value!r} on the bridge (see ovs-show.txt)")
             state["in_port"] = number
             continue
-        m = _match(key, value, token, src)
-        if m.field.name != "nw_frag" and m.mask != F.full_mask(m.field) and \
-                m.field.kind != "ct_state":
+        pieces = _match(key, value, token, src)
+        # exact unless written with a mask (a view such as dl_vlan= is a part of vlan_tci,
+        # nw_frag=first two bits of nw_frag: pieces with partial masks, still exact)
+        if pieces and pieces[0].field.kind != "ct_state" and (
+                "/" in value or value[:1] in "+-"
+                or pieces[0].field.name == "tcp_flags"
+                and pieces[0].mask != F.full_mask(pieces[0].field)):
             raise InputError.at(src, f"{token!r}: a packet has exact values, not a mask")
-        state[m.field.name] = m.value
+        for m in pieces:
+            state[m.field.name] = (state.get(m.field.name, 0) & ~m.mask) | m.value
     return state
 
 
@@ -107,9 +112,10 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
             drop = Drop(node, "ovs", str(last.table) if last else None,
                         last.flow.text if last and last.flow else None, run.unknown,
                         Disposition.UNKNOWN)
-        elif run.outputs:
+        elif run.forwarded:
             verdict = Verdict.DELIVERED
         else:
+            # no output, or only the packet-ins of an expired TTL: the packet goes no further
             verdict = Verdict.DROPPED
             hit = run.dropped_by or (run.hits[-1] if run.hits else None)
             drop = Drop(node, "ovs", str(hit.table) if hit else None,
@@ -118,14 +124,19 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
                         Disposition.DROPPED_RULE if hit is not None and hit.flow is not None
                         else Disposition.TABLE_MISS)
         leg.verdict = verdict
-        outputs = ", ".join(f"port {o.port} ({bridge.port_name(o.port) if isinstance(o.port, int) else o.port})"
-                            for o in run.outputs)
+        outputs = ", ".join(f"port {o.port} ({_port_label(bridge, o)})" for o in run.outputs)
         choices = [f"group {g}: bucket {b} ({s:.0%})" for g, b, s in run.choices]
         if outputs:
             choices.append(f"output: {outputs}")
         trace.paths.append(Path(outputs or None, round(run.weight, 6), verdict, drop, [leg],
                                 choices, drop.disposition if drop is not None else None))
     return trace
+
+
+def _port_label(bridge, output) -> str:
+    if output.reason == "invalid_ttl":
+        return "packet-in: TTL expired"
+    return bridge.port_name(output.port) if isinstance(output.port, int) else output.port
 
 
 HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")

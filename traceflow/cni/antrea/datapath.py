@@ -129,7 +129,7 @@ class AntreaDatapath(Datapath):
             return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", str(last.table) if last else None,
                                                     last.flow.text if last and last.flow else None,
                                                     run.unknown)), None)]
-        if not run.outputs:
+        if not run.forwarded:      # nothing sent on (a TTL's packet-in goes no further)
             hit = run.dropped_by or last
             reason, disposition, policies = self._ovs_drop(hit, node, loc, q)
             dropping = next((h for h in b.leg.last_hops() if h.component == "ovs"
@@ -141,8 +141,8 @@ class AntreaDatapath(Datapath):
                                                     reason, disposition, policies)), None)]
         results = []
         chooser = _tun_dst_setter(loc, run)
-        for output in run.outputs:
-            nb = b.fork() if len(run.outputs) > 1 else b
+        for output in run.forwarded:
+            nb = b.fork() if len(run.forwarded) > 1 else b
             pkt = from_state(output.state, loc.packet)
             if pkt.nw_dst != loc.packet.nw_dst:   # DNAT inside OVS (AntreaProxy)
                 nb.choose_target(self.cluster, pkt.nw_dst)
