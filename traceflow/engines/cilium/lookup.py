@@ -19,8 +19,14 @@ DROP_NO_TUNNEL_ENDPOINT = "DROP_NO_TUNNEL_ENDPOINT"  # -160
 DROP_NO_FIB = "DROP_NO_FIB"                         # -169
 DROP_POLICY_DENY = "DROP_POLICY_DENY"               # -181
 DROP_POLICY_AUTH_REQUIRED = "DROP_POLICY_AUTH_REQUIRED"  # -189
+DROP_IS_CLUSTER_IP = "DROP_IS_CLUSTER_IP"           # -174
+DROP_NOT_IN_SRC_RANGE = "DROP_NOT_IN_SRC_RANGE"     # -177
+DROP_NO_EGRESS_GATEWAY = "DROP_NO_EGRESS_GATEWAY"   # -194
+DROP_UNROUTABLE = "DROP_UNROUTABLE"                 # -151
 DROP_CODES = {DROP_POLICY: -133, DROP_NO_SERVICE: -158, DROP_NO_TUNNEL_ENDPOINT: -160,
-              DROP_NO_FIB: -169, DROP_POLICY_DENY: -181, DROP_POLICY_AUTH_REQUIRED: -189}
+              DROP_NO_FIB: -169, DROP_POLICY_DENY: -181, DROP_POLICY_AUTH_REQUIRED: -189,
+              DROP_IS_CLUSTER_IP: -174, DROP_NOT_IN_SRC_RANGE: -177,
+              DROP_NO_EGRESS_GATEWAY: -194, DROP_UNROUTABLE: -151}
 
 # reserved security identities (pkg/identity/numericidentity.go)
 RESERVED = {0: "unknown (any)", 1: "reserved:host", 2: "reserved:world", 3: "reserved:unmanaged",
@@ -35,6 +41,8 @@ def ipcache_lookup(entries, ip: str):
     addr = ipaddress.ip_address(ip)
     best, best_len = None, -1
     for e in entries:
+        if getattr(e, "cluster_id", 0):
+            continue        # another cluster's entry: the lookup is made with cluster id 0
         try:
             net = ipaddress.ip_network(e.prefix, strict=False)
         except ValueError:
@@ -52,14 +60,23 @@ class ServiceHit:
     scope_note: str                 # why this scope's entry
     candidates: tuple               # LbBackend, the slots a new connection can take
     note: str = ""                  # terminating/quarantined slots left out, ...
+    count: int | None = None        # the slots prandom() chooses among (1..count)
+    lost: tuple = ()                # (slot, backend id) within 1..count whose backend is gone
+    assumed: str = ""               # what the selection assumes (no count in the bundle)
 
 
-def service_lookup(services, ip: str, port: int, proto: str, from_cluster: bool = True):
-    """``lb4_lookup_service``: the entry for (address, port[, proto]), the internal-scope twin
-    (`/i`) for east-west traffic of a two-scope service. None when no entry exists (the packet
-    is not for a service)."""
+def service_lookup(services, ip: str, port: int, proto: str, from_cluster: bool = True,
+                   version=None):
+    """``lb4_lookup_service`` (bpf/lib/lb.h): the entry for (address, port, protocol), the
+    internal-scope twin (`/i`) for east-west traffic of a two-scope service. With protocol
+    differentiation (1.17: the key carries the protocol) a packet whose protocol has no entry
+    falls back to an ANY entry, else is no service's; a key without a protocol (<= 1.16)
+    matches every protocol. None when no entry exists (the packet is not for a service)."""
     matches = [s for s in services if s.frontend_ip == ip and s.port == port
-               and (s.protocol is None or s.protocol.upper() in (proto.upper(), "ANY"))]
+               and (s.protocol is None or s.protocol.upper() == proto.upper())]
+    if not matches:
+        matches = [s for s in services if s.frontend_ip == ip and s.port == port
+                   and s.protocol is not None and s.protocol.upper() == "ANY"]
     if not matches:
         return None
     external = [s for s in matches if getattr(s, "scope", "external") != "internal"]
@@ -74,18 +91,60 @@ def service_lookup(services, ip: str, port: int, proto: str, from_cluster: bool 
     flags = {f.lower() for f in getattr(svc, "flags", ())}
     if "local" in flags or "internallocal" in flags:
         why += "; its traffic policy is Local: only this node's backends are in the slots"
+    lost = tuple(getattr(svc, "missing", ()) or ())
+    if svc.count is not None:
+        return _by_count(svc, why, lost)
     active = [b for b in svc.backends if (getattr(b, "state", None) or "active") == "active"]
     note = ""
+    assumed = ""
     if len(active) != len(svc.backends):
         left = [f"{b.ip}:{b.port} ({b.state})" for b in svc.backends if b not in active]
         if active:
             note = "not candidates for new connections: " + ", ".join(left)
         else:
-            # lb4_local: terminating backends are used only when no active one is left
+            # the agent puts terminating backends in the slots only when no active one is
+            # left (pkg/loadbalancer/tests/testdata/graceful-termination.txtar)
             active = [b for b in svc.backends if (b.state or "") == "terminating"]
             note = ("no active backend: terminating ones still serve ("
                     + ", ".join(left) + ")")
-    return ServiceHit(svc, why, tuple(active), note)
+    elif svc.backends and not any(getattr(b, "state", None) for b in svc.backends) \
+            and (version is None or version.at_least(1, 11)):
+        # backend states (terminating, then quarantined) arrived with 1.11's graceful
+        # termination: before it every backend in the map is an active one
+        assumed = ("the bundle does not give this service's slot count (`bpf lb list "
+                   "--frontends`, cilium-bpf-lb-list-frontends.txt) nor its backends' states "
+                   "(`service list`): every slot is taken as one a new connection can take; "
+                   "slots after the count (quarantined or terminating backends) never are")
+    return ServiceHit(svc, why, tuple(active), note, len(active) + len(lost), lost, assumed)
+
+
+def _by_count(svc, why: str, lost: tuple) -> ServiceHit:
+    """The slots ``lb4_select_backend_id`` chooses among: ``slot = prandom() % count + 1``
+    (bpf/lib/lb.h, lb4_select_backend_id_random, 1.17 line 1420): slots 1..count; the
+    ``qcount`` slots after them hold quarantined or terminating backends, never chosen for a
+    new connection (pkg/loadbalancer/tests/testdata/quarantined.txtar: COUNT=1 QCOUNT=1)."""
+    count = svc.count
+    src = svc.count_source
+    at = f" ({src.file}:{src.line})" if src is not None else ""
+    inside = tuple(b for b in svc.backends if b.slot is not None and 1 <= b.slot <= count)
+    after = [b for b in svc.backends if b.slot is not None and b.slot > count]
+    lost_in = tuple((s, i) for s, i in lost if s is not None and 1 <= s <= count)
+    unslotted = [b for b in svc.backends if b.slot is None]
+    notes = [f"count {count}, qcount {svc.qcount or 0}{at}: new connections take slots 1..{count}"]
+    if after:
+        notes.append("never chosen for a new connection: " + ", ".join(
+            f"slot {b.slot} {b.ip}:{b.port}" + (f" ({b.state})" if b.state else
+                                                " (quarantined or terminating)")
+            for b in after))
+    if unslotted:
+        # <= 1.11 prints no slots: which backends are the first `count` is not said
+        return ServiceHit(svc, why, tuple(svc.backends), "; ".join(notes), len(svc.backends),
+                          lost_in, "this output prints no slot numbers: which backends are in "
+                                   f"slots 1..{count} is not known; every one is taken")
+    seen = {b.slot for b in inside} | {s for s, _ in lost_in}
+    # a slot within the count that the listing lacks: the slot lookup fails (backend id 0)
+    lost_in += tuple((s, None) for s in range(1, count + 1) if s not in seen)
+    return ServiceHit(svc, why, inside, "; ".join(notes), count, lost_in)
 
 
 def maglev_shares(table, ids: list) -> dict | None:
@@ -302,3 +361,58 @@ def _ranked_by_precedence(mine, identity, port, proto, version) -> PolicyVerdict
     best = max(cands, key=rank)
     return _finish(best, "L4" if _wild(best) else "L3",
                    "the highest precedence entry for the identity or the wildcard")
+
+
+# ---- Maglev: the backend of one 5-tuple ----------------------------------------------------
+
+JHASH_INITVAL = 0xDEADBEEF
+MAGLEV_DEFAULT_SEED = "JLfvgnHc2kaSUFaI"    # pkg/maglev/maglev.go DefaultHashSeed
+MAGLEV_DEFAULT_TABLE_SIZE = 16381           # pkg/maglev/maglev.go (bpf-lb-maglev-table-size)
+
+
+def _rol32(word: int, shift: int) -> int:
+    return ((word << shift) | (word >> ((-shift) & 31))) & 0xFFFFFFFF
+
+
+def jhash_3words(a: int, b: int, c: int, initval: int) -> int:
+    """bpf/lib/jhash.h jhash_3words (the kernel's jhash): __jhash_nwords with initval +
+    JHASH_INITVAL + (3 << 2), then __jhash_final. Checked against Cilium's own vectors
+    (bpf/tests/jhash_test.c)."""
+    m = 0xFFFFFFFF
+    init = (initval + JHASH_INITVAL + (3 << 2)) & m
+    a, b, c = (a + init) & m, (b + init) & m, (c + init) & m
+    c ^= b; c = (c - _rol32(b, 14)) & m
+    a ^= c; a = (a - _rol32(c, 11)) & m
+    b ^= a; b = (b - _rol32(a, 25)) & m
+    c ^= b; c = (c - _rol32(b, 16)) & m
+    a ^= c; a = (a - _rol32(c, 4)) & m
+    b ^= a; b = (b - _rol32(a, 14)) & m
+    c ^= b; c = (c - _rol32(b, 24)) & m
+    return c
+
+
+def maglev_seed_jhash0(seed_b64: str) -> int:
+    """SeedJhash0 of the cluster's Maglev seed (pkg/maglev/maglev.go: bytes 4..7 of the
+    12-byte base64 seed, big-endian), the HASH_INIT4_SEED the datapath is compiled with."""
+    import base64
+    d = base64.b64decode(seed_b64, validate=True)
+    if len(d) != 12:
+        raise ValueError(f"the Maglev seed decodes to {len(d)} bytes, not 12")
+    return int.from_bytes(d[4:8], "big")
+
+
+def maglev_index(src_ip: str, src_port: int, dst_port: int, proto: int, seed0: int,
+                 size: int) -> int:
+    """The lookup-table index of a new connection: ``hash_from_tuple_v4(tuple) %
+    LB_MAGLEV_LUT_SIZE`` (bpf/lib/lb.h lb4_select_backend_id_maglev, 1.17 line 1446;
+    bpf/lib/hash.h: jhash_3words(saddr, dport << 16 | sport, nexthdr, HASH_INIT4_SEED)). The
+    tuple holds the packet's big-endian fields read as little-endian words (x86): the source
+    address, and the ports as lb4_extract_tuple loads them (tuple->dport is the packet's
+    source port, tuple->sport its destination port)."""
+    import ipaddress
+    saddr = int.from_bytes(ipaddress.ip_address(src_ip).packed, "little")
+
+    def swap16(v: int) -> int:
+        return ((v & 0xFF) << 8) | (v >> 8)
+    ports = ((swap16(src_port) << 16) | swap16(dst_port)) & 0xFFFFFFFF
+    return jhash_3words(saddr, ports, proto, seed0) % size

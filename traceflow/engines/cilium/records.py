@@ -59,6 +59,9 @@ class LbService:
     scope: str = "external"         # "internal" for the `/i` twin of a two-scope service
     rev_nat: int | None = None      # rev-NAT id of the master entry
     count: int | None = None        # slot count, where the output prints it (None: use the slots)
+    qcount: int | None = None       # slots after `count` (quarantined/terminating): never chosen
+    count_source: Source | None = None   # the `--frontends` slot-0 line count came from
+    states_source: str | None = None     # the file backend states were joined from
     l7_proxy_port: int | None = None
     traffic_policy: str | None = None     # db/show services: "Cluster"/"Local" ...
     session_affinity: bool | None = None  # db/show services / service list JSON
@@ -127,6 +130,7 @@ class IpcacheEntry:
     source: Source
     state: str | None = None        # `map get` State column ("sync")
     node_id: int | None = None
+    cluster_id: int = 0             # ``prefix@N``: another cluster's entry (clustermesh)
 
 
 @dataclass(frozen=True)
