@@ -19,7 +19,7 @@ import ipaddress
 
 from traceflow.bundle import kube
 from traceflow.engines.cilium import lookup as L
-from traceflow.cni.cilium.node import (CT_DSR, CT_LOOPBACK, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
+from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_LOOPBACK, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
                                        POLICY, SOCK,
                                        SOCK_WHERE, CiliumNode)
 from traceflow.cni.cilium.lb import ServiceLB
@@ -34,6 +34,7 @@ from traceflow.walk.pod import conventions_warning, own_first_hop, pod_gateway, 
 from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
 
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
+
 # Cilium's drop reasons (bpf/lib/common.h DROP_*) as dispositions
 DROP_DISPOSITIONS = {L.DROP_POLICY: Disposition.DROPPED_POLICY,
                      L.DROP_POLICY_DENY: Disposition.DROPPED_POLICY,
@@ -178,7 +179,15 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
         if entry is not None and is_reply:
             return self._from_container_reply(b, loc, pkt, cn, q, entry, attached)
         outs = [(b, pkt, None)]
-        if loc.via != SOCK:
+        s = cn.settings
+        if loc.via != SOCK and s.socket_lb and not s.socket_lb_hostns_only:
+            # bpf_lxc.c (1.17 line 61): with socket LB for every pod (no host-namespace-only
+            # coverage) ENABLE_PER_PACKET_LB is not defined: from-container looks no service up
+            b.add(self._hop(loc, "socket LB covers every pod: from-container does no service "
+                                 "lookup (ENABLE_PER_PACKET_LB is off, bpf_lxc.c line 61); the "
+                                 "destination is used as it is", pkt=pkt,
+                            notes=[attached] if attached else []))
+        elif loc.via != SOCK:
             hit_pkt = pkt
             outs = self._service(b, loc, hit_pkt, q, "from-container",
                                  "tail_handle_ipv4 -> handle_ipv4_from_lxc: lb4_lookup_service "
@@ -230,7 +239,7 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                                      f"lb4_rev_nat restores the source {entry.orig[3]}:"
                                      f"{entry.orig[4]} and fib_redirect sends it to the client",
                                 map_="cilium_ct4_global", pkt=pkt, before=before, notes=notes))
-                return self._fib_redirect(b, loc, pkt)
+                return self._fib_redirect(b, loc, pkt, FIB_OUT)
             effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
                       f"restores the service address {entry.orig[3]}:{entry.orig[4]}")
             if entry.mark & CT_LOOPBACK:
@@ -344,15 +353,22 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                                  "netfilter rules (Cilium's CILIUM_* chains, iptables masquerade) "
                                  "are not traced where the packet crosses the kernel stack")
 
-    def _fib_redirect(self, b: Branch, loc: AtBpf, pkt: Packet) -> list:
-        """BPF host routing: bpf_fib_lookup (honours ip rules) and redirect to the device,
-        netfilter skipped. The same FIB lookup the host stack does, without its hooks."""
+    def _fib_redirect(self, b: Branch, loc: AtBpf, pkt: Packet, why: str | None = None) -> list:
+        """bpf_fib_lookup (honours ip rules) and redirect to the device, netfilter skipped:
+        BPF host routing's fib_redirect_v4, and the NodePort paths' fib_redirect (bpf/lib/
+        fib.h). The same FIB lookup the host stack does, without its hooks."""
         node = self.snap.node(loc.node)
         host = self.walk.host
-        b.add(self._hop(loc, "BPF host routing: fib_redirect_v4 asks the kernel FIB "
+        b.add(self._hop(loc, why or "BPF host routing: fib_redirect_v4 asks the kernel FIB "
                              "(bpf_fib_lookup) and redirects to the device; netfilter and the "
                              "host stack are skipped", pkt=pkt))
-        dec = host._route(b, loc.node, node, pkt, iif=loc.device)
+        if pkt.nw_src in set(node.local_addresses or ()):
+            # bpf_fib_lookup does a FIB lookup without the input path's source validation:
+            # a source that is this node's own address (a NodePort reply, an SNATed request)
+            # is routed by its destination, as a locally sent packet would be
+            dec = host._route(b, loc.node, node, pkt, iif=None, use_src=False)
+        else:
+            dec = host._route(b, loc.node, node, pkt, iif=loc.device)
         if dec.kind != "unicast":
             b.add(self._hop(loc, f"bpf_fib_lookup fails: {dec.reason}", pkt=pkt))
             return [self._end(b, loc, Verdict.DROPPED, f"no FIB route for {pkt.nw_dst}: "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 
 from traceflow.engines.cilium import lookup as L
-from traceflow.cni.cilium.node import (CT_DSR, CT_EGRESS_GW, CT_ZONE, NAT_ZONE, CiliumNode)
+from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_EGRESS_GW, CT_ZONE, NAT_ZONE, CiliumNode)
 from traceflow.cni.cilium.nodeport import nat_port
 from traceflow.model.packet import Packet
 from traceflow.model.trace import Disposition, Verdict
@@ -243,4 +243,4 @@ class Egress:
                              f"{gw.egress_ip}:{port}, then egress_gw_fib_lookup_and_redirect",
                         map_="cilium_egress_gw_policy_v4", rec=gw, pkt=pkt, before=before,
                         notes=[port_note]))
-        return self._fib_redirect(b, loc, pkt)
+        return self._fib_redirect(b, loc, pkt, FIB_OUT)

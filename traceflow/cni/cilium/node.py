@@ -27,6 +27,9 @@ CT_NODE_PORT = 0x1          # ct_state.node_port: a NodePort connection (bpf/lib
 CT_LOOPBACK = 0x2           # ct_state.loopback: a pod reaching itself through its Service
 CT_DSR = 0x4                # a DSR mapping (snat_v4_create_dsr, bpf/lib/nat.h)
 CT_EGRESS_GW = 0x8          # an egress gateway SNAT (egress_gw_snat_needed_hook)
+# the NodePort paths send a packet out by a FIB lookup whatever the host routing mode
+FIB_OUT = ("fib_redirect (bpf/lib/fib.h): bpf_fib_lookup finds the route and the packet is "
+           "redirected to its device; netfilter and the host stack are skipped")
 
 # Program names across versions -> one neutral name per role (1.8 ELF sections, 1.13 `cilium-*`
 # and 1.14+ `cil_*` symbols as tc and bpftool print them).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 
 from traceflow.engines.cilium import lookup as L
-from traceflow.cni.cilium.node import (CT_DSR, CT_EGRESS_GW, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
+from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_EGRESS_GW, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
                                        POLICY, CiliumNode)
 from traceflow.model.packet import Packet, Tunnel
 from traceflow.model.trace import Disposition, Drop, Hop, Verdict
@@ -279,7 +279,7 @@ class NodePort:
                                f"{pkt.nw_dst} has tunnel endpoint {info.tunnel_endpoint}: "
                                "nodeport_add_tunnel_encap with the world identity (a request "
                                "from outside must not pass as the cluster's)", info)
-        return self._fib_redirect(b, at, pkt)
+        return self._fib_redirect(b, at, pkt, FIB_OUT)
 
     def _dsr_out(self, b: Branch, at: AtBpf, pkt: Packet, cn: CiliumNode, svc) -> list:
         """tail_nodeport_ipv4_dsr (nodeport.h line 1946): the client's address is kept, the
@@ -304,7 +304,7 @@ class NodePort:
                              "directly", pkt=pkt,
                         notes=["nodeport.h dsr_set_opt4 (line 1522): TCP carries the option on "
                                "its SYN only; later packets find the backend node's mapping"]))
-        return self._fib_redirect(b, at, pkt)
+        return self._fib_redirect(b, at, pkt, FIB_OUT)
 
     def _dsr_ingress(self, b: Branch, loc: AtBpf, pkt: Packet, cn: CiliumNode, front) -> list:
         """nodeport_extract_dsr_v4 / nodeport_dsr_ingress_ipv4 (nodeport.h lines 1743, 2003):
@@ -346,7 +346,7 @@ class NodePort:
                                  "(the address the client talked to), then fib_redirect",
                             map_="cilium_ct4_global", pkt=pkt, before=before,
                             notes=[f"entry committed by {entry.where}"]))
-            return self._fib_redirect(b, loc, pkt)
+            return self._fib_redirect(b, loc, pkt, FIB_OUT)
         pkt.extra["skip_nodeport"] = True
         b.add(self._hop(loc, "no NodePort connection behind it: back to from-netdev without "
                              "the NodePort path (tail call CILIUM_CALL_IPV4_FROM_NETDEV)", pkt=pkt))
