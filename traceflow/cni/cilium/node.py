@@ -150,6 +150,10 @@ class CiliumNode:
                         where = where or f"nodes/{self.name}/{fname}"
             if out:
                 return out, where
+        # `db/show backends` (1.17+): states by backend address, for every frontend
+        by_addr = {(b.ip, b.port): b.state for b in self.maps.db_backends or () if b.state}
+        if by_addr:
+            return {None: by_addr}, f"nodes/{self.name}/cilium-db-backends.txt"
         return out, where
 
     def _joined(self, svc):
@@ -160,7 +164,7 @@ class CiliumNode:
         if f is not None and svc.count is None:
             svc = dataclasses.replace(svc, count=f.count, qcount=f.qcount, count_source=f.source)
         states, where = self._states
-        known = states.get((svc.frontend_ip, svc.port, svc.scope))
+        known = states.get((svc.frontend_ip, svc.port, svc.scope)) or states.get(None)
         if known and not any(b.state for b in svc.backends):
             svc = dataclasses.replace(svc, backends=tuple(
                 dataclasses.replace(b, state=known.get((b.ip, b.port))) if known.get((b.ip, b.port))
