@@ -47,10 +47,12 @@ _RESERVED = {"reserved:host": 1, "reserved:world": 2, "reserved:unmanaged": 3,
              "reserved:world-ipv6": 10}
 # PORT/PROTO as `cilium bpf policy get` prints a key (pkg/maps/policymap/policymap.go
 # PortProtoString, 1.17): ``ANY`` (prefix 0), a bare protocol ``TCP`` / ``47`` (prefix 8: the
-# protocol, any port), ``80/TCP`` (the full prefix), ``8064-8095/TCP`` (a partial port prefix);
-# before 1.14 a port 0 printed the protocol alone too. Protocols by name (u8proto: ANY, ICMP,
+# protocol, any port), ``80/TCP`` (the full prefix), ``8064-8095/TCP`` (a partial port prefix,
+# 1.16+; 1.14 and 1.15 printed it ``0x1f80/11/TCP``: the port in hex, the port prefix bits);
+# before 1.14 ``ANY`` for any port 0 and ``N/PROTO`` otherwise (ICMP types as the port). Protocols by name (u8proto: ANY, ICMP,
 # TCP, UDP, ICMPv6, SCTP) or, for the others, by number.
-_PORT = re.compile(r"^(?:(?P<p>\d+)(?:-(?P<e>\d+))?/)?(?P<proto>[A-Za-z][A-Za-z0-9]*|\d+)$")
+_PORT = re.compile(r"^(?:(?:0x(?P<hex>[0-9a-fA-F]+)/(?P<bits>\d+)|(?P<p>\d+)(?:-(?P<e>\d+))?)/)?"
+                   r"(?P<proto>[A-Za-z][A-Za-z0-9]*|\d+)$")
 _INVALID = re.compile(r"<INVALID PREFIX LENGTH: (\d+)>")
 _PROTO_NUMBERS = {"0": "ANY", "1": "ICMP", "6": "TCP", "17": "UDP", "58": "ICMPV6", "132": "SCTP"}
 _PROTO_NAMES = ("ANY", "ICMP", "TCP", "UDP", "ICMPV6", "SCTP")
@@ -225,8 +227,16 @@ def _port_proto(cell: str, src) -> tuple:
         raise bad(src, "cilium bpf policy get", f"protocol {pm.group('proto')!r}")
     if proto == "ICMPV6":
         proto = "ICMPv6"
-    port = int(pm.group("p")) if pm.group("p") else None
-    port_end = int(pm.group("e")) if pm.group("e") else port
+    if pm.group("hex"):
+        # 1.14/1.15: 0x<port>/<port prefix bits>/<proto>, one aligned block of ports
+        bits = int(pm.group("bits"))
+        if not 0 < bits <= 16:
+            raise bad(src, "cilium bpf policy get", f"port prefix {bits} in {cell!r}")
+        port = int(pm.group("hex"), 16)
+        port_end = port + (0xFFFF >> bits)
+    else:
+        port = int(pm.group("p")) if pm.group("p") else None
+        port_end = int(pm.group("e")) if pm.group("e") else port
     if port is not None and not (0 <= port <= 65535 and 0 <= (port_end or 0) <= 65535):
         raise bad(src, "cilium bpf policy get", f"port {cell!r} out of range")
     if port == 0 and port_end in (0, None):
