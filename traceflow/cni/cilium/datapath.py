@@ -283,6 +283,14 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                                  f"ipv4_local_delivery tail-calls its policy program",
                             map_="cilium_lxc", rec=dst, pkt=pkt))
             return [(b, AtBpf(loc.node, dev or "?", "tail", POLICY, pkt, via=loc.program))]
+        if pkt.nw_dst in cn.host_ips and not s.endpoint_routes:
+            # bpf_lxc.c (1.17 line 1178): __lookup_ip4_endpoint finds the host endpoint
+            # (ENDPOINT_MASK_HOST_DELIVERY): pass_to_stack, the kernel delivers it locally
+            b.add(self._hop(loc, f"{pkt.nw_dst} is this node's own address (a host entry of "
+                                 "cilium_lxc): pass_to_stack (bpf_lxc.c line 1178), the kernel "
+                                 "delivers it", map_="cilium_lxc", pkt=pkt))
+            self._kernel_caveat(loc.node)
+            return [(b, AtHost(loc.node, loc.device, pkt))]
         if s.routing is None:
             why = ("the routing mode (tunnel or native) is not stated: needs cilium-status.txt "
                    "(`Routing:` / `Tunnel:`) or k8s/cilium-config.yaml (`routing-mode` / `tunnel`)")

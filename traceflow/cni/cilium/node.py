@@ -213,6 +213,11 @@ class CiliumNode:
         return {e.ip: e for e in got if not e.is_host}
 
     @cached_property
+    def host_ips(self) -> set:
+        """The node's own addresses in cilium_lxc (`(localhost)` rows, ENDPOINT_F_HOST)."""
+        return {e.ip for e in self.maps.bpf_endpoints or () if e.is_host}
+
+    @cached_property
     def identities(self) -> dict:
         return {i.identity: i for i in self.maps.identities or ()}
 

@@ -134,6 +134,10 @@ class NodePort:
         packet to the tunnel device's to-overlay."""
         proto = (cn.settings.tunnel_protocol or "vxlan").lower()
         dev = f"cilium_{proto}"
+        if vni == 1:
+            # encap.h (1.17 line 39): the local host's packets are sent as LOCAL_NODE_ID,
+            # what the receiving node knows as the remote-node identity
+            vni = 6
         before, out = pkt.copy(), pkt.copy()
         src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
         out.tunnel = Tunnel(proto, src_node.internal_ip if src_node else "?", endpoint,
