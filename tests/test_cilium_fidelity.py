@@ -50,7 +50,7 @@ def test_a_bare_protocol_is_the_protocol_with_any_port():
 
 
 def test_a_protocol_only_deny_beats_an_l3_l4_allow_from_1_17():
-    """bpf/lib/policy.h __policy_can_access (1.17 line 119ff): the identity's entry (L3+L4
+    """bpf/lib/policy.h __policy_can_access (1.17 lines 133-157): the identity's entry (L3+L4
     allow) is not a deny, the wildcard lookup finds the protocol-only deny, and "the found
     l4policy is chosen if ... it is a deny policy". 1.16 (policy.h at the 1.16 branch point)
     takes the identity's entry with a port first."""
@@ -66,7 +66,7 @@ def test_a_protocol_only_deny_beats_an_l3_l4_allow_from_1_17():
 
 def test_an_l4_allow_beats_a_protocol_only_allow_on_its_port():
     """Equal proxy-port priority: the wildcard entry wins with the longer prefix (1.17
-    line 137); the L4 entry's proxy port is the one the packet gets."""
+    line 156); the L4 entry's proxy port is the one the packet gets."""
     l3proto, l4 = rows(
         "Allow    Ingress     15211      TCP          NONE         disabled    0       0         8",
         "Allow    Ingress     0          8080/TCP     NONE         disabled    0       0         24")

@@ -113,12 +113,12 @@ class Egress:
         if gw is not None and gw.gateway_state == "address" and self._is_me(cn, gw.gateway) \
                 and not is_cluster_identity(self._dst_identity(cn, pkt)):
             return True, (f"egress gateway policy {gw.source_ip} -> {gw.dest_cidr} "
-                          f"(egress_gw_snat_needed_hook, line 634; "
+                          f"(egress_gw_snat_needed_hook, line 635; "
                           f"{gw.source.file}:{gw.source.line})"), gw, gw.egress_ip
         cidr, src = self._exclusion_cidr(cn)
         if cidr and ipaddress.ip_address(pkt.nw_dst) in ipaddress.ip_network(cidr, strict=False):
             return False, (f"{pkt.nw_dst} is in the SNAT exclusion CIDR {cidr} ({src}; "
-                           "IPV4_SNAT_EXCLUSION_DST_CIDR, line 652)"), None, None
+                           "IPV4_SNAT_EXCLUSION_DST_CIDR, line 653)"), None, None
         if local is None:
             return False, (f"{pkt.nw_src} is no local endpoint (only pods' traffic is "
                            "masqueraded, line 591)"), None, None
@@ -130,10 +130,10 @@ class Egress:
             for e in masq:
                 if ipaddress.ip_address(pkt.nw_dst) in ipaddress.ip_network(e.prefix, strict=False):
                     return False, (f"{pkt.nw_dst} is in the ip-masq-agent prefix {e.prefix} "
-                                   "(IP_MASQ_AGENT_IPV4, line 664)"), e, None
+                                   "(IP_MASQ_AGENT_IPV4, line 671)"), e, None
         remote = L.ipcache_lookup(cn.ipcache, pkt.nw_dst)
         if remote is None:
-            return False, f"{pkt.nw_dst} has no ipcache entry (line 679)", None, None
+            return False, f"{pkt.nw_dst} has no ipcache entry (line 676)", None, None
         if (s.routing != "tunnel" or "skiptunnel" in remote.flags) and remote.identity == 6:
             return False, (f"{pkt.nw_dst} is a remote node ({cn.identity_text(6)}) reached "
                            "without the tunnel (line 690)"), remote, None
