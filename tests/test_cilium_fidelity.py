@@ -322,3 +322,24 @@ def test_session_affinity_flag_in_the_map(b117):
     for p in doc["paths"]:
         (x,) = [h for h in hops(p) if h.get("map") == "cilium_lb4_backends"]
         assert any("lb4_affinity_backend_id_by_addr" in n and "first connection" in n for n in x["notes"])
+
+
+def test_the_policy_map_name_comes_from_the_path_line_then_the_version():
+    """The bundle's `Path:` line names the map; without one, the version does
+    (pkg/maps/policymap MapName: ``cilium_policy_v2_`` from 1.17)."""
+    from traceflow.cni.cilium.node import CiliumNode
+    from traceflow.engines.cilium import load_node
+
+    def node(version, text):
+        n = CiliumNode.__new__(CiliumNode)
+        n.name = "n1"
+        n.maps = load_node({"cilium-bpf-policy-get.txt": text}, version)
+        return n
+    rows = ("POLICY   DIRECTION   IDENTITY   PORT/PROTO   PROXY PORT   AUTH TYPE   BYTES   "
+            "PACKETS   PREFIX\nAllow    Ingress     0          ANY          NONE         disabled    "
+            "0       0         0\n")
+    with_path = f"Endpoint ID: 412\nPath: /sys/fs/bpf/tc/globals/cilium_policy_v2_00412\n\n{rows}"
+    assert node("1.16.8", with_path).policy_map_name(412) == "cilium_policy_v2_00412"
+    bare = f"Endpoint ID: 412\n\n{rows}"
+    assert node("1.17.3", bare).policy_map_name(412) == "cilium_policy_v2_00412"
+    assert node("1.16.8", bare).policy_map_name(412) == "cilium_policy_00412"
