@@ -100,6 +100,9 @@ CILIUM_COMMANDS = (
     CiliumCommand("cilium-bpf-tunnel-list", "bpf tunnel list", False, "bpf tunnel list -o json"),
     CiliumCommand("cilium-bpf-ipmasq-list", "bpf ipmasq list", False,
                   "bpf ipmasq list -o json"),
+    # egress gateway policies (the gateway and egress IP a pod's traffic leaves by)
+    CiliumCommand("cilium-bpf-egress-list", "bpf egress list", False,
+                  "bpf egress list -o json", (1, 10)),
     # statedb load-balancing tables (1.17+); the table form cuts backends after 5: JSON too
     CiliumCommand("cilium-db-frontends", "shell -- db/show frontends", False,
                   "shell -- db/show --format=json frontends", (1, 17)),

@@ -687,6 +687,9 @@ def cilium_outputs(version: str, cli: str, tcx: bool) -> dict[str, dict[str, byt
         "bpf tunnel list -o json": b"{}\n",
         "bpf ipmasq list": _real("cilium/kwx4957-week3_cilium-dbg-bpf-ipmasq-list.txt"),
         "bpf ipmasq list -o json": b"[]\n",
+        # no egress gateway policy: `No entries found.` goes to stderr, stdout stays empty
+        "bpf egress list": b"",
+        "bpf egress list -o json": b"[]\n",
     }
     if cli == "cilium-dbg":      # statedb tables: 1.17+ (cilium-dbg era)
         c.update({

@@ -106,7 +106,8 @@ def test_cilium_pairs_are_traced_end_to_end():
     programs: the policy denial of shop/batch is found, not a host-only approximation."""
     code, doc = audit(EXAMPLES / "cilium-vxlan-policy")
     assert code == 0 and not any("host-only" in n for n in doc.get("notes", []))
-    batch = next(p for p in doc["pairs"] if "role=batch" in p["client"])
+    batch = next(p for p in doc["pairs"] if "role=batch" in p["client"]
+                 and p["service"].startswith("shop/web:"))
     assert batch["verdict"] == "dropped" and "DROP_POLICY" in batch["reason"]
 
 

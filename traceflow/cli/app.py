@@ -402,8 +402,10 @@ def pod_to_svc(
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
+        from traceflow.questions.ports import unserved
+        note = unserved(svc, sp)
         q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
-                  pin, not no_reply)
+                  pin, not no_reply, assumptions=(note,) if note else ())
         return Solver(snap).trace(q)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)

@@ -339,8 +339,10 @@ def _service_dest(cluster: Cluster, svc: Service, inline: str | None, port: str 
         import dataclasses
         return dataclasses.replace(ep, note=note), number[0], number[1], [note]
     sp = _frontend_port(svc, inline, port, proto)
+    from traceflow.questions.ports import unserved
+    note = unserved(svc, sp)
     return (Endpoint.of_service(svc, Frontend.CLUSTERIP, svc.cluster_ip, sp.port), sp.port,
-            sp.protocol.upper(), [])
+            sp.protocol.upper(), [note] if note else [])
 
 
 def _frontend_port(svc: Service, inline: str | None, port: str | None, proto: str | None):

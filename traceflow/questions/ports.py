@@ -37,6 +37,11 @@ def service_port(svc: Service, port: str | None, protocol: str | None,
             raise InputError(f"service {svc.key} has no port {port!r} (it has {has})", "--port")
     if proto is not None:
         kept = [p for p in cands if p.protocol.upper() == proto]
+        if not kept and port is not None and port.isdigit():
+            # a packet to that port over another protocol is what the datapath sees too: no
+            # Service entry for that protocol, ordinary traffic to the address (issue 22);
+            # unserved() says so
+            return ServicePort("", int(port), proto, None)
         if not kept:
             what = f"port {port} over {proto}" if port is not None else f"{proto} port"
             raise InputError(f"service {svc.key} has no {what} (it has {has})", "--protocol")
@@ -51,6 +56,17 @@ def service_port(svc: Service, port: str | None, protocol: str | None,
         raise InputError(f"service {svc.key} has several ports ({has}): choose one with --port",
                          "--port")
     return cands[0]
+
+
+def unserved(svc: Service, sp: ServicePort) -> str | None:
+    """What tracing a port the Service does not serve over that protocol means (None when
+    it serves it): no Service entry for the protocol, ordinary traffic to the address."""
+    if sp in svc.ports:
+        return None
+    has = ", ".join(_fmt_port(p) for p in svc.ports)
+    return (f"service {svc.key} has no port {sp.port} over {sp.protocol} (it has {has}): the "
+            f"datapath finds no Service entry for {sp.protocol} and sends the packet on as "
+            f"ordinary traffic to {svc.cluster_ip}:{sp.port} (no DNAT); traced as such")
 
 
 def pod_port(pod: Pod, port: str, protocol: str | None = None) -> tuple[int, str | None]:
