@@ -120,18 +120,21 @@ def test_nodeport_cluster_remote_endpoint_is_snated_to_the_gateway_and_the_reply
     assert "tp_dst=30306" in lb["rule"] and "group 19" in lb["effect"]
     assert "reg4[21]=0x1: Service: destination is an external IP" in lb["notes"]
     snat = next(h for h in hops(req, "ovs", "node2") if h["table_name"] == "SNAT")
-    assert "ct zone 65521: SNAT" in snat["effect"] and "-> 10.10.1.1:54321" in snat["effect"]
+    assert "conntrack zone 65521: SNAT" in snat["effect"] and "-> 10.10.1.1:54321" in snat["effect"]
     tunnel = next(h for h in req["hops"] if h["component"] == "tunnel")
     assert "192.168.77.103 -> 192.168.77.102" in tunnel["effect"]
     delivered = req["hops"][-1]
     assert delivered["packet"]["nw_src"] == "10.10.1.1"          # the client address is lost
     assert (delivered["packet"]["nw_dst"], delivered["packet"]["tp_dst"]) == ("10.10.0.25", 3306)
     # the reply: node1 -> tunnel -> node2's UnSNAT (zone 65521) and ConntrackZone (zone 65520)
-    unsnat = next(h for h in hops(rep, "ovs", "node2") if h["table_name"] == "UnSNAT")
-    assert "zone 65521: un-NAT" in unsnat["effect"]
-    assert unsnat["packet"]["nw_dst"] == CLIENT
-    undnat = next(h for h in hops(rep, "ovs", "node2") if h["table_name"] == "ConntrackZone")
-    assert undnat["packet"]["nw_src"] == "169.254.0.252" and undnat["packet"]["tp_src"] == 30306
+    # (a ct() hop's translation shows on the packet of the pass it recirculates to)
+    node2 = hops(rep, "ovs", "node2")
+    i = next(i for i, h in enumerate(node2) if h["table_name"] == "UnSNAT")
+    assert "zone 65521: un-NAT" in node2[i]["effect"], node2[i]["effect"]
+    assert node2[i + 1]["table_name"] == "ConntrackZone" and node2[i + 1]["packet"]["nw_dst"] == CLIENT
+    assert "zone 65520: un-NAT" in node2[i + 1]["effect"]
+    after = node2[i + 2]["packet"]
+    assert (after["nw_src"], after["tp_src"]) == ("169.254.0.252", 30306)
     host = next(h for h in hops(rep, "iptables", "node2") if h["chain"] == "conntrack")
     assert "192.168.77.103:30306" in host["effect"]
     assert rep["disposition"] == "left-cluster"
