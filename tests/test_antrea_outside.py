@@ -393,3 +393,178 @@ def test_check_audit_and_diff_on_the_new_directions(tmp_path):
     changed = json.dumps(doc)
     assert "web leaves with its Egress IP" in changed or "1.1.1.1" in changed
     assert "iptables-save.txt" in changed
+
+
+# ============================================================== the real Open vSwitch
+
+# every direction above; each OVS pass the walk makes on them is replayed on a real switch
+ORACLE_QUESTIONS = [
+    (CLIENT, "192.168.77.102:30004"), (CLIENT, "192.168.77.103:30306"),
+    (CLIENT, "192.168.77.102:30307"), (CLIENT, "192.168.77.103:30307"),
+    (CLIENT, "192.168.77.151:80"), (CLIENT, "192.168.77.150:80", "--via", "node2"),
+    (WEB1, "1.1.1.1:443"), (WEB2, "1.1.1.1:443"), (CLIENT_POD, "1.1.1.1:443"),
+    (DB, "1.1.1.1:443"), (WEB1, "1.1.1.1:80"),
+]
+MAX_CT = 6
+
+
+@contextlib.contextmanager
+def recorded_passes():
+    """Every OVS pass the Antrea datapath simulates while the block runs: (node, the leg's
+    direction, the state the packet entered with, the runs)."""
+    import traceflow.cni.antrea.datapath as datapath
+    real_simulate, real_ovs = datapath.simulate, datapath.AntreaDatapath._ovs
+    seen, direction = [], []
+
+    def recording(bridge, state, conntrack, start=0, annotator=None, **kw):
+        runs = real_simulate(bridge, state, conntrack, start, annotator, **kw)
+        if state.get("dl_type") == 0x0800:      # not the ARP responder's lookups
+            seen.append((annotator.node, direction[-1], dict(state), runs))
+        return runs
+
+    def ovs_step(self, b, loc, q):
+        direction.append(b.leg.direction)
+        return real_ovs(self, b, loc, q)
+    datapath.simulate, datapath.AntreaDatapath._ovs = recording, ovs_step
+    try:
+        yield seen
+    finally:
+        datapath.simulate, datapath.AntreaDatapath._ovs = real_simulate, real_ovs
+
+
+def _ct_names(bits: int) -> str:
+    from traceflow.engines.ovs import fields as F
+    return ",".join(name for name, bit in F.CT_STATE_BITS.items() if bits & bit) or "trk"
+
+
+def _spec(state: dict, overrides: dict, dp_hash: int | None) -> str:
+    """An ofproto/trace flow from a simulator state (the packet as it enters OVS)."""
+    from traceflow.engines.ovs import fields as F
+    s = dict(state, **overrides)
+    proto = {6: "tcp", 17: "udp", 1: "icmp"}[s["nw_proto"]]
+    parts = [proto, f"in_port={s['in_port']}"]
+    for key in ("dl_src", "dl_dst"):
+        parts.append(f"{key}={F.format_value(F.FIELDS[key], s[key])}")
+    for key in ("nw_src", "nw_dst", "tun_src", "tun_dst"):
+        if s.get(key):
+            parts.append(f"{key}={ipaddress.IPv4Address(s[key])}")
+    for key in ("tp_src", "tp_dst", "nw_ttl"):
+        parts.append(f"{key}={s[key]}")
+    for key in ("pkt_mark", "ct_mark", "ct_label"):
+        if s.get(key):
+            parts.append(f"{key}={hex(s[key])}")
+    if dp_hash is not None:
+        parts.append(f"dp_hash={dp_hash}")
+    return ",".join(parts)
+
+
+def _dp_hash(bridge, choices) -> int | None:
+    """A dp_hash for which OVS's select groups pick the walk's buckets (OVS 3.1's dp_hash
+    selection, tests/test_ovs_differential_pipelines.webster_bucket)."""
+    from test_ovs_differential_pipelines import webster_bucket
+    if not choices:
+        return 1
+    for h in range(1, 64):
+        if all(webster_bucket(bridge.groups[g], h) == b for g, b, _ in choices):
+            return h
+    raise AssertionError(f"no dp_hash selects {choices}")
+
+
+def _stages(run) -> list[list]:
+    out: list[list] = []
+    for hit in run.hits:
+        while len(out) <= hit.stage:
+            out.append([])
+        out[hit.stage].append(hit)
+    return out
+
+
+def _start(stage: list) -> dict:
+    """The headers and conntrack fields a stage started with, as the walk had them (from the
+    first hit that carries them: a ct() hit's own fields are its action's)."""
+    keys = ("nw_src", "nw_dst", "tp_src", "tp_dst")
+    first = stage[0].state_after or {}
+    got = {k: first.get(k) for k in keys}
+    with_ct = next((h.state_after for h in stage if h.state_after and "ct_state" in h.state_after),
+                   None)
+    if with_ct is not None:
+        got.update(ct_state=with_ct["ct_state"], ct_mark=with_ct.get("ct_mark", 0),
+                   ct_label=with_ct.get("ct_label", 0))
+    return got
+
+
+def compare_pass(ovs, bridge, state: dict, run, direction: str) -> int:
+    """ofproto/trace vs the walk's run, stage by stage; returns the stages compared.
+
+    ofproto/trace applies a ct() commit's explicit NAT and ct_mark itself, but knows nothing
+    of an existing connection: for a pass that meets one (ct_state +est), the ct_mark and
+    ct_label the walk's conntrack gave the last lookup are given with the packet (no commit changes it in
+    such a pass), and a stage whose headers an un-NAT changed is traced again with those
+    headers (the registers before it come from Classifier, by in_port) and compared from the
+    stage that resumes at the same table."""
+    from traceflow.engines.ovs import fields as F
+    stages = _stages(run)
+    starts = [_start(s) for s in stages]
+    assert stages and all(stages), "a run with an empty stage"
+    default = "trk,est,rpl" if direction == "reply" else "trk,new"
+    ct_next = [_ct_names(s["ct_state"]) if "ct_state" in s else default for s in starts[1:]]
+    known = [s for s in starts[1:] if "ct_state" in s]
+    over = {}
+    if any(s["ct_state"] & F.CT_STATE_BITS["est"] for s in known):
+        over["ct_mark"], over["ct_label"] = known[-1]["ct_mark"], known[-1]["ct_label"]
+    dp_hash = _dp_hash(bridge, run.choices)
+    main = ovs.trace(_spec(state, over, dp_hash), ct_next)
+    keys = ("nw_src", "nw_dst", "tp_src", "tp_dst")
+    theirs = None
+    for k, stage in enumerate(stages):
+        ours = [(h.table, h.flow.priority if h.flow else None) for h in stage]
+        theirs = main.stages[k] if k < len(main.stages) else None
+        want = starts[k]
+        unnated = k and (theirs is None or any(theirs.flow.get(key, 0) != (want.get(key) or 0)
+                                               for key in keys))
+        if unnated and (theirs is None or ours != [(h.table, h.priority) for h in theirs.hits]):
+            # the un-NAT-ed headers decide this stage: trace them (a changed source would not
+            # pass SpoofGuard again, so only a translated destination is traced so)
+            aligned = ovs.trace(_spec(state, dict(over, **{key: want[key] for key in keys}),
+                                      dp_hash), [ct_next[k - 1]] * MAX_CT)
+            theirs = next((s for s in aligned.stages[1:]
+                           if s.hits and s.hits[0].table == ours[0][0]), None)
+        assert theirs is not None, (state, k, ours)
+        assert ours == [(h.table, h.priority) for h in theirs.hits], (k, ours, theirs.hits)
+    outs = sorted(str(o.port) for o in run.outputs)
+    assert outs == sorted(str(o) for o in theirs.outputs), (outs, theirs.outputs)
+    if run.outputs and run.outputs[0].port != "CONTROLLER":
+        final = run.outputs[0].state
+        for key in ("pkt_mark", "tun_dst"):
+            assert final.get(key, 0) == theirs.final.get(key, 0), (key, final, theirs.final)
+    return len(stages)
+
+
+def test_every_ovs_pass_agrees_with_the_real_open_vswitch():
+    import ovs_oracle as oracle
+    with recorded_passes() as passes:
+        for question in ORACLE_QUESTIONS:
+            trace(*question)
+    assert len(passes) >= 30
+    assert {d for _, d, _, _ in passes} == {"request", "reply"}
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    snap = open_snapshot(Bundle.open(V2))
+    compared = stages = 0
+    for node in ("node1", "node2"):
+        try:
+            ovs = oracle.PrivateOvs.start_node(V2 / "nodes" / node)
+        except oracle.OvsUnavailable as exc:
+            pytest.skip(str(exc))
+        try:
+            bridge = snap.node(node).bridge
+            for at, direction, state, runs in passes:
+                if at != node:
+                    continue
+                for run in runs:
+                    stages += compare_pass(ovs, bridge, state, run, direction)
+                    compared += 1
+        finally:
+            ovs.close()
+    assert compared >= 30 and stages >= 90, (compared, stages)
+
