@@ -463,6 +463,9 @@ class AntreaConventions:
     collected_file_effects = {
         "k8s/clusternetworkpolicies.yaml": "Antrea ClusterNetworkPolicies are not in the bundle",
         "k8s/antreanetworkpolicies.yaml": "Antrea-native NetworkPolicies are not in the bundle",
+        "k8s/egresses.yaml": ("Antrea Egresses are not in the bundle: the Egress behind an "
+                              "Egress SNAT mark is not named, and a tunnel to an Egress IP no "
+                              "node's ip-addr.txt shows cannot be followed"),
     }
     # a pod's packet goes into the OVS bridge: without the flows there is no walk
     datapath_files = ("ovs-flows.txt",)
