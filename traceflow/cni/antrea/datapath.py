@@ -265,7 +265,6 @@ class AntreaDatapath(Datapath):
         said = drift(self.snap, loc.node, pod, pkt.mark, tunnel_ip)
         if said:
             self.warnings.append(f"{loc.node}: {said}")
-            b.choices.append(f"Egress drift on {loc.node}")
 
     def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet):
         tun_dst = output.state.get("tun_dst", 0)
