@@ -2,12 +2,13 @@
 
 With proxyAll, kube-proxy is gone and Antrea's agent writes the host's share of NodePort,
 LoadBalancer and externalIP handling into iptables and ipsets (pkg/agent/route/route_linux.go,
-restoreIptablesData and syncIPSet, v1.4 - v2.7):
+restoreIptablesData and syncIPSet, v2.5.0 as read; the same rules since v1.7):
 
 - nat ANTREA-PREROUTING: ``-m set --match-set ANTREA-NODEPORT-IP dst,dst -j DNAT
-  --to-destination 169.254.0.252`` (the virtual NodePort DNAT IP, config.VirtualNodePortDNATIPv4),
-  routed into antrea-gw0 (addVirtualNodePortDNATIPRoute), where OVS's NodePortMark table marks
-  it (ToNodePortAddressRegMark) for the ServiceLB flow of the NodePort;
+  --to-destination 169.254.0.252`` (the virtual NodePort DNAT IP, config.VirtualNodePortDNATIPv4,
+  since v1.7; v1.4 - v1.6 DNAT to the virtual Service IP 169.254.0.253), routed into antrea-gw0
+  (addVirtualNodePortDNATIPRoute), where OVS's NodePortMark table marks it
+  (ToNodePortAddressRegMark) for the ServiceLB flow of the NodePort;
 - raw ANTREA-PREROUTING: ``-m set --match-set ANTREA-EXTERNAL-IP dst -j NOTRACK`` for
   LoadBalancer ingress IPs and externalIPs, routed into antrea-gw0 (addExternalIPConfigsRoute);
 - nat ANTREA-POSTROUTING: the Egress SNAT rules (``-m mark --mark <Egress mark>/0xff -j SNAT
