@@ -157,9 +157,17 @@ _ANTREA_POLICY = {"metadata": _META,
                   "spec": {"priority": True, "tier": True, "appliedTo": True,
                            "ingress": [_ANTREA_RULE], "egress": [_ANTREA_RULE]}}
 
+# Egress: what traceflow/cni/antrea/egress.py reads (selectors, the IP, the node holding it)
+_ANTREA_EGRESS = {"metadata": _META,
+                  "spec": {"appliedTo": {"podSelector": _SELECTOR, "namespaceSelector": _SELECTOR},
+                           "egressIP": True, "egressIPs": True, "externalIPPool": True,
+                           "externalIPPools": True},
+                  "status": {"egressNode": True, "egressIP": True}}
+
 register(CniAllowList(
     "antrea",
-    crds={"ClusterNetworkPolicy": _ANTREA_POLICY, "NetworkPolicy@crd.antrea.io": _ANTREA_POLICY},
+    crds={"ClusterNetworkPolicy": _ANTREA_POLICY, "NetworkPolicy@crd.antrea.io": _ANTREA_POLICY,
+          "Egress@crd.antrea.io": _ANTREA_EGRESS},
 ))
 
 

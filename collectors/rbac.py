@@ -35,8 +35,8 @@ READER_RULES = (
     (["networking.k8s.io"], ["networkpolicies"], ["get", "list"],
      "naming the NetworkPolicy behind a drop"),
     (["apps"], ["deployments"], ["get"], "`deploy/NAME` as the source: its selector"),
-    (["crd.antrea.io"], ["clusternetworkpolicies", "networkpolicies"], ["get", "list"],
-     "Antrea-native policies, when installed"),
+    (["crd.antrea.io"], ["clusternetworkpolicies", "networkpolicies", "egresses"],
+     ["get", "list"], "Antrea-native policies and Egresses, when installed"),
     (["cilium.io"], ["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"],
      ["get", "list"], "Cilium policies, when installed"),
 )

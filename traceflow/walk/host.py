@@ -5,6 +5,8 @@ that device leads (back into a CNI's datapath, out of the node) the CNI's Datapa
 
 from __future__ import annotations
 
+import dataclasses
+
 from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import Missing, NodeModel
@@ -69,7 +71,12 @@ class HostStack:
             if nb.end:
                 results.append((nb, None))
                 continue
-            results.extend(self._route_and_forward(nb, loc, node, npkt, ctx, new_conn, tup,
+            bctx, bnew = ctx, new_conn
+            if npkt.extra.pop("untracked", False):
+                # raw's NOTRACK: no conntrack entry, so no NAT table at any later hook and
+                # nothing confirmed (nf_conntrack_in skips a template-less untracked skb)
+                bctx, bnew = dataclasses.replace(ctx, ct_state={"UNTRACKED"}), False
+            results.extend(self._route_and_forward(nb, loc, node, npkt, bctx, bnew, tup,
                                                    late_src))
         return results
 
@@ -95,6 +102,8 @@ class HostStack:
                                   f"({nf.weight:.0%} of new connections)")
             if nf.verdict != "ACCEPT":
                 self._nf_end(nb, node, component, nf)
+            if "UNTRACKED" in nf.ct_state:
+                nf.packet.extra["untracked"] = True     # read (and removed) by the caller
             out.append((nb, nf.packet, nf.nat))
         return out
 

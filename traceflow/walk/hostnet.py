@@ -21,6 +21,7 @@ functions only chain its steps in the kernel's order for a locally sent or recei
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from traceflow.model.errors import InputError
@@ -112,11 +113,16 @@ def send(host, branch, sender: Sender, packet, at_host):
     ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets, in_iface=None,
                       out_iface=dec.dev, ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                       ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=node_name)
-    outcomes = []
+    outcomes, untracked = [], set()
     for ob, opkt, _ in host._netfilter(branch, node.netfilter, "OUTPUT", packet, ctx, node_name):
         if ob.end:
             outcomes.append((ob, opkt, dec))
             continue
+        octx = ctx
+        if opkt.extra.pop("untracked", False):
+            # raw OUTPUT's NOTRACK (Antrea: to external IPs): no NAT at POSTROUTING, no entry
+            octx = dataclasses.replace(ctx, ct_state={"UNTRACKED"})
+            untracked.add(id(ob))
         odec = dec
         if opkt.nw_dst == orig.nw_dst and dec.kind == "local":
             # for the node itself, and OUTPUT did not send it elsewhere (kube-proxy DNATs
@@ -131,15 +137,17 @@ def send(host, branch, sender: Sender, packet, at_host):
             if odec.kind != "unicast":
                 outcomes.append((host._no_route(ob, node_name, odec), opkt, odec))
                 continue
-            ctx.out_iface = odec.dev
-        outcomes.extend(host._postrouting(ob, node_name, node, opkt, ctx, odec))
+            octx.out_iface = odec.dev
+        outcomes.extend(host._postrouting(ob, node_name, node, opkt, octx, odec))
     tup = (orig.nw_proto, orig.nw_src, orig.tp_src, orig.nw_dst, orig.tp_dst)
     # one outcome at a time: a file one branch lacks must not end the other branches
     from traceflow.bundle.snapshot import Missing
     results = []
     for outcome in outcomes:
         try:
-            results.extend(host._send_all([outcome], loc, node, new_conn, tup, late_src))
+            results.extend(host._send_all([outcome], loc, node,
+                                          new_conn and id(outcome[0]) not in untracked, tup,
+                                          late_src))
         except Missing as miss:
             results.append((host.walk.missing(outcome[0], node_name, "neigh", miss), None))
     return results

@@ -183,9 +183,7 @@ class AntreaDatapath(Datapath):
             # unreachable (antrea pkg/agent/controller/networkpolicy/reject.go)
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "ovs", None,
                                                    output.via.text if output.via else None,
-                                                   "sent to the agent (controller): the agent "
-                                                   "answers with a TCP reset / ICMP unreachable, "
-                                                   "e.g. a Service without endpoints",
+                                                   self._controller_reason(loc, output, node, q),
                                                    Disposition.REJECTED)), None)
         if port in ("NORMAL", "LOCAL"):
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None,
@@ -193,8 +191,12 @@ class AntreaDatapath(Datapath):
                                                    f"output to {port} is not followed further")), None)
         name = node.bridge.port_name(port)
         if name == self.cni.gateway_port(ports):
+            self._egress_drift(b, loc, pkt, None)
             return (b, AtHost(loc.node, name, pkt))
         if name == self.cni.tunnel_port(ports):
+            tun_dst = output.state.get("tun_dst", 0)
+            self._egress_drift(b, loc, pkt, str(ipaddress.IPv4Address(tun_dst)) if tun_dst
+                               else None)
             return self._tunnel(b, loc, output, pkt, chooser)
         # a local pod port?
         pod_ip = node_pod_ports(node).ip_on_port(name)
@@ -220,17 +222,79 @@ class AntreaDatapath(Datapath):
         b.final_packet = pkt
         return (b.finish(Verdict.DELIVERED, None, pod), None)
 
+    def _controller_reason(self, loc: AtOvs, output, node: NodeModel, q: Query) -> str:
+        """Why OVS sent the packet to the agent. From EndpointDNAT it is a Service without an
+        endpoint to select (SvcNoEpRegMark, pipeline.go serviceEndpointGroup's bucket for an
+        empty group); for a NodePort/LoadBalancer/externalIP with externalTrafficPolicy:
+        Local, the group is the node's local endpoints only (proxier.go: LocalGroupID)."""
+        generic = ("sent to the agent (controller): the agent answers with a TCP reset / ICMP "
+                   "unreachable, e.g. a Service without endpoints")
+        via = output.via
+        table = node.annotator.table_name(via.table) if via is not None and \
+            isinstance(via.table, int) else None
+        if table not in ("EndpointDNAT", None) or via is None:
+            return generic
+        from traceflow.walk.endpoints import Frontend, Kind
+        dst = q.dst if q is not None else None
+        svc = dst.service if dst is not None and dst.kind is Kind.SERVICE else q.service \
+            if q is not None else None
+        if svc is None:
+            return generic
+        local = (dst is not None and dst.frontend in (Frontend.NODEPORT, Frontend.LOADBALANCER,
+                                                       Frontend.EXTERNALIP)
+                 and svc.external_traffic_policy == "Local")
+        if local:
+            return (f"{svc.key} has externalTrafficPolicy: Local and {loc.node} has no local "
+                    "endpoint: the ServiceLB flow's group for it holds only the 'no Endpoint' "
+                    "bucket (SvcNoEpRegMark), EndpointDNAT sends the packet to the agent "
+                    "(controller), which answers with a TCP reset / ICMP unreachable")
+        return (f"{svc.key} has no endpoint to select: its group holds only the 'no Endpoint' "
+                "bucket (SvcNoEpRegMark), EndpointDNAT sends the packet to the agent "
+                "(controller), which answers with a TCP reset / ICMP unreachable")
+
+    def _egress_drift(self, b: Branch, loc: AtOvs, pkt: Packet, tunnel_ip: str | None) -> None:
+        """A Pod's request to an address outside the cluster leaving OVS: warn when the Egress
+        objects say otherwise than the flows did (traceflow.cni.antrea.egress.drift)."""
+        if b.leg.direction != "request" or not pkt.nw_src or not pkt.nw_dst:
+            return
+        if self.cluster.node_for_pod_ip(pkt.nw_dst) is not None \
+                or self.cluster.node_by_ip(pkt.nw_dst) is not None \
+                or self.cluster.pod_by_ip(pkt.nw_dst) is not None:
+            return             # inside the cluster: no Egress applies
+        if tunnel_ip is not None and self.cluster.node_by_ip(tunnel_ip) is not None:
+            return             # tunnelled to a Node: a remote Pod or endpoint, not Egress
+        pod = self.cluster.pod_by_ip(pkt.nw_src)
+        if pod is None or pod.host_network:
+            return
+        if self.snap.bundle.text("k8s/egresses.yaml") is None:
+            return
+        from traceflow.cni.antrea.egress import drift
+        said = drift(self.snap, loc.node, pod, pkt.mark, tunnel_ip)
+        if said:
+            self.warnings.append(f"{loc.node}: {said}")
+
     def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet, chooser=None):
         tun_dst = output.state.get("tun_dst", 0)
         dst_ip = str(ipaddress.IPv4Address(tun_dst)) if tun_dst else None
         peer = self.cluster.node_by_ip(dst_ip) if dst_ip else None
         src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
+        held = None
+        if peer is None and dst_ip:
+            # an address that is no Node's InternalIP: Antrea's EgressMark tunnels a Pod's
+            # traffic to its Egress IP itself (pipeline.go snatRuleFlow, SetTunnelDst(snatIP));
+            # the underlay delivers it to the Node that holds that address
+            from traceflow.cni.antrea.egress import address_holder
+            holder, how, _ = address_holder(self.snap, dst_ip)
+            peer = next((n for n in self.cluster.nodes if n.name == holder), None)
+            held = how if peer is not None else None
         if peer is None:
             b.add(Hop(loc.node, "tunnel", None, None,
-                      f"tunnel destination {dst_ip or 'unset'} is not a Node in the bundle",
-                      unknown=True))
+                      f"tunnel destination {dst_ip or 'unset'} is not a Node in the bundle, "
+                      "nor an address any Node of the bundle holds", unknown=True))
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "tunnel", None, None,
-                                                   f"tunnel to {dst_ip}: unknown Node")), None)
+                                                   f"tunnel to {dst_ip}: unknown Node (not "
+                                                   "known which Node holds that address)")),
+                    None)
         dev = self._tunnel_dev(loc.node) or "the tunnel device"
         inner = pkt.copy()
         inner.tunnel = Tunnel("geneve", src_node.internal_ip if src_node else "?", dst_ip)
@@ -239,7 +303,8 @@ class AntreaDatapath(Datapath):
                   f"encapsulate in Geneve on {dev}: outer {inner.tunnel.src} -> {dst_ip} UDP/6081 "
                   f"to {peer.name}; inner headers unchanged",
                   packet=inner.headers(), changed=inner.diff(pkt),
-                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"],
+                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"] +
+                  ([held] if held else []),
                   device=self._uplink(loc.node, inner.tunnel.src),
                   source=chooser.source if chooser is not None else None))
         b.add(Hop(peer.name, "underlay", None, None,
@@ -255,6 +320,7 @@ class AntreaDatapath(Datapath):
             return (b.finish(Verdict.UNKNOWN, Drop(peer.name, "ovs", None, None,
                                                    "no tunnel port in ovs-show.txt")), None)
         arriving = pkt.copy()
+        arriving.mark = 0          # Geneve carries no skb mark: the receiver's pkt_mark is 0
         arriving.extra["tun_src"] = src_node.internal_ip if src_node else None
         arriving.extra["tun_dst"] = dst_ip
         return (b, AtOvs(peer.name, peer_model.bridge.ports[tname].number, arriving))
@@ -336,6 +402,10 @@ class AntreaDatapath(Datapath):
             return None       # no OVS on this node in the bundle: other devices leave the node
         gw = self.cni.gateway_port(node.bridge.ports)
         if dec.dev == gw:
+            if b.target == pkt.nw_dst and self.cluster.pod_by_ip(pkt.nw_dst) is None:
+                # the host's DNAT chose no backend: AntreaProxy's NodePort DNAT goes to the
+                # virtual NodePort IP (169.254.0.252) and OVS's ServiceLB picks the endpoint
+                b.target = None
             new_leg(b, pkt)
             return (b, AtOvs(loc.node, node.bridge.ports[gw].number, pkt))
         return None
@@ -344,20 +414,23 @@ class AntreaDatapath(Datapath):
         return self.cni.describe_mac(mac)
 
     def enter_from_outside(self, branch, node_name, device, packet, q):
-        """Without kube-proxy (AntreaProxy proxyAll), NodePort, LoadBalancer and externalIP
-        traffic from outside is AntreaProxy's: its iptables (ANTREA-NODE-PORT, the
-        ANTREA-NODE-PORT-IP ipset) mark it with NodePortMark and send it through antrea-gw0
-        into OVS, whose ServiceLB flows translate it (pkg/agent/proxy, pkg/agent/route).
-        That is not modelled yet: said, rather than handed to kernel rules that do not hold
-        it. With kube-proxy the kernel's host stack takes it (the default)."""
-        from traceflow.walk.endpoints import Frontend, Kind
-        front = q.dst.frontend if q is not None and q.dst is not None \
-            and q.dst.kind is Kind.SERVICE else None
-        if self.snap.kube_proxy == "none" and branch.leg.direction == "request" and front in (
-                Frontend.NODEPORT, Frontend.LOADBALANCER, Frontend.EXTERNALIP):
+        """A packet from outside arrives on ``device``: the kernel's host stack takes it (the
+        default). Without kube-proxy (AntreaProxy with proxyAll), NodePort, LoadBalancer and
+        externalIP traffic is AntreaProxy's, and its first part is in the host's iptables
+        (pkg/agent/route/route_linux.go restoreIptablesData): ANTREA-PREROUTING DNATs a
+        NodePort (ipset ANTREA-NODEPORT-IP, `dst,dst`) to the virtual NodePort DNAT IP
+        169.254.0.252, which is routed into antrea-gw0; a LoadBalancer or external IP (ipset
+        ANTREA-EXTERNAL-IP) is left untracked (raw NOTRACK) and routed into antrea-gw0; OVS's
+        NodePortMark and ServiceLB flows then select the endpoint. Those rules are read from
+        the node's iptables-save.txt and ipset.txt: a node without them is unknown, naming
+        the file, rather than a host that seems to drop the packet."""
+        from traceflow.cni.antrea.outside import missing_proxy_files
+        missing = missing_proxy_files(self.snap, node_name, branch, q)
+        if missing:
             why = (f"kube-proxy does not run (manifest kube_proxy: none): AntreaProxy (proxyAll) "
-                   f"serves {q.dst.label} from outside (NodePortMark, the gateway, OVS's "
-                   "ServiceLB flows), which traceflow does not model yet")
+                   f"serves {q.dst.label} from outside through the host's iptables "
+                   f"(ANTREA-PREROUTING, ipset ANTREA-NODEPORT-IP / ANTREA-EXTERNAL-IP) and "
+                   f"antrea-gw0: needs {' and '.join(missing)}")
             branch.add(Hop(node_name, "route", None, None, why, unknown=True))
             branch.finish(Verdict.UNKNOWN, Drop(node_name, "route", None, None, why,
                                                 Disposition.UNKNOWN))

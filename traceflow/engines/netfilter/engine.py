@@ -120,8 +120,10 @@ def _run_tables(tables: list[Table], hook: str, walk: Walk) -> list[Outcome]:
         return [(walk, "ACCEPT")]
     table, rest = tables[0], tables[1:]
     if table.name == "nat" and not _nat_applies(walk.ctx):
-        walk.steps.append(Step("nat", hook, None, "nat table not consulted: not the first packet "
-                               "of a connection (conntrack applies any NAT)"))
+        why = ("the packet is untracked (NOTRACK in raw): no conntrack entry, no NAT"
+               if "UNTRACKED" in walk.ctx.ct_state else
+               "not the first packet of a connection (conntrack applies any NAT)")
+        walk.steps.append(Step("nat", hook, None, f"nat table not consulted: {why}"))
         return _run_tables(rest, hook, walk)
     results: list[Outcome] = []
     for w, verdict in _run_builtin(table, hook, walk):
