@@ -56,6 +56,26 @@ class _Out:
             text.append(chunk, style=style)
             self.console.print(text, soft_wrap=True)
 
+    def parts_wrapped(self, parts, indent: int) -> None:
+        """One line of ``(text, style)`` parts; what does not fit continues on lines indented
+        by ``indent``, broken between words (styles kept), never cut."""
+        text = Text()
+        for part, style in parts:
+            text.append(part, style=style)
+        if cell_len(text.plain) <= self.width:
+            self.console.print(text, soft_wrap=True)
+            return
+        lines = wrap(text.plain, self.width)
+        first = lines[0]
+        rest = wrap(text.plain[len(first):].strip(), self.width - indent)
+        offset = 0
+        for i, chunk in enumerate([first, *rest]):
+            start = text.plain.index(chunk, offset)
+            offset = start + len(chunk)
+            piece = Text(" " * indent if i else "")
+            piece.append_text(text[start:offset])
+            self.console.print(piece, soft_wrap=True)
+
     def blank(self) -> None:
         self.console.print()
 
@@ -71,7 +91,7 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
             out.blank()
             _path_heading(out, trace, path, index, verbose)
             if verbose:
-                _verbose_path(out, path, index)
+                _verbose_path(out, path, index, about)
             else:
                 _compact_path(out, trace, path, index)
 
@@ -111,8 +131,13 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
              (f"  {len(delivered)} of {n} path{'' if n == 1 else 's'} delivered "
               f"({walk.percent(share)} of new connections)", None))
     ends = [escape(p.endpoint or "none") for p in trace.paths]
-    ew = min(max((cell_len(e) for e in ends), default=4), max(12, out.width // 3))
     nw = len(str(n))
+    # a name is never cut when the line can hold it beside its weight and outcome word
+    words = max((cell_len(walk.outcome_word(p)) for p in trace.paths), default=7)
+    room = out.width - (2 + nw + 2 + 2 + 5 + 2 + words)
+    ew = min(max((cell_len(e) for e in ends), default=4), max(12, room))
+    indent = nw + 4
+    said: dict = {}
     for index, (path, end) in enumerate(zip(trace.paths, ends), 1):
         v = Verdict(path.verdict)
         stop = walk.stop_hop(path, index)
@@ -125,13 +150,9 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
         if stop is not None:
             parts.append((f" at {stop.ref} {escape(stop.hop.node)} "
                           f"{escape(walk.location(stop.hop))}", None))
-        out.line(*parts)
+        out.parts_wrapped(parts, indent + 2)
         if v is not Verdict.DELIVERED:
-            why = escape(walk.stop_reason(path, stop))
-            if full:
-                out.wrapped(" " * (nw + 4) + "why: ", why)
-            else:
-                out.line((" " * (nw + 4) + "why: ", "tf.muted"), (why, None))
+            _why(out, path, stop, about, indent, said, index)
     split = walk.divergence(trace)
     if split is not None:
         shared, where = split
@@ -154,6 +175,26 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
         hop = f"--hop {example.ref} one hop's full story; " if example else ""
         out.wrapped("more: ", f"-v every rule, file:line and note; {hop}--wide the full "
                               "table; -o html a report with a diagram", "tf.muted")
+
+
+def _why(out: _Out, path: Path, stop, about: About | None, indent: int, said: dict,
+         index: int) -> None:
+    """``why:`` the human answer (the policy and what it allows, or what the disposition
+    means), then ``datapath:`` the detail of the drop, both wrapped, never cut; a path with
+    the same answer and detail as an earlier one says so in one line."""
+    detail = escape(walk.stop_reason(path, stop))
+    why = escape(walk.answer(path, about)) or detail
+    pad = " " * indent
+    earlier = said.get(why)
+    if earlier is not None:
+        more = f"; its detail: --hop {stop.ref}" if stop is not None else ""
+        out.wrapped(pad + "why: ", f"as path {earlier}, "
+                    f"{escape(walk.answer(path, about, short=True)) or why}{more}", "tf.answer")
+        return
+    said[why] = index
+    out.wrapped(pad + "why: ", why, "tf.answer")
+    if detail and detail != why:
+        out.wrapped(pad + "datapath: ", detail)
 
 
 # --- compact --------------------------------------------------------------------------------
@@ -248,7 +289,7 @@ def _path_heading(out: _Out, trace: Trace, path: Path, index: int, verbose: bool
 
 # --- verbose --------------------------------------------------------------------------------
 
-def _verbose_path(out: _Out, path: Path, index: int) -> None:
+def _verbose_path(out: _Out, path: Path, index: int, about: About | None = None) -> None:
     hops = walk.numbered(path, index)
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
@@ -261,7 +302,7 @@ def _verbose_path(out: _Out, path: Path, index: int) -> None:
             if h.leg == li:
                 hop_details(out, h, first)
                 first = False
-    _verdict_lines(out, path, index)
+    _verdict_lines(out, path, index, about)
 
 
 def hop_details(out: _Out, h: Numbered, full_packet: bool) -> None:
@@ -305,7 +346,7 @@ def _matched(m) -> str:
     return str(m)
 
 
-def _verdict_lines(out: _Out, path: Path, index: int) -> None:
+def _verdict_lines(out: _Out, path: Path, index: int, about: About | None = None) -> None:
     v = Verdict(path.verdict)
     style = VERDICT_STYLES[v]
     if v is Verdict.DELIVERED:
@@ -325,6 +366,9 @@ def _verdict_lines(out: _Out, path: Path, index: int) -> None:
         f"{escape(stop.hop.node)} {escape(walk.location(stop.hop))}" if stop else "")
     at = f" (hop {stop.ref})" if stop else ""
     reason = escape(walk.stop_reason(path, stop))
+    why = escape(walk.answer(path, about))
+    if why and why != reason:
+        reason = f"{why}; datapath: {reason}"
     out.wrapped(f"{v.value.upper()} at " if where else f"{v.value.upper()}: ",
                 f"{where}{at}: {reason}" if where else reason, None, head_style=style)
     if drop is not None and drop.rule:

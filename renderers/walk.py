@@ -28,6 +28,9 @@ class About:
     cni_version: str | None = None
     kube_proxy: str | None = None
     kube_proxy_version: str | None = None
+    # "namespace/name" -> what the NetworkPolicy allows, in words (traceflow.questions.
+    # policywords), for the policies a dropped path names: the answer leads with them
+    policies: dict | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict | None, path: str | None = None,
@@ -289,6 +292,53 @@ def left_cluster_text(path: Path) -> str:
         return ""
     return (f"as {endpoint(ex.src, ex.src_port)} {ARROW} {endpoint(ex.dst, ex.dst_port)}, "
             f"out of {ex.node} {ex.device}")
+
+
+# the human answer for a path that did not arrive, by its typed disposition; the datapath's
+# detail (the drop's reason) follows it
+DISPOSITION_ANSWERS = {
+    "dropped-policy": "denied by the CNI's network policy",
+    "dropped-rule": "dropped by a rule that is no NetworkPolicy",
+    "no-route": "no route to the destination",
+    "no-neighbour": "the next hop's neighbour entry is FAILED or INCOMPLETE",
+    "no-backend": "the Service has no backend to send to",
+    "rejected": "refused with an ICMP error or a TCP reset",
+    "table-miss": "no OVS flow matched",
+    "loop": "the packet goes round in a loop",
+    "unknown": "the trace met something it does not model",
+}
+
+
+def path_disposition(path: Path) -> str | None:
+    """How the path ended (a Disposition value): the path's, else its drop's."""
+    d = disposition(path)
+    if d is None and path.drop is not None and path.drop.disposition is not None:
+        d = str(getattr(path.drop.disposition, "value", path.drop.disposition))
+    return d
+
+
+def policy_answer(names, words: dict | None, short: bool = False) -> str:
+    """``denied by NetworkPolicy shop/web: allows only role=frontend on TCP/8080`` (``short``:
+    the names alone). A policy the bundle has no Kubernetes object for is named as it is."""
+    words = words or {}
+    parts = []
+    for name in names:
+        name = str(name)
+        if name in words:
+            parts.append(f"NetworkPolicy {name}" + ("" if short else f": {words[name]}"))
+        else:
+            parts.append(f"policy {name}")
+    return "denied by " + "; and by ".join(parts)
+
+
+def answer(path: Path, about: "About | None" = None, short: bool = False) -> str:
+    """The human answer for a path that did not arrive: for a policy drop the policies and
+    what they allow, else what its disposition means. From typed data only."""
+    d = path_disposition(path)
+    names = tuple(path.drop.policies or ()) if path.drop is not None else ()
+    if d == "dropped-policy" and names:
+        return policy_answer(names, about.policies if about is not None else None, short)
+    return DISPOSITION_ANSWERS.get(d, "")     # no typed end (a hand-built trace): no answer
 
 
 def stop_reason(path: Path, stop: Numbered | None) -> str:

@@ -325,8 +325,11 @@ def test_a_dropped_path_on_the_first_screen(tmp_path):
     assert "verdict: PARTIAL  1 of 2 paths delivered (50% of new connections)" in head
     assert re.search(r"^  2  default/backend2\s+50%  dropped at 2\.40 worker2 ovs 100 "
                      r"IngressDefaultR", head, re.M)
-    assert re.search(r"^     why: dropped by the ingress default-deny flow of table 100", head,
-                     re.M)
+    # issue 24: the answer first (the policy and what it allows), then the datapath's detail
+    assert re.search(r"^     why: denied by NetworkPolicy default/backendpolicy: allows no "
+                     r"ingress", head, re.M)
+    assert re.search(r"^     datapath: dropped by the ingress default-deny flow of table 100",
+                     head, re.M)
     assert "--hop 2.40" in head
     assert any(re.match(r"^!\s*40 worker2\s+ovs 100 IngressDefault\S*\s+drop$", line)
                for line in lines)

@@ -117,7 +117,23 @@ _traced: dict = {}
 def _snapshot(bundle, end_to_end: bool = True):
     from traceflow.cni import open_snapshot
     _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
-    return open_snapshot(bundle, require_supported=end_to_end)
+    snap = open_snapshot(bundle, require_supported=end_to_end)
+    _traced["snapshot"] = snap
+    return snap
+
+
+def _about(traces, context: Optional[str] = None):
+    """What the human views say about the bundle, and what each policy a drop names allows."""
+    from renderers.walk import About
+    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    snap = _traced.get("snapshot")
+    if snap is not None:
+        from traceflow.questions.policywords import policy_words
+        try:
+            about.policies = policy_words(snap.cluster, traces)
+        except InputError:      # a policy object the trace never needed is unreadable
+            about.policies = {}
+    return about
 
 
 class _Live:
@@ -226,8 +242,7 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
         from renderers.yaml_out import render_yaml
         typer.echo(render_yaml(trace), nl=False)
         return
-    from renderers.walk import About
-    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    about = _about([trace], context)
     if output is Output.html:
         from renderers.html_out import render_html
         typer.echo(render_html(trace, about), nl=False)
