@@ -62,19 +62,22 @@ class _Out:
         text = Text()
         for part, style in parts:
             text.append(part, style=style)
-        if cell_len(text.plain) <= self.width:
+        plain = text.plain
+        if cell_len(plain) <= self.width:
             self.console.print(text, soft_wrap=True)
             return
-        lines = wrap(text.plain, self.width)
-        first = lines[0]
-        rest = wrap(text.plain[len(first):].strip(), self.width - indent)
-        offset = 0
-        for i, chunk in enumerate([first, *rest]):
-            start = text.plain.index(chunk, offset)
-            offset = start + len(chunk)
-            piece = Text(" " * indent if i else "")
-            piece.append_text(text[start:offset])
+        # each wrapped line is a prefix of what is left (wrap breaks between words, or inside
+        # a word too long for a line): its offsets carry the parts' styles over
+        pos = len(plain) - len(plain.lstrip(" "))
+        width, pad = self.width - pos, plain[:pos]
+        while pos < len(plain):
+            chunk = wrap(plain[pos:], width)[0] or plain[pos:pos + max(1, width)]
+            piece = Text(pad)
+            piece.append_text(text[pos:pos + len(chunk)])
             self.console.print(piece, soft_wrap=True)
+            pos += len(chunk)
+            pos += len(plain[pos:]) - len(plain[pos:].lstrip(" "))
+            width, pad = self.width - indent, " " * indent
 
     def blank(self) -> None:
         self.console.print()

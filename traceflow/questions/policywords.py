@@ -86,11 +86,12 @@ def describe(policy: kube.NetworkPolicy) -> str:
     return "allows " + " and ".join(parts)
 
 
-def policy_words(cluster, traces) -> dict[str, str]:
+def policy_words(cluster, traces, names=()) -> dict[str, str]:
     """``namespace/name`` -> what it allows, for every policy a dropped path of ``traces``
-    names that is a Kubernetes NetworkPolicy of the bundle (others are named as they are)."""
+    names (and ``names``) that is a Kubernetes NetworkPolicy of the bundle (others are named
+    as they are)."""
     wanted = {str(name) for t in traces if t is not None for p in t.paths
-              if p.drop is not None for name in (p.drop.policies or ())}
+              if p.drop is not None for name in (p.drop.policies or ())} | set(map(str, names))
     if not wanted:
         return {}
     out = {}
