@@ -99,6 +99,13 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
                 _compact_path(out, trace, path, index)
 
 
+def note(console: Console, text: str) -> None:
+    """A ``note:`` line ahead of the output (e.g. the view asked for is not the one shown)."""
+    theme = missing_styles(console)
+    with console.use_theme(theme) if theme else nullcontext():
+        _Out(console).wrapped("note: ", text, head_style="tf.warning")
+
+
 # --- summary --------------------------------------------------------------------------------
 
 def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = True,
@@ -130,9 +137,10 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
     n = len(trace.paths)
     delivered = [p for p in trace.paths if Verdict(p.verdict) is Verdict.DELIVERED]
     share = sum(float(p.weight) for p in delivered)
-    out.line(("verdict: ", "tf.title"), (verdict.value.upper(), VERDICT_STYLES[verdict]),
-             (f"  {len(delivered)} of {n} path{'' if n == 1 else 's'} delivered "
-              f"({walk.percent(share)} of new connections)", None))
+    out.parts_wrapped([("verdict: ", "tf.title"), (verdict.value.upper(),
+                                                   VERDICT_STYLES[verdict]),
+                       (f"  {len(delivered)} of {n} path{'' if n == 1 else 's'} delivered "
+                        f"({walk.percent(share)} of new connections)", None)], 9)
     ends = [escape(p.endpoint or "none") for p in trace.paths]
     nw = len(str(n))
     # a name is never cut when the line can hold it beside its weight and outcome word
@@ -159,18 +167,17 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
     split = walk.divergence(trace)
     if split is not None:
         shared, where = split
-        out.line(("  paths share ", "tf.muted"),
-                 (f"hops 1-{shared}" if shared > 1 else "hop 1", None),
-                 (", then diverge at hop ", "tf.muted"),
-                 (f"{shared + 1}: {escape(where.node)} {escape(walk.location(where))}", None))
+        out.parts_wrapped([("  paths share ", "tf.muted"),
+                           (f"hops 1-{shared}" if shared > 1 else "hop 1", None),
+                           (", then diverge at hop ", "tf.muted"),
+                           (f"{shared + 1}: {escape(where.node)} "
+                            f"{escape(walk.location(where))}", None)], 4)
     if trace.warnings:
         out.line((f"warnings ({len(trace.warnings)}):", "tf.warning"))
         for warning in trace.warnings:
-            text = escape(" ".join(str(warning).split()))
-            if full:
-                out.wrapped("  ! ", text, head_style="tf.warning")
-            else:
-                out.line(("  ! ", "tf.warning"), (text, None))
+            # never cut: a warning may be what the answer rests on (what was assumed)
+            out.wrapped("  ! ", escape(" ".join(str(warning).split())),
+                        head_style="tf.warning")
     if hint and trace.paths:
         stops = [walk.stop_hop(p, i) for i, p in enumerate(trace.paths, 1)]
         firsts = walk.numbered(trace.paths[0], 1)[:1]
@@ -185,7 +192,7 @@ def _why(out: _Out, path: Path, stop, about: About | None, indent: int, said: di
     """``why:`` the human answer (the policy and what it allows, or what the disposition
     means), then ``datapath:`` the detail of the drop, both wrapped, never cut; a path with
     the same answer and detail as an earlier one says so in one line."""
-    detail = escape(walk.stop_reason(path, stop))
+    detail = escape(walk.stop_detail(path, stop))
     why = escape(walk.answer(path, about)) or detail
     pad = " " * indent
     earlier = said.get(why)

@@ -255,6 +255,8 @@ def query_line(query: dict) -> str:
     if q.get("dst_ip") and str(q.get("dst_ip")) not in str(q.get("destination")):
         text += f" ({q['dst_ip']})"
     proto, port = q.get("protocol"), q.get("dst_port")
+    if port is not None and f"tp_dst={port}" in str(q.get("destination")):
+        port = None                # an ovs-trace flow says it already
     if proto or port is not None:
         text += " " + "/".join(str(x) for x in (proto, port) if x not in (None, ""))
     if q.get("src_port") is not None:
@@ -298,7 +300,7 @@ def left_cluster_text(path: Path) -> str:
 # detail (the drop's reason) follows it
 DISPOSITION_ANSWERS = {
     "dropped-policy": "denied by the CNI's network policy",
-    "dropped-rule": "dropped by a rule that is no NetworkPolicy",
+    "dropped-rule": "dropped by a flow or filter rule that is no NetworkPolicy",
     "no-route": "no route to the destination",
     "no-neighbour": "the next hop's neighbour entry is FAILED or INCOMPLETE",
     "no-backend": "the Service has no backend to send to",
@@ -348,6 +350,16 @@ def stop_reason(path: Path, stop: Numbered | None) -> str:
     if stop is not None:
         return str(stop.hop.effect)
     return "the trace met something it cannot model"
+
+
+def stop_detail(path: Path, stop: Numbered | None) -> str:
+    """The drop's reason with the bundle file:line of the rule it stopped at (when the reason
+    does not say it already)."""
+    reason = stop_reason(path, stop)
+    src = stop.hop.source if stop is not None else None
+    if src is not None and f"{src.file}:{src.line}" not in reason:
+        reason += f" ({src.file}:{src.line})"
+    return reason
 
 
 def leg_title(leg: Leg) -> str:

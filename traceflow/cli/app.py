@@ -259,10 +259,20 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
             _fail(InputError(f"no hop {hop!r} in this trace: give PATH.HOP as the hop list "
                              "numbers it (e.g. 1.3)", "--hop"))
     elif wide:
-        from renderers.table import render_table
-        from renderers.text import render_text_summary
+        from renderers.table import render_table, wide_width
+        from renderers.text import render_text, render_text_summary
+        need = wide_width(trace)
+        if console.width < need:
+            # a table narrower than its words breaks headers, addresses and MACs mid-word:
+            # every fact of -v instead, said first
+            from renderers.text import note
+            note(console, f"--wide needs {need} columns and this output has {console.width}: "
+                          f"showing -v (every fact, wrapped) instead; widen the terminal or "
+                          f"give --width {need} for the table")
+            render_text(trace, console, about, verbose=True)
+            return
         render_text_summary(trace, console, about)
-        render_table(trace, console, ascii_only=not console.is_terminal)
+        render_table(trace, console, ascii_only=not console.is_terminal, keep_words=True)
     else:
         from renderers.text import render_text
         render_text(trace, console, about, verbose=verbose)

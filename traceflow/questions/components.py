@@ -7,6 +7,8 @@ ACCEPT, a usable route), "dropped" means it did not.
 
 from __future__ import annotations
 
+import ipaddress
+
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.ovs import fields as F
@@ -42,7 +44,12 @@ def parse_flow_spec(spec: str, bridge) -> dict:
         if key == "in_port":
             number = bridge.port_number(value.strip('"'))
             if number is None:
-                raise InputError.at(src, f"no port {value!r} on the bridge (see ovs-show.txt)")
+                names = sorted(p.name for p in bridge.ports.values())
+                shown = ", ".join(names[:12]) + (f", ... ({len(names)} ports)"
+                                                 if len(names) > 12 else "")
+                raise InputError.at(src, f"no port {value!r} on the bridge: give in_port= one "
+                                         f"of {shown or 'none (ovs-show.txt lists no port)'}, "
+                                         "or its OpenFlow number (ovs-show.txt)")
             state["in_port"] = number
             continue
         m = _match(key, value, token, src)
@@ -92,6 +99,9 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
     states = parse_ct_states(ct_next or [])
     trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
                    "dst_port": state.get("tp_dst")})
+    filled = _fill_from_pod(snap, model, bridge, state)
+    if filled:
+        trace.warnings.append(filled)
     first = _packet_from_state(state)
     for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
         leg = Leg("request", Verdict.UNKNOWN, [], spec)
@@ -112,9 +122,13 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
         else:
             verdict = Verdict.DROPPED
             hit = run.dropped_by or (run.hits[-1] if run.hits else None)
+            reason = "; ".join(hit.effects) if hit else "no table"
+            miss = _near_miss(bridge, model, run.hits, hit, state) if hit is not None else None
+            if miss:
+                reason += f"; {miss}"
+                leg.hops[run.hits.index(hit)].notes.append(miss)
             drop = Drop(node, "ovs", str(hit.table) if hit else None,
-                        hit.flow.text if hit and hit.flow else None,
-                        "; ".join(hit.effects) if hit else "no table",
+                        hit.flow.text if hit and hit.flow else None, reason,
                         Disposition.DROPPED_RULE if hit is not None and hit.flow is not None
                         else Disposition.TABLE_MISS)
         leg.verdict = verdict
@@ -126,6 +140,98 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
         trace.paths.append(Path(outputs or None, round(run.weight, 6), verdict, drop, [leg],
                                 choices, drop.disposition if drop is not None else None))
     return trace
+
+
+def _fill_from_pod(snap: Snapshot, model, bridge, state: dict) -> str | None:
+    """A packet entering on a pod's port gets the pod's own MAC (dl_src) and, for IPv4, IP
+    (nw_src) unless the flow gives them: what that pod's packets carry, and what the CNI's
+    anti-spoofing flows check (ofproto/trace would take 0 and drop it there). Said."""
+    if "in_port" not in state or all(k in state for k in ("dl_src", "nw_src", "nw_ttl")):
+        return None
+    pod_ports = getattr(snap.conventions, "pod_ports", None)
+    if pod_ports is None:
+        return None
+    port = bridge.port_name(state["in_port"])
+    try:
+        ports = pod_ports(model)
+        ip = next((ip for ip, (name, _) in ports.items() if name == port), None)
+    except (Missing, InputError):
+        return None
+    if ip is None:
+        return None
+    mac = ports[ip][1]
+    pod = snap.cluster.pod_by_ip(ip)
+    who = f"{pod.key}'s" if pod is not None else f"the pod {ip}'s"
+    said = []
+    if "dl_src" not in state and mac:
+        state["dl_src"] = int(mac.replace(":", ""), 16)
+        said.append(f"dl_src={mac} (its MAC)")
+    if "nw_src" not in state and state.get("dl_type") == 0x0800:
+        state["nw_src"] = int(ipaddress.IPv4Address(ip))
+        said.append(f"nw_src={ip} (its IP)")
+    if "nw_ttl" not in state and state.get("dl_type") == 0x0800:
+        # Linux's default TTL (net.ipv4.ip_default_ttl = 64); ofproto/trace's 0 would make
+        # the first dec_ttl drop the packet
+        state["nw_ttl"] = 64
+        said.append("nw_ttl=64 (Linux's default)")
+    if not said:
+        return None
+    return (f"in_port {port} is {who} port: the packet is given {', '.join(said)}, as that "
+            "pod sends it; give these fields in the flow to trace other values")
+
+
+def _near_miss(bridge, model, hits: list, hit, start: dict) -> str | None:
+    """For a drop by a table's lowest-priority flow (priority 0: the table's default) or a
+    table miss: the flow of that table the packet came closest to matching, and the fields it
+    did not meet (``the port's SpoofGuard flow at nodes/n1/ovs-flows.txt:17 wants
+    dl_src=be:2c:..., the packet has dl_src=00:00:...``). A flow that matches the packet's
+    in_port comes first (the port's own flow), then the fewest unmet fields."""
+    if hit.flow is not None and hit.flow.priority != 0:
+        return None
+    index = hits.index(hit)
+    before = next((h.state_after for h in reversed(hits[:index])
+                   if h.state_after is not None and h.stage == hit.stage), None)
+    state = before if before is not None else start
+    try:
+        flows = bridge.flows.table(hit.table)
+    except (InputError, KeyError):
+        return None
+    floor = hit.flow.priority if hit.flow is not None else -1
+    best = None
+    for flow in flows:
+        if flow.priority <= floor or flow.conj_id is not None:
+            continue
+        unmet = [m for m in flow.matches if not _meets(bridge, m, state)]
+        if not unmet:
+            continue
+        has_port = any(m.field.name == "in_port" for m in flow.matches)
+        port_ok = has_port and all(m.field.name != "in_port" for m in unmet)
+        key = (not port_ok, len(unmet), -flow.priority, flow.source.line)
+        if best is None or key < best[0]:
+            best = (key, flow, unmet, port_ok)
+    if best is None or (not best[3] and len(best[2]) > 2):
+        return None
+    _, flow, unmet, port_ok = best
+    name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
+    label = f"{name} flow" if name else f"table {hit.table} flow"
+    wants = ", ".join(m.text for m in unmet)
+    has = ", ".join(f"{m.field.name}={_value_of(bridge, m, state)}" for m in unmet)
+    who = "the port's" if port_ok else "the nearest"
+    return (f"near miss: {who} {label} at {flow.source.file}:{flow.source.line} wants {wants}, "
+            f"the packet has {has}")
+
+
+def _meets(bridge, m, state: dict) -> bool:
+    if m.value is None:          # in_port by name
+        return state.get("in_port") == bridge.port_number(m.port_name)
+    return (state.get(m.field.name, 0) & m.mask) == m.value
+
+
+def _value_of(bridge, m, state: dict) -> str:
+    value = state.get(m.field.name, 0)
+    if m.field.name == "in_port":
+        return bridge.port_name(value) if isinstance(value, int) else str(value)
+    return F.format_value(m.field, value)
 
 
 HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")

@@ -217,6 +217,7 @@ class NoEffect:
 class Unknown:
     text: str
     reason: str
+    malformed: bool = False     # not an action at all (bad input), not one left unmodelled
 
 
 def plain_writes(actions: tuple) -> tuple | None:
@@ -499,4 +500,4 @@ def parse_action(text: str):
         return Unknown(text, f"action {keyword!r} is not modelled")
     if re.match(r'^"[^"]+"$', text) or text.isdigit():
         return Output(port=text.strip('"'))
-    return Unknown(text, "unreadable action")
+    return Unknown(text, "unreadable action", malformed=True)
