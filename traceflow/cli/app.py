@@ -278,6 +278,20 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
         render_text(trace, console, about, verbose=verbose)
 
 
+def _say_host_only(trace, snap, source, bundle) -> None:
+    """A pod's trace on a host-only bundle: say first what the bundle answers instead."""
+    from traceflow.model.trace import Verdict
+    if trace.verdict is Verdict.DELIVERED or source is None:
+        return
+    from traceflow.questions.support import host_only_hint
+    q = trace.query or {}
+    hint = host_only_hint(snap, source, q.get("dst_ip") or (
+        (q.get("destination_endpoint") or {}).get("address")), q.get("dst_port"),
+        q.get("protocol"), str(bundle) if bundle is not None else "PATH")
+    if hint and hint not in trace.warnings:
+        trace.warnings.insert(0, hint)
+
+
 def _exit_for(trace, live: "_Live | None" = None) -> None:
     from traceflow.model.trace import Verdict
     if live is not None and live.errors:
@@ -361,7 +375,9 @@ def trace_cmd(
         q = resolve.trace_query(snap, source, destination, namespace, port,
                                 protocol.value if protocol is not None else None, src_port,
                                 via, endpoint, not no_reply)
-        return Solver(snap).trace(q)
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, getattr(q.src, "pod", None), bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -425,7 +441,9 @@ def pod_to_svc(
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
         q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
                   pin, not no_reply)
-        return Solver(snap).trace(q)
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, pod, bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -486,7 +504,9 @@ def pod_to_pod(
         from traceflow.walk.endpoints import Endpoint
         q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
                   src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
-        return Solver(snap).trace(q)
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, src, bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
