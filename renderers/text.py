@@ -89,6 +89,9 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         out = _Out(console)
+        if not verbose and (trace.query or {}).get("kind") == "route-get" \
+                and _route_answer(trace, out, about):
+            return
         render_summary(trace, out, about, hint=not verbose, full=verbose)
         for index, path in enumerate(trace.paths, 1):
             out.blank()
@@ -104,6 +107,31 @@ def note(console: Console, text: str) -> None:
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         _Out(console).wrapped("note: ", text, head_style="tf.warning")
+
+
+def _route_answer(trace: Trace, out: _Out, about: About | None) -> bool:
+    """``route-get``: the answer in one line first, as ``ip route get`` gives it, then where it
+    comes from; the rules consulted and the rest with ``-v``. False when it is no one-route
+    answer (the full view then)."""
+    if len(trace.paths) != 1 or len(trace.paths[0].legs) != 1 \
+            or len(trace.paths[0].legs[0].hops) != 1:
+        return False
+    path = trace.paths[0]
+    hop = path.legs[0].hops[0]
+    v = Verdict(path.verdict)
+    parts = [(escape(hop.effect), "tf.answer" if v is Verdict.DELIVERED else VERDICT_STYLES[v])]
+    if v is not Verdict.DELIVERED:
+        parts.insert(0, (f"{v.value.upper()}: ", VERDICT_STYLES[v]))
+    out.parts_wrapped(parts, 2)
+    where = [f"on {escape(hop.node)}"]
+    if hop.source is not None:
+        where.append(f"the route at {escape(hop.source.file)}:{hop.source.line}")
+    if about is not None and about.path:
+        where.append(f"bundle {escape(about.path)}")
+    out.wrapped("  ", ", ".join(where), "tf.muted", head_style=None)
+    out.wrapped("  more: ", "-v the rules consulted in order and the bundle; -o json",
+                "tf.muted")
+    return True
 
 
 # --- summary --------------------------------------------------------------------------------

@@ -637,6 +637,9 @@ def rbac_cmd(
             where = f"bundle {bundle}"
         else:
             from collectors.kube import Kube
+            from traceflow.cli.help import require_cluster_access
+            require_cluster_access(kubeconfig, "take the agent pods from a bundle's manifest "
+                                               "instead: traceflow rbac --bundle PATH")
             kube = Kube(str(kubeconfig) if kubeconfig else None, context)
             try:
                 cni, pods = R.agents_from_cluster(
@@ -715,7 +718,7 @@ def nf_trace(
     src: str = typer.Option(..., "--src", help="Source IP."),
     dst: str = typer.Option(..., "--dst", help="Destination IP."),
     dport: Optional[int] = typer.Option(None, "--dport", min=1, max=65535,
-                                        help="Destination port."),
+                                        help="Destination port (required)."),
     sport: int = typer.Option(54321, "--sport", min=1, max=65535, help="Source port."),
     protocol: Protocol = ProtocolOpt,
     hook: str = typer.Option("PREROUTING", "--hook",
@@ -736,9 +739,16 @@ def nf_trace(
         from traceflow.questions.resolve import mark as parse_mark
         _ip_option(src, "--src")
         _ip_option(dst, "--dst")
+        packet_mark = parse_mark(mark)
+        if dport is None:
+            # a rule that matches a port (every kube-proxy Service rule) cannot be decided
+            # for a packet without one: ask, rather than answer unknown
+            raise InputError(f"which destination port? give --dport N ({protocol.value.upper()} "
+                             f"rules match ports), e.g. `traceflow nf-trace {node} --src {src} "
+                             f"--dst {dst} --dport 80`", "--dport")
         snap = _open_snapshot(bundle, end_to_end=False)
         return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
-                                  dport, iif, oif, parse_mark(mark))
+                                  dport, iif, oif, packet_mark)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop)
     _exit_for(trace)
@@ -806,7 +816,13 @@ def run() -> None:
     """Console-script entry point."""
     if sys.argv[1:2] == ["__complete"]:     # the shell completion scripts' entry (fast path)
         sys.exit(completion.complete_main(sys.argv[2:]))
-    from traceflow.cli.help import pipe_closed_since, prog_name, quiet_closed_pipe, stdout_identity
+    from traceflow.cli.help import (not_a_command, pipe_closed_since, prog_name,
+                                    quiet_closed_pipe, stdout_identity)
+    hint = not_a_command(sys.argv[1:], {c.name for c in app.registered_commands},
+                         prog_name(sys.argv[0]))
+    if hint:
+        typer.echo(f"traceflow: error: {hint}", err=True)
+        sys.exit(int(ExitCode.BAD_INPUT))
     start = stdout_identity()
     try:
         app(prog_name=prog_name(sys.argv[0]))

@@ -232,7 +232,12 @@ def _collect_all(context, kubeconfig, save_bundle, timeout, deadline, ssh_config
                  errors: list):
     """Live: collect every node (a suite may touch any), then trace offline."""
     from collectors.live import CollectOptions, collect, write_bundle
+    from traceflow.cli.help import require_cluster_access
     from traceflow.cni import open_snapshot
+    # no cluster: say how to check a bundle instead
+    require_cluster_access(kubeconfig, "check a bundle instead: traceflow check SUITE.yaml "
+                                       "--bundle PATH (the bundled example: --bundle "
+                                       "\"$(traceflow example-path)\")")
     b = collect(CollectOptions(kubeconfig=str(kubeconfig) if kubeconfig else None,
                                context=context, all_nodes=True,
                                ssh_config=str(ssh_config) if ssh_config else None,

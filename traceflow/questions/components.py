@@ -32,8 +32,16 @@ def parse_flow_spec(spec: str, bridge) -> dict:
     Read the way ofproto/trace reads it: a field left out is 0 (no TTL, no IPv4 unless a
     protocol word or dl_type says so), ``in_port`` may be a number, a port name, ``LOCAL``
     or the bridge's own name, and ``ct_mark``/``ct_label`` are the existing connection's."""
+    try:
+        return _flow_spec(spec, bridge)
+    except InputError as err:
+        # the flow is the FLOW argument, not a file: say so, and which piece of it
+        raise InputError(f"{err.reason}: {spec}", "FLOW") from None
+
+
+def _flow_spec(spec: str, bridge) -> dict:
     state: dict = {}
-    src = Source("<flow>", 1, spec)
+    src = Source("FLOW", 1, spec)
     for token in [t.strip() for t in spec.split(",") if t.strip()]:
         key, eq, value = token.partition("=")
         if not eq:
@@ -52,6 +60,10 @@ def parse_flow_spec(spec: str, bridge) -> dict:
                                          "or its OpenFlow number (ovs-show.txt)")
             state["in_port"] = number
             continue
+        if "/" in value and key in ("nw_src", "nw_dst", "ip_src", "ip_dst", "arp_spa", "arp_tpa"):
+            bits = value.rsplit("/", 1)[1]
+            if bits.isdigit() and int(bits) > 32:
+                raise InputError.at(src, f"{token!r}: an IPv4 prefix length is 0-32")
         m = _match(key, value, token, src)
         if m.field.name != "nw_frag" and m.mask != F.full_mask(m.field) and \
                 m.field.kind != "ct_state":
