@@ -609,6 +609,11 @@ def collect_cmd(
         raise typer.Exit(int(ExitCode.COLLECTION))
 
 
+class ExecScope(str, enum.Enum):
+    pods = "pods"
+    namespace = "namespace"
+
+
 @app.command("rbac")
 def rbac_cmd(
     bundle: Optional[Path] = typer.Option(None, "--bundle", "-b", help="Take the CNI agent pods "
@@ -622,9 +627,16 @@ def rbac_cmd(
         None, "--app-exec", help="Also grant exec on these application pods (NS/POD,...), for "
         "`--app-exec` collection; with --bundle, `bundle` takes the pods whose pod-side files "
         "it holds."),
+    exec_scope: ExecScope = typer.Option(
+        ExecScope.pods, "--exec-scope", help="pods: exec on the current agent pods by name "
+        "(regenerate after a rollout); namespace: on every pod of the agents' namespace "
+        "(survives rollouts, a wider grant: for CI jobs)."),
 ):
-    """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
-    current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
+    """Print least-privilege RBAC for live collection (`traceflow rbac | kubectl apply -f -`).
+
+    Read-only access, and exec on exactly the current CNI agent pods (run it again after the
+    agents are rolled out, or give --exec-scope namespace). Exit 0, 2 bad options, 3 no
+    cluster."""
     def build():
         from collectors import rbac as R
         if user and group:
@@ -647,11 +659,13 @@ def rbac_cmd(
             finally:
                 kube.close()
             where = f"cluster {kube.cluster}"
-        if not pods:
+        by_name = exec_scope is ExecScope.pods
+        if not pods and by_name:
             raise CollectionError(f"no CNI agent pods found in the {where} ({R.AGENT_PODS}): "
                                   "nothing to grant exec on")
         docs = ([] if user or group else R.service_account_documents())
-        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj,
+                                                            by_name=by_name)
         if app_exec:
             app_pods = [p.strip() for p in app_exec.split(",") if p.strip()]
             if app_pods == ["bundle"] and bundle is not None:
@@ -661,8 +675,12 @@ def rbac_cmd(
             if bad or not app_pods:
                 raise InputError(f"expected NAMESPACE/POD,... (got {app_exec!r})", "--app-exec")
             docs += R.app_exec_documents(app_pods, subj)
-        return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
-                              "only; regenerate after the agents are restarted\n")
+        header = (f"# traceflow RBAC for {where} ({cni}): exec on these agent pods only; "
+                  "regenerate after the agents are restarted\n" if by_name else
+                  f"# traceflow RBAC for {where} ({cni}): exec on every pod of "
+                  f"{R.AGENT_NAMESPACE} (survives agent rollouts; wider than the agent pods "
+                  "alone: --exec-scope pods grants those by name)\n")
+        return R.render(docs, header)
     typer.echo(_run(build), nl=False)
 
 
@@ -674,8 +692,10 @@ class Shell(str, enum.Enum):
 
 @app.command("completion")
 def completion_cmd(shell: Shell = typer.Argument(..., help="bash, zsh or fish.")):
-    """Print the shell completion script (pods, Services, namespaces, nodes from the bundle or
-    cluster), e.g. `source <(traceflow completion bash)`."""
+    """Print the shell completion script: `source <(traceflow completion bash)`.
+
+    It completes commands and options, and the pods, Services, namespaces and nodes of the
+    bundle on the command line (or TRACEFLOW_BUNDLE, else the current cluster)."""
     typer.echo(completion.GENERATORS[shell.value](), nl=False)
 
 

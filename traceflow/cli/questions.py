@@ -103,9 +103,11 @@ def register(app: typer.Typer, cli) -> None:
         output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
         width: Optional[int] = cli.WidthOpt,
     ):
-        """Every Service port from every client group, and intent-vs-datapath drift: policies
-        the flows decide otherwise, balanced backends that differ from EndpointSlices, missing
-        peer routes/tunnel flows, pods whose route/ARP disagrees with the gateway.
+        """Trace every Service port from every client group, and find intent-vs-datapath drift.
+
+        Drift: policies the flows decide otherwise, balanced backends that differ from
+        EndpointSlices, missing peer routes/tunnel flows, pods whose route/ARP disagrees with
+        the gateway.
 
         Exit 0 when nothing drifted, 1 when a drift finding is reported or a pair ends in an
         outcome --fail-on names (without it, pairs that are not delivered are listed with the
@@ -146,8 +148,10 @@ def register(app: typer.Typer, cli) -> None:
         output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
         width: Optional[int] = cli.WidthOpt,
     ):
-        """Which questions changed verdict or path between two bundles, the first hop where the
-        walks diverge (file:line on each side), and the raw changes ranked by use.
+        """Compare two bundles: the questions whose verdict or path changed, and why.
+
+        For each, the first hop where the walks diverge (file:line on each side); then the raw
+        changes, ranked by use.
 
         Exit 0 when nothing changed, 1 when something did."""
         def build():
