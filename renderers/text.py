@@ -256,9 +256,10 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
     stop_ref = stop.ref if stop else None
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
-        out.line(("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
-                 (v.value, VERDICT_STYLES[v]), (")", None),
-                 (f": {escape(leg.description)}" if leg.description else "", "tf.title"))
+        heading = walk.leg_heading(path, index, li)
+        out.parts_wrapped([("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
+                           (v.value, VERDICT_STYLES[v]), (")", None),
+                           (f": {escape(heading)}" if heading else "", "tf.title")], 3)
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
             continue
@@ -331,8 +332,9 @@ def _verbose_path(out: _Out, path: Path, index: int, about: About | None = None)
     hops = walk.numbered(path, index)
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
-        out.wrapped(f"-- {leg.direction} ({v.value})" + (": " if leg.description else ""),
-                    escape(leg.description), "tf.title")
+        heading = walk.leg_heading(path, index, li)
+        out.wrapped(f"-- {leg.direction} ({v.value})" + (": " if heading else ""),
+                    escape(heading), "tf.title")
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
         first = True

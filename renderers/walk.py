@@ -362,5 +362,23 @@ def stop_detail(path: Path, stop: Numbered | None) -> str:
     return reason
 
 
+def leg_heading(path: Path, path_index: int, leg_index: int) -> str:
+    """A leg's description, and where its destination was first translated (a Service's
+    backend chosen: by kube-proxy's DNAT, or before the packet left the pod by a socket-level
+    balancer), so the heading names the address the packet really went to."""
+    leg = path.legs[leg_index]
+    text = leg.description or ""
+    for h in numbered(path, path_index):
+        if h.leg != leg_index:
+            continue
+        change = h.hop.changed.get("nw_dst")
+        if isinstance(change, (tuple, list)) and len(change) == 2 and change[1]:
+            port = h.hop.changed.get("tp_dst")
+            port = port[1] if isinstance(port, (tuple, list)) and len(port) == 2 else (
+                (headers(h.hop.packet) or {}).get("tp_dst"))
+            return f"{text}, sent on to {endpoint(change[1], port)} (hop {h.ref})"
+    return text
+
+
 def leg_title(leg: Leg) -> str:
     return f"{leg.direction}: {leg.description}" if leg.description else leg.direction
