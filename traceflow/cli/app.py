@@ -583,9 +583,12 @@ def collect_cmd(
     def build():
         node_list = [n.strip() for n in (nodes or "").split(",") if n.strip()]
         if destination is not None and source is None and selector is None:
-            raise InputError("a destination needs a source pod (or -l)", "SOURCE")
+            raise InputError("a destination needs its source: write `traceflow collect SOURCE "
+                             "DESTINATION -o PATH`, or pick the source pod with -l KEY=VALUE",
+                             "SOURCE")
         if parallel < 1:
-            raise InputError("--parallel must be at least 1", "--parallel")
+            raise InputError(f"--parallel {parallel}: give 1 or more (the nodes collected at "
+                             "once; default 10)", "--parallel")
         from traceflow.cli.help import require_cluster_access
         require_cluster_access(kubeconfig)
         b = collect(CollectOptions(
@@ -673,7 +676,9 @@ def rbac_cmd(
                 app_pods = R.app_pods_from_bundle(Bundle.open(bundle))
             bad = [p for p in app_pods if p.count("/") != 1]
             if bad or not app_pods:
-                raise InputError(f"expected NAMESPACE/POD,... (got {app_exec!r})", "--app-exec")
+                raise InputError(f"{app_exec!r}: give NAMESPACE/POD,... (e.g. "
+                                 "default/frontend,default/backend1), or `bundle` with --bundle",
+                                 "--app-exec")
             docs += R.app_exec_documents(app_pods, subj)
         header = (f"# traceflow RBAC for {where} ({cni}): exec on these agent pods only; "
                   "regenerate after the agents are restarted\n" if by_name else
@@ -808,7 +813,8 @@ def _ip_option(value: str, option: str) -> str:
     try:
         return str(ipaddress.ip_address(value.strip()))
     except ValueError:
-        raise InputError(f"{value!r} is not an IPv4 or IPv6 address", option) from None
+        raise InputError(f"{value!r} is not an IPv4 or IPv6 address: give one address, e.g. "
+                         "10.222.1.48", option) from None
 
 
 def _register_questions() -> None:

@@ -77,8 +77,8 @@ def register(app: typer.Typer, cli) -> None:
             try:
                 junit.write_text(render_junit(report), encoding="utf-8")
             except OSError as err:
-                cli._fail(InputError(f"cannot write the JUnit report: {err.strerror or err}",
-                                     str(junit)))
+                cli._fail(InputError(f"cannot write the JUnit report: {err.strerror or err}: "
+                                     "give --junit a path in a writable folder", str(junit)))
         if output is Format.json:
             from renderers.questions import check_to_dict, dumps
             typer.echo(dumps(check_to_dict(report, traces)))

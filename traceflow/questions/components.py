@@ -20,9 +20,13 @@ from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verd
 
 
 def _node(snap: Snapshot, node: str):
-    if node not in snap.bundle.node_names():
-        raise InputError(f"node {node!r} is not in the bundle (it has: "
-                         f"{', '.join(snap.bundle.node_names()) or 'none'})", "NODE")
+    names = snap.bundle.node_names()
+    if node not in names:
+        listed = any(n.name == node for n in snap.cluster.nodes)
+        why = (f"node {node!r} is in k8s/nodes.yaml but its files were not collected (no "
+               f"nodes/{node}/)" if listed else f"node {node!r} is not in the bundle")
+        raise InputError(f"{why}: give one of {', '.join(names) or 'none (no nodes/ folder)'}",
+                         "NODE")
     return snap.node(node)
 
 
@@ -111,6 +115,7 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
     states = parse_ct_states(ct_next or [])
     trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
                    "dst_port": state.get("tp_dst")})
+    given = set(state)
     filled = _fill_from_pod(snap, model, bridge, state)
     if filled:
         trace.warnings.append(filled)
@@ -136,6 +141,10 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
             hit = run.dropped_by or (run.hits[-1] if run.hits else None)
             reason = "; ".join(hit.effects) if hit else "no table"
             miss = _near_miss(bridge, model, run.hits, hit, state) if hit is not None else None
+            if hit is not None and "nw_ttl" not in given and _decrements_ttl(hit):
+                miss = ((miss + "; ") if miss else "") + (
+                    "the flow gives no nw_ttl, so the packet has TTL 0 (as ofproto/trace takes "
+                    "a field left out) and dec_ttl drops it: add nw_ttl=64 to the flow")
             if miss:
                 reason += f"; {miss}"
                 leg.hops[run.hits.index(hit)].notes.append(miss)
@@ -158,7 +167,7 @@ def _fill_from_pod(snap: Snapshot, model, bridge, state: dict) -> str | None:
     """A packet entering on a pod's port gets the pod's own MAC (dl_src) and, for IPv4, IP
     (nw_src) unless the flow gives them: what that pod's packets carry, and what the CNI's
     anti-spoofing flows check (ofproto/trace would take 0 and drop it there). Said."""
-    if "in_port" not in state or all(k in state for k in ("dl_src", "nw_src", "nw_ttl")):
+    if "in_port" not in state or ("dl_src" in state and "nw_src" in state):
         return None
     pod_ports = getattr(snap.conventions, "pod_ports", None)
     if pod_ports is None:
@@ -181,15 +190,20 @@ def _fill_from_pod(snap: Snapshot, model, bridge, state: dict) -> str | None:
     if "nw_src" not in state and state.get("dl_type") == 0x0800:
         state["nw_src"] = int(ipaddress.IPv4Address(ip))
         said.append(f"nw_src={ip} (its IP)")
-    if "nw_ttl" not in state and state.get("dl_type") == 0x0800:
-        # Linux's default TTL (net.ipv4.ip_default_ttl = 64); ofproto/trace's 0 would make
-        # the first dec_ttl drop the packet
-        state["nw_ttl"] = 64
-        said.append("nw_ttl=64 (Linux's default)")
     if not said:
         return None
     return (f"in_port {port} is {who} port: the packet is given {', '.join(said)}, as that "
             "pod sends it; give these fields in the flow to trace other values")
+
+
+def _decrements_ttl(hit) -> bool:
+    """Whether the flow that ended the run decrements the TTL (dec_ttl: a TTL of 0 or 1 ends
+    the packet there)."""
+    from traceflow.engines.ovs.actions import DecTtl
+    try:
+        return hit.flow is not None and any(isinstance(a, DecTtl) for a in hit.flow.actions)
+    except ValueError:
+        return False
 
 
 def _near_miss(bridge, model, hits: list, hit, start: dict) -> str | None:
@@ -290,7 +304,7 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
                        sport: int, dport: int | None, iif, oif, mark: int) -> Trace:
     from traceflow.engines.netfilter.engine import NodeContext
     if hook not in HOOKS:
-        raise InputError(f"unknown hook {hook!r}", "--hook")
+        raise InputError(f"unknown hook {hook!r}: give one of {', '.join(HOOKS)}", "--hook")
     model = _node(snap, node)
     rs, component, ipvs = node_packet_filter(snap, model)
     pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
@@ -378,6 +392,13 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
         routes = model.routes
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
+    try:
+        devices = sorted(i.name for i in (model.interfaces or ()))
+    except Missing:                 # no ip-addr/ip-link: the lookup says what it lacks
+        devices = []
+    if iif is not None and devices and iif not in devices:
+        raise InputError(f"no device {iif!r} on {node}: give one of {', '.join(devices)}",
+                         "--iif")
     dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
                        local_addresses=model.local_addresses, interfaces=model.interfaces or None,
                        sysctls=model.sysctls)
