@@ -156,3 +156,24 @@ def test_an_unmodelled_action_blames_no_policy_and_says_where(tmp_path):
     assert f"push_mpls:0x8847' is not modelled" in out
     assert f"(nodes/worker1/ovs-flows.txt:{n + 1})" in out
     assert "NetworkPolicy" not in out.split("more:")[0]
+
+
+def test_command_summaries_are_one_line():
+    """`traceflow --help` lists each command with its first paragraph: a sentence that breaks
+    in the middle (a docstring's hard line break) reads as two half-sentences there."""
+    import typer.main
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        first = (cmd.help or "").strip().split("\n\n")[0]
+        assert first and "\n" not in first and first.endswith("."), (name, first)
+
+
+def test_completion_offers_only_nodes_a_component_command_takes():
+    """k8s/nodes.yaml lists master, whose files the example does not hold: ovs-trace, nf-trace
+    and route-get refuse it, so their NODE completion does not offer it."""
+    import subprocess
+    import sys
+    for command in ("ovs-trace", "nf-trace", "route-get"):
+        r = subprocess.run([sys.executable, "-m", "traceflow", "__complete", command,
+                            "--bundle", SEED, ""], capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["worker1", "worker2"], (command, r.stdout)
