@@ -323,7 +323,7 @@ def _path_heading(out: _Out, trace: Trace, path: Path, index: int, verbose: bool
         if verbose:
             out.wrapped("  via ", escape(choice), "tf.choice")
         else:
-            out.parts_wrapped([("  via ", "tf.muted"), (escape(choice), "tf.choice")], 6)
+            out.line(("  via ", "tf.muted"), (escape(choice), "tf.choice"))
 
 
 # --- verbose --------------------------------------------------------------------------------

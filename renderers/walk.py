@@ -376,7 +376,7 @@ def leg_heading(path: Path, path_index: int, leg_index: int) -> str:
             port = h.hop.changed.get("tp_dst")
             port = port[1] if isinstance(port, (tuple, list)) and len(port) == 2 else (
                 (headers(h.hop.packet) or {}).get("tp_dst"))
-            return f"{text}, sent on to {endpoint(change[1], port)} (hop {h.ref})"
+            return f"{text}, to {endpoint(change[1], port)} from hop {h.ref}"
     return text
 
 

@@ -177,3 +177,21 @@ def test_completion_offers_only_nodes_a_component_command_takes():
         r = subprocess.run([sys.executable, "-m", "traceflow", "__complete", command,
                             "--bundle", SEED, ""], capture_output=True, text=True, timeout=60)
         assert r.stdout.split() == ["worker1", "worker2"], (command, r.stdout)
+
+
+def test_junit_failures_lead_with_the_answer(tmp_path):
+    """A CI's test report shows the failure message first: the policy and what it allows,
+    then what was expected and the datapath's detail."""
+    from xml.etree import ElementTree as ET
+    report = tmp_path / "checks.xml"
+    r = runner.invoke(app, ["check", f"{SEED}/checks.yaml", "--bundle", SEED, "--junit",
+                            str(report)])
+    assert r.exit_code == 1
+    failures = [c.find("failure") for c in ET.parse(report).getroot().iter("testcase")
+                if c.find("failure") is not None]
+    assert failures
+    wrong = next(f for f in failures if "frontendpolicy" in f.get("type") + f.get("message")
+                 and "backendpolicy" in f.get("message"))
+    assert wrong.get("message").startswith("denied by NetworkPolicy default/backendpolicy: "
+                                           "allows ingress only from role=frontend on TCP/80")
+    assert "why: denied by NetworkPolicy default/backendpolicy" in wrong.text

@@ -70,12 +70,6 @@ def register(app: typer.Typer, cli) -> None:
             _ip_option(src, "--src")
             _ip_option(dst, "--dst")
             packet_mark = parse_mark(mark)
-            if dport is None:
-                # a rule that matches a port (every kube-proxy Service rule) cannot be decided
-                # for a packet without one: ask, rather than answer unknown
-                raise InputError(f"which destination port? give --dport N ({protocol.value.upper()} "
-                                 f"rules match ports), e.g. `traceflow nf-trace {node} --src {src} "
-                                 f"--dst {dst} --dport 80`", "--dport")
             snap = cli._open_snapshot(bundle, end_to_end=False)
             return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
                                       dport, iif, oif, packet_mark)

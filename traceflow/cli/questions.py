@@ -72,10 +72,11 @@ def register(app: typer.Typer, cli) -> None:
             return run_check(s, Tracer(snap), name)
         opened: list = []
         report = cli._run(build)
+        about = _about(opened, [r.trace for r in report.results])
         if junit is not None:
             from renderers.junit import render_junit
             try:
-                junit.write_text(render_junit(report), encoding="utf-8")
+                junit.write_text(render_junit(report, about=about), encoding="utf-8")
             except OSError as err:
                 cli._fail(InputError(f"cannot write the JUnit report: {err.strerror or err}: "
                                      "give --junit a path in a writable folder", str(junit)))
@@ -84,8 +85,7 @@ def register(app: typer.Typer, cli) -> None:
             typer.echo(dumps(check_to_dict(report, traces)))
         else:
             from renderers.questions import render_check_text
-            render_check_text(report, _console(width),
-                              _about(opened, [r.trace for r in report.results]))
+            render_check_text(report, _console(width), about)
         if errors:
             typer.echo(f"traceflow: error: {cli._collection_summary(errors)}", err=True)
             raise typer.Exit(int(ExitCode.COLLECTION))

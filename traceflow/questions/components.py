@@ -307,6 +307,12 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
         raise InputError(f"unknown hook {hook!r}: give one of {', '.join(HOOKS)}", "--hook")
     model = _node(snap, node)
     rs, component, ipvs = node_packet_filter(snap, model)
+    if dport is None:
+        # a rule that matches a port (every kube-proxy Service rule) cannot be decided for a
+        # packet without one: ask, rather than answer unknown
+        raise InputError(f"which destination port? give --dport N ({proto.upper()} rules "
+                         f"match ports), e.g. `traceflow nf-trace {node} --src {src} --dst "
+                         f"{dst} --dport 80`", "--dport")
     pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
                  tp_dst=dport, mark=mark)
     ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets, in_iface=iif,
