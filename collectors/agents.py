@@ -473,7 +473,9 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                 raise CollectionError(
                     f"forbidden to exec into {where}: {msg or 'pods/exec denied'} (grant "
                     f"`create` on pods/exec for this pod: `traceflow rbac | kubectl apply -f -` "
-                    "grants exactly the current CNI agent pods; see deploy/rbac.yaml)",
+                    "grants exactly the current CNI agent pods, again after each agent "
+                    "rollout; `traceflow rbac --exec-scope namespace` survives rollouts; see "
+                    "deploy/rbac.yaml)",
                     node) from None
             if status:
                 raise CollectionError(f"exec into {where} refused ({status}): "

@@ -60,11 +60,21 @@ def reader_documents(subject: dict) -> list[dict]:
     ]
 
 
-def exec_documents(cni: str, pods: list[str], subject: dict) -> list[dict]:
-    """The Role granting exec on exactly these agent pods (and cilium-config for Cilium)."""
-    rules = [{"apiGroups": [""], "resources": ["pods/exec"],
-              # create: websocket exec since Kubernetes 1.30; get: what it was before
-              "verbs": ["create", "get"], "resourceNames": sorted(pods)}]
+def exec_documents(cni: str, pods: list[str], subject: dict,
+                   by_name: bool = True) -> list[dict]:
+    """The Role granting exec on exactly these agent pods (and cilium-config for Cilium).
+
+    ``by_name=False``: exec on every pod of the agents' namespace instead, which survives the
+    agents' rollouts (RBAC has no label selector: ``resourceNames`` is the only narrower
+    grant, and a rollout renames the pods). Exec into a privileged agent pod is root on its
+    node already; the wider grant adds the other pods of that namespace (on kubeadm clusters
+    the control plane's static pods too), which is why it is asked for by name."""
+    rule = {"apiGroups": [""], "resources": ["pods/exec"],
+            # create: websocket exec since Kubernetes 1.30; get: what it was before
+            "verbs": ["create", "get"]}
+    if by_name:
+        rule["resourceNames"] = sorted(pods)
+    rules = [rule]
     if cni == "cilium":
         rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
                       "resourceNames": ["cilium-config"]})

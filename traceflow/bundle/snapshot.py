@@ -47,6 +47,9 @@ class Conventions(Protocol):
     def describe_mac(self, mac: str | None) -> str | None:
         """A special MAC of the CNI's, explained; None for any other."""
 
+    # optional: def pod_ports(self, node) -> Mapping: a node's local pods on its OVS bridge,
+    # pod IP -> (OVS port name, MAC) (ovs-trace fills a pod port's packet from it)
+
 
 def manifest_cni(manifest: dict) -> tuple[str, Any]:
     """(cni in lower case, "" when absent; cni_version) as the manifest says."""

@@ -61,9 +61,10 @@ def add_compare_command(app: typer.Typer, cli) -> None:
                                               "frame's pcapng interface)."),
         output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
     ):
-        """Check a real capture against a trace: which hop's packet each frame is, and which
-        header differs ("the capture on worker2 ens160 shows tun_dst ...; the trace expected
-        ... from nodes/worker1/ovs-flows.txt:51")."""
+        """Check a real capture against a trace: which hop's packet each frame is.
+
+        And which header differs where it does not ("the capture on worker2 ens160 shows
+        tun_dst ...; the trace expected ... from nodes/worker1/ovs-flows.txt:51")."""
         def build():
             if frame is not None and bpf_filter is not None:
                 raise InputError("give --frame N or --filter EXPR, not both", "--frame")

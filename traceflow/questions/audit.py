@@ -52,6 +52,7 @@ class Pair:
     reason: str = ""
     detail: str = ""
     disposition: str | None = None  # the first undelivered path's (traceflow.trace.Disposition)
+    policies: list = field(default_factory=list)  # dropped-policy: the policies its drop names
 
 
 @dataclass
@@ -96,7 +97,7 @@ class AuditReport:
                           "evidence": f.evidence} for f in self.findings],
             "pairs": [{"client": p.client, "pods": p.pods, "service": p.service,
                        "verdict": p.verdict, "reason": p.reason, "detail": p.detail,
-                       "disposition": p.disposition}
+                       "disposition": p.disposition, "policies": list(p.policies)}
                       for p in self.pairs],
         }
 
@@ -162,6 +163,15 @@ def combine(traces) -> tuple[str, str, str, str | None]:
     return verdict, verdict, "", None
 
 
+def _policies(traces) -> list:
+    """The policies the first undelivered path's drop names (as ``combine`` picks the path)."""
+    for t in traces:
+        for p in t.paths:
+            if p.verdict != Verdict.DELIVERED:
+                return list(p.drop.policies) if p.drop is not None else []
+    return []
+
+
 def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = None,
               tracer: Tracer | None = None) -> AuditReport:
     t0 = time.monotonic()
@@ -178,7 +188,7 @@ def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = N
         traces = [tracer.trace(p, dst) for p in pods]
         verdict, reason, detail, disposition = combine(traces)
         report.pairs.append(Pair(label, [p.key for p in pods], pair_label(dst), verdict, reason,
-                                 detail, disposition))
+                                 detail, disposition, _policies(traces)))
         for pod, t in zip(pods, traces):
             if t.query.get("scope") == SCOPE_SERVICE:
                 host_only = True

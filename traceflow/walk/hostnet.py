@@ -173,6 +173,11 @@ def local_receiver(cluster, query, node_name: str, pkt, direction: str):
     want = end.pod if end is not None and end.kind is Kind.POD else None
     if want is None and direction == "request" and query.service is not None:
         want = _host_network_backend(cluster, query.service, node_name, pkt.nw_dst)
+        if want is None and _node_backend(cluster, query.service, node_name, pkt.nw_dst):
+            # an endpoint that is the node's own address and no pod (the API server of
+            # `default/kubernetes` on a control-plane node): the node's own stack receives it
+            from traceflow.walk.endpoints import Endpoint
+            return Endpoint.of_node(node_name, pkt.nw_dst)
     if want is None or not want.host_network or want.node != node_name:
         return None
     # a reply comes back to whichever local address the request left from
@@ -187,6 +192,12 @@ def _host_network_backend(cluster, svc, node_name: str, ip: str):
             if pod is not None and pod.host_network and pod.node == node_name:
                 return pod
     return None
+
+
+def _node_backend(cluster, svc, node_name: str, ip: str) -> bool:
+    """Whether the Service has ``ip`` (local to ``node_name``) as an endpoint of no pod."""
+    return any(addr == ip and not pod_key and node in (None, node_name)
+               for addr, pod_key, node in cluster.endpoints_of(svc.key))
 
 
 def _primary_ip(iface) -> str | None:

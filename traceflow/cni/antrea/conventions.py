@@ -499,6 +499,12 @@ class AntreaConventions:
         return gateway_port_name(ports)
 
     @staticmethod
+    def pod_ports(node) -> Mapping:
+        """A node's local Pods: Pod IP -> (OVS port name, MAC), from their SpoofGuard flows
+        (``ovs-trace`` fills a Pod port's packet from it)."""
+        return node_pod_ports(node)
+
+    @staticmethod
     def tunnel_port(ports: dict[str, Port]) -> str | None:
         return tunnel_port_name(ports)
 

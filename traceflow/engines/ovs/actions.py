@@ -309,6 +309,7 @@ class NoEffect:
 class Unknown:
     text: str
     reason: str
+    malformed: bool = False     # not an action at all (bad input), not one left unmodelled
 
 
 def plain_writes(actions: tuple) -> tuple | None:
@@ -706,5 +707,5 @@ def parse_action(text: str):
         return Unknown(text, f"action {keyword!r} is not modelled")
     if re.match(r'^"[^"]+"$', text) or text.isdigit():
         return Output(port=text.strip('"'))
-    return Unknown(text, "unreadable action")
+    return Unknown(text, "unreadable action", malformed=True)
 

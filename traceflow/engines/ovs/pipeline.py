@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 
 from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import InputError
 from traceflow.model.lowgc import paused
 from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
@@ -602,6 +603,9 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
             elif kind is A.Bundle:
                 self._bundle(act, state, hit, flow)
             elif kind is A.Unknown:
+                if act.malformed:     # a line that is not a flow's actions: bad input
+                    raise InputError.at(flow.source, f"unreadable action {act.text!r} (not "
+                                                     "OpenFlow action syntax)")
                 hit.unknown = f"action {act.text!r} is not modelled ({act.reason})"
                 hit.effects.append(f"UNKNOWN action {act.text}: {act.reason}")
                 raise _Stop(hit.unknown)
