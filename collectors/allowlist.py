@@ -118,6 +118,13 @@ CILIUM_CONFIG_KEYS = frozenset({
     "enable-bpf-masquerade", "enable-ipv4-masquerade", "masquerade", "bpf-lb-algorithm",
     "enable-endpoint-routes", "ipam", "ipv4-native-routing-cidr", "native-routing-cidr",
     "enable-tcx", "datapath-mode",
+    # load-balancing modes and NodePort behaviour the from-outside walk reads (DSR, Maglev,
+    # the NodePort range, the no-backend answer, egress gateway and ip-masq-agent switches);
+    # the Maglev hash seed picks the backend a flow hashes to, it authenticates nothing
+    "bpf-lb-mode", "bpf-lb-mode-annotation", "bpf-lb-dsr-dispatch", "node-port-mode",
+    "bpf-lb-maglev-hash-seed", "bpf-lb-maglev-table-size", "node-port-range",
+    "service-no-backend-response", "enable-ipv4-egress-gateway", "enable-ip-masq-agent",
+    "ipv4-service-loopback-address",
 })
 
 _SELECTOR = {"matchLabels": True, "matchExpressions": True}

@@ -42,7 +42,8 @@ def test_policy_pairs_lead_with_the_policy_and_what_it_allows():
     r = _audit("--bundle", V2, "--width", "100")
     text = " ".join(r.stdout.split())
     assert ("dropped-policy: denied by NetworkPolicy default/web: allows ingress only from "
-            "app=client on TCP/80 and egress only to app=db on TCP/3306") in text
+            "app=client or 203.0.113.0/24 on TCP/80 and egress only to app=db on TCP/3306; "
+            "or to 1.1.1.0/24 on TCP/443") in text
     doc = json.loads(_audit("--bundle", V2, "-o", "json").stdout)
     assert {tuple(p["policies"]) for p in doc["pairs"]
             if p["disposition"] == "dropped-policy"} == {("default/web",)}

@@ -707,5 +707,9 @@ def parse_action(text: str):
         return Unknown(text, f"action {keyword!r} is not modelled")
     if re.match(r'^"[^"]+"$', text) or text.isdigit():
         return Output(port=text.strip('"'))
+    if re.match(r"^check_pkt_larger\(\d+\)->\S+$", text):
+        # ofp-actions.c format_CHECK_PKT_LARGER: "check_pkt_larger(LEN)->DST", a valid action
+        # whose result (is the packet longer than LEN) traceflow does not model
+        return Unknown(text, "action 'check_pkt_larger' is not modelled")
     return Unknown(text, "unreadable action", malformed=True)
 
