@@ -83,6 +83,18 @@ class Datapath:
     def describe_mac(self, mac):
         return None
 
+    def netfilter_drop(self, node: str, component: str, nf, last):
+        """(reason, Disposition, policies) when a drop by netfilter rules is this CNI's
+        NetworkPolicy enforcement (Calico's ``cali-tw-*`` chains), so the trace names the
+        policies; None for any other drop (dropped-rule)."""
+        return None
+
+    def local_input(self, branch, loc, node, pkt):
+        """(branch, next location | None) when a packet delivered to the node itself (after
+        the INPUT hook) belongs to this datapath: a tunnel's outer packet its device
+        decapsulates. None: the host's sockets take it, as for any local packet."""
+        return None
+
     # ---- traffic from and to outside the cluster -------------------------------------------
     def enter_from_outside(self, branch, node_name: str, device: str, packet, q):
         """Where a packet from outside the cluster (a client of a NodePort, LoadBalancer or
