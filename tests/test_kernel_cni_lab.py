@@ -1,0 +1,110 @@
+"""The real kernel as the oracle for the kernel-datapath CNIs (Flannel, Calico, VPC CNI, Azure
+CNI): each example bundle is rebuilt from its own files as network namespaces
+(tests/kernel_cni_lab.py: nodes, pods, veth pairs, bridges, VXLAN devices over a veth underlay,
+routes, rules, neighbours, FDB, sysctls, ipsets, iptables), TCP SYNs are sent with scapy from
+the source pod's namespace, and what the kernel did is read back: which pod the SYN reached and
+with which addresses (a capture in every pod), the VXLAN outer headers on the underlay (source,
+destination, UDP port, VNI) for the SYN and for the answer, the answer the client got (the
+backend's reset, from the address the client talked to: the reply's un-NAT) or none (a drop).
+
+`traceflow` (its command line, JSON) must agree on every branch: each connection the kernel
+delivered is a delivered path to that pod with the same packet at the pod, the same tunnel
+headers in the same order on both legs, the same answer address; a connection the kernel
+dropped is a dropped path; and every path traceflow gives is one the kernel took (30
+connections reach each of three equally likely backends but with probability 2e-5).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel_cni_lab import CniLab, path_facts, probe, trace_json, why_not
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
+SPORTS = list(range(41000, 41030))
+
+
+@pytest.fixture(scope="module")
+def flannel():
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    with CniLab(EXAMPLES / "flannel-vxlan") as lab:
+        yield lab
+
+
+def _by_endpoint(trace: dict) -> dict:
+    return {p["endpoint"]: path_facts(p) for p in trace["paths"]}
+
+
+def assert_agree(kernel: dict, trace: dict, client_sees: tuple | None = None) -> set:
+    """Every connection the kernel handled is a path of the trace with the same facts;
+    returns the endpoints the kernel reached."""
+    paths = _by_endpoint(trace)
+    reached = set()
+    for sport, seen in kernel.items():
+        if not seen["arrived"]:
+            assert seen["answer"] is None, (sport, seen)
+            assert any(p["verdict"] != "delivered" for p in paths.values()), (sport, paths)
+            continue
+        assert len(seen["arrived"]) == 1, seen
+        pod, src, _, dst, dport = seen["arrived"][0]
+        reached.add(pod)
+        assert pod in paths, f"the kernel delivered to {pod}; trace paths: {list(paths)}"
+        facts = paths[pod]
+        request, reply = facts["legs"]["request"], facts["legs"].get("reply")
+        assert facts["disposition"] == "delivered-pod", facts
+        last = request["last"]
+        assert (last["nw_src"], last["nw_dst"], last["tp_dst"]) == (src, dst, dport), \
+            (sport, last, seen)
+        assert request["tunnels"] == seen["syn_outer"], (pod, request["tunnels"], seen)
+        assert reply is not None and reply["verdict"] == "delivered", facts
+        assert reply["tunnels"] == seen["answer_outer"], (pod, reply["tunnels"], seen)
+        kind, answer_src, answer_port = seen["answer"]
+        assert kind.startswith("tcp R"), seen
+        final = reply["last"]
+        assert (final["nw_src"], final["tp_src"]) == (answer_src, answer_port), (final, seen)
+        if client_sees is not None:
+            assert (answer_src, answer_port) == client_sees
+    return reached
+
+
+# ---- Flannel VXLAN ------------------------------------------------------------------------------
+
+CLIENT = "default/client-7d9c8b6f5-x2x8q"
+
+
+def test_flannel_pod_to_service_every_backend(flannel, tmp_path):
+    """Three backends: the local one over the bridge (routed in by cni0, bridged out; the
+    reset comes back bridged, un-DNATed by br_netfilter's conntrack), two over VXLAN
+    (flannel.1, UDP 8472, VNI 1, outer node -> node both ways)."""
+    kernel = probe(flannel, CLIENT, "10.43.120.15", 80, SPORTS, tmp_path)
+    trace = trace_json(EXAMPLES / "flannel-vxlan", "pod-to-svc", CLIENT, "web",
+                       "--src-port", str(SPORTS[0]))
+    reached = assert_agree(kernel, trace, client_sees=("10.43.120.15", 80))
+    assert reached == {p["endpoint"] for p in trace["paths"]}, reached
+    assert {round(p["weight"], 4) for p in trace["paths"]} == {0.3333}
+    remote = [p for p in trace["paths"] if path_facts(p)["legs"]["request"]["tunnels"]]
+    assert len(remote) == 2
+
+
+def test_flannel_pod_to_pod_across_nodes(flannel, tmp_path):
+    kernel = probe(flannel, CLIENT, "10.42.2.9", 8080, SPORTS[:3], tmp_path)
+    trace = trace_json(EXAMPLES / "flannel-vxlan", "pod-to-pod", CLIENT,
+                       "web-6b8f8d9c77-rjz2m", "--port", "8080")
+    assert assert_agree(kernel, trace) == {"default/web-6b8f8d9c77-rjz2m"}
+    tunnel = path_facts(trace["paths"][0])["legs"]["request"]["tunnels"]
+    assert tunnel == [("192.168.122.10", "192.168.122.12", 8472, 1, "vxlan")]
+
+
+def test_flannel_pod_to_pod_on_the_bridge(flannel, tmp_path):
+    """Two pods of one node: the frame is bridged by cni0 (the FDB), never routed."""
+    kernel = probe(flannel, CLIENT, "10.42.0.6", 8080, SPORTS[:3], tmp_path)
+    trace = trace_json(EXAMPLES / "flannel-vxlan", "pod-to-pod", CLIENT,
+                       "web-6b8f8d9c77-4kqzt", "--port", "8080")
+    assert assert_agree(kernel, trace) == {"default/web-6b8f8d9c77-4kqzt"}
+    hops = path_facts(trace["paths"][0])["legs"]["request"]["hops"]
+    assert not any(h["component"] == "route" and h["node"] == "k3s-server" for h in hops)
+    assert [h["component"] for h in hops if h["component"] == "bridge"] == ["bridge"]
