@@ -131,8 +131,10 @@ class CniLab:
         self.pod_ns = {p: f"tfc-{tag}-p{i}" for i, p in enumerate(self.pods)}
         self.made: list[str] = []
         import yaml
-        self.pod_ips = {o["status"].get("podIP") for o in
-                        yaml.safe_load(self.file("k8s/pods.yaml"))["items"]}
+        objects = yaml.safe_load(self.file("k8s/pods.yaml"))["items"]
+        self.pod_ip = {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
+                       o["status"].get("podIP") for o in objects}
+        self.pod_ips = set(self.pod_ip.values())
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "CniLab":
@@ -362,8 +364,11 @@ from scapy.supersocket import L3RawSocket
 conf.L3socket = L3RawSocket
 conf.verb = 0
 probes, wait = json.load(sys.stdin)
-packets = [IP(dst=p["dst"], ttl=64) / TCP(sport=p["sport"], dport=p["dport"], flags="S",
-                                          seq=p["sport"]) for p in probes]
+# the source is given: scapy's own guess of it (from its copy of the routes) can differ from
+# the kernel's, and the checksum would then be wrong (conntrack calls such a SYN INVALID)
+packets = [IP(src=p["src"], dst=p["dst"], ttl=64) / TCP(sport=p["sport"], dport=p["dport"],
+                                                        flags="S", seq=p["sport"])
+           for p in probes]
 answered, _ = sr(packets, timeout=wait, verbose=0)
 out = {}
 for sent, got in answered:
@@ -376,13 +381,14 @@ print(json.dumps(out))
 """
 
 
-def send_syns(ns: str, dst: str, dport: int, sports: list[int], wait: float = 1.5) -> dict:
-    """TCP SYNs from namespace ``ns``; sport -> [answer, its source, its source port]."""
+def send_syns(ns: str, src: str, dst: str, dport: int, sports: list[int],
+              wait: float = 1.5) -> dict:
+    """TCP SYNs from ``src`` in namespace ``ns``; sport -> [answer, its source, its port]."""
     import json
     import sys
     done = run(sys.executable, "-c", SENDER, ns=ns,
-               stdin=json.dumps([[{"dst": dst, "dport": dport, "sport": s} for s in sports],
-                                 wait]), timeout=120)
+               stdin=json.dumps([[{"src": src, "dst": dst, "dport": dport, "sport": s}
+                                  for s in sports], wait]), timeout=120)
     return json.loads(done.stdout or "{}")
 
 
@@ -428,19 +434,23 @@ class Capture:
         self.ns, self.dev, self.path = ns, dev, path
 
     def __enter__(self) -> "Capture":
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-n", "-U", "-i",
+        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-n", "-U", "--immediate-mode", "-i",
                                       self.dev, "-w", str(self.path), "udp or ip proto 4 or tcp"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # ready when tcpdump says it listens (it writes the pcap header before that)
+        import select
         import time
-        deadline = time.time() + 5
-        while time.time() < deadline and not (self.path.exists() and self.path.stat().st_size):
-            time.sleep(0.05)
-        time.sleep(0.2)
+        deadline, said = time.time() + 10, b""
+        while time.time() < deadline and b"listening on" not in said:
+            ready, _, _ = select.select([self.proc.stderr], [], [], 0.2)
+            if ready:
+                said += self.proc.stderr.read1(4096)
+        time.sleep(0.1)
         return self
 
     def __exit__(self, *exc) -> None:
         import time
-        time.sleep(0.3)
+        time.sleep(0.5)
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
@@ -489,7 +499,7 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
     from scapy.all import IP, TCP
     pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods if p != source]
     with Captures(pairs, folder) as caps:
-        answers = send_syns(lab.pod_ns[source], dst, dport, sports, wait)
+        answers = send_syns(lab.pod_ns[source], lab.pod_ip[source], dst, dport, sports, wait)
     out = {s: {"arrived": [], "answer": answers.get(str(s)), "syn_outer": [],
                "answer_outer": [], "left": []} for s in sports}
     for pod in lab.pods:

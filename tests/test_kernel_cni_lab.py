@@ -108,3 +108,63 @@ def test_flannel_pod_to_pod_on_the_bridge(flannel, tmp_path):
     hops = path_facts(trace["paths"][0])["legs"]["request"]["hops"]
     assert not any(h["component"] == "route" and h["node"] == "k3s-server" for h in hops)
     assert [h["component"] for h in hops if h["component"] == "bridge"] == ["bridge"]
+
+
+# ---- Calico VXLAN with a NetworkPolicy ----------------------------------------------------------
+
+FRONTEND, BATCH = "shop/frontend-5d8f9b7c6-4xk2p", "shop/batch-7b9c5f6d8-q8w3z"
+
+
+@pytest.fixture(scope="module")
+def calico():
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    with CniLab(EXAMPLES / "calico-vxlan") as lab:
+        yield lab
+
+
+def test_calico_allowed_client_reaches_both_backends(calico, tmp_path):
+    """frontend -> web: proxy ARP for 169.254.1.1, /32 routes to cali veths, VXLAN
+    (vxlan.calico, UDP 4789, VNI 4096) admitted by cali-INPUT's `Allow IPv4 VXLAN packets from
+    allowed hosts` (ipset cali40all-vxlan-net), the policy chain's ipset match."""
+    kernel = probe(calico, FRONTEND, "10.96.120.15", 80, SPORTS, tmp_path)
+    trace = trace_json(EXAMPLES / "calico-vxlan", "pod-to-svc", FRONTEND, "web", "-n", "shop",
+                       "--src-port", str(SPORTS[0]))
+    assert assert_agree(kernel, trace, client_sees=("10.96.120.15", 80)) == \
+        {"shop/web-0", "shop/web-1"}
+    tunnels = {p["endpoint"]: path_facts(p)["legs"]["request"]["tunnels"] for p in trace["paths"]}
+    assert tunnels == {"shop/web-1": [],
+                       "shop/web-0": [("192.168.56.11", "192.168.56.12", 4789, 4096, "vxlan")]}
+
+
+def test_calico_denied_client_dropped_by_the_policy_at_both_backends(calico, tmp_path):
+    """batch -> web: the kernel answers nothing (cali-tw-* drops the SYN: `Drop if no policies
+    passed packet`); the remote branch's SYN still crosses VXLAN first. traceflow: every path
+    dropped-policy at the cali-tw chain of the chosen backend's node, naming the policy."""
+    kernel = probe(calico, BATCH, "10.96.120.15", 80, SPORTS, tmp_path)
+    trace = trace_json(EXAMPLES / "calico-vxlan", "pod-to-svc", BATCH, "web", "-n", "shop",
+                       "--src-port", str(SPORTS[0]))
+    paths = {p["endpoint"]: path_facts(p) for p in trace["paths"]}
+    assert {p["disposition"] for p in paths.values()} == {"dropped-policy"}
+    assert {tuple(p["policies"]) for p in paths.values()} == {("shop/web-from-frontend",)}
+    drops = {p["endpoint"]: (p["drop"]["node"], p["drop"]["table"]) for p in trace["paths"]}
+    assert drops == {"shop/web-1": ("worker-1", "filter"), "shop/web-0": ("worker-2", "filter")}
+    crossed = {tuple(map(tuple, p["legs"]["request"]["tunnels"])) for p in paths.values()}
+    seen = set()
+    for sport, got in kernel.items():
+        assert got["arrived"] == [] and got["answer"] is None, (sport, got)
+        assert tuple(got["syn_outer"]) in crossed, (sport, got["syn_outer"], crossed)
+        seen.add(tuple(got["syn_outer"]))
+    assert seen == crossed        # both branches taken by the kernel, as traced
+
+
+def test_calico_denied_client_to_pod_directly(calico, tmp_path):
+    kernel = probe(calico, BATCH, "10.244.110.66", 8080, SPORTS[:3], tmp_path)
+    trace = trace_json(EXAMPLES / "calico-vxlan", "pod-to-pod", BATCH, "web-0", "-n", "shop",
+                       "--port", "8080")
+    (path,) = trace["paths"]
+    assert path["disposition"] == "dropped-policy" and path["drop"]["node"] == "worker-2"
+    for got in kernel.values():
+        assert got["arrived"] == [] and got["answer"] is None
+        assert got["syn_outer"] == path_facts(path)["legs"]["request"]["tunnels"]

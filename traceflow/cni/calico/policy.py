@@ -26,7 +26,9 @@ import re
 
 from traceflow.model.trace import Disposition
 
-_COMMENT = re.compile(r'(?:--comment|comment)\s+(?:"((?:[^"\\]|\\.)*)"|(\S+))')
+# iptables-save: `--comment "text"` / `--comment word`; nft: `comment "text"`
+_COMMENT = re.compile(r'--comment\s+(?:"((?:[^"\\]|\\.)*)"|(\S+))'
+                      r'|(?<![-\w])(?<!-m )comment\s+"((?:[^"\\]|\\.)*)"')
 _POLICY_COMMENT = re.compile(r"^(\S+) (\S+) (ingress|egress)$")
 _POLICY_CHAIN = ("cali-pi-", "cali-po-")
 _PROFILE_CHAIN = ("cali-pri-", "cali-pro-")
@@ -37,7 +39,7 @@ MAX_CHAIN = 28          # iptables' chain name limit (felix: iptables.MaxChainNa
 def comments(rule) -> list[str]:
     """Every ``--comment`` of a rule as the bundle prints it (iptables-save or nft)."""
     text = getattr(rule, "text", "") or ""
-    return [a if a is not None else b for a, b in _COMMENT.findall(text)]
+    return [a or b or c for a, b, c in _COMMENT.findall(text)]
 
 
 def policy_drop(walk, node: str, nf, last):
@@ -49,7 +51,8 @@ def policy_drop(walk, node: str, nf, last):
     if chain.startswith(_POLICY_CHAIN):               # a Deny rule of the policy itself
         name = chain_policy(walk, rs, last.table, chain)
         direction = "ingress" if chain.startswith("cali-pi-") else "egress"
-        return (f"Calico: a Deny rule of {name.label} ({direction}, chain {chain}) drops it",
+        return (f"{name.label} denies it: a Deny rule of its {direction} chain {chain} "
+                "(Calico) drops the packet",
                 Disposition.DROPPED_POLICY, (name.key,))
     if not chain.startswith(_ENDPOINT_CHAIN):
         return None
@@ -61,17 +64,18 @@ def policy_drop(walk, node: str, nf, last):
         names = [chain_policy(walk, rs, last.table, c)
                  for c in _jumped(rs, last.table, chain, _POLICY_CHAIN)]
         tier = _tier(said)
-        listed = ", ".join(f"{n.label} (chain {n.chain})" for n in names) or "policies"
-        return (f"Calico: {listed} select{'s' if len(names) == 1 else ''} {who} for "
-                f"{direction}{f' in tier {tier}' if tier else ''}, and none of them allowed "
-                f"the packet: {chain} drops it (\"Drop if no policies passed packet\")",
-                Disposition.DROPPED_POLICY, tuple(n.key for n in names))
+        listed = ", ".join(n.label for n in names) or "policies"
+        chains = ", ".join(n.chain for n in names)
+        return (f"{listed} select{'s' if len(names) == 1 else ''} {who} for {direction}"
+                f"{f' in tier {tier}' if tier else ''} and none allowed the packet: Calico's "
+                f"{chain} drops it (\"Drop if no policies passed packet\"; policy chains "
+                f"{chains})", Disposition.DROPPED_POLICY, tuple(n.key for n in names))
     if "Drop if no profiles matched" in said:
         names = [chain_policy(walk, rs, last.table, c)
                  for c in _jumped(rs, last.table, chain, _PROFILE_CHAIN)]
         listed = ", ".join(n.label for n in names) or "no profile"
-        return (f"Calico: no policy selects {who} for {direction} and its profiles ({listed}) "
-                f"do not allow the packet: {chain} drops it (\"Drop if no profiles matched\")",
+        return (f"no policy selects {who} for {direction} and its profiles ({listed}) do not "
+                f"allow the packet: Calico's {chain} drops it (\"Drop if no profiles matched\")",
                 Disposition.DROPPED_POLICY, tuple(n.key for n in names))
     return None
 
@@ -91,8 +95,7 @@ class Named:
 
     @property
     def label(self) -> str:
-        tier = f" (tier {self.tier})" if self.tier and self.kind != "Profile" else ""
-        return f"{self.kind} {self.key}{tier}"
+        return f"{self.kind} {self.key}"
 
 
 def chain_policy(walk, rs, table: str, chain: str) -> Named:
