@@ -204,8 +204,8 @@ class CniLab:
             for name, dev_addrs in addrs.items():
                 if name == "lo":
                     continue
-                for a in dev_addrs:
-                    late.append(f"addr add {a} dev {name}")
+                for a in dev_addrs:       # the bundle's routes say which subnet routes exist
+                    late.append(f"addr add {a} dev {name} noprefixroute")
             for dev in devs:
                 if dev["name"] != "lo" and dev["kind"] != "ipip":
                     late.append(f"link set {dev['name']} up")
@@ -230,6 +230,10 @@ class CniLab:
         if self.vpc:
             batch(self.net, [f"route replace {ip}/32 via {via}"
                              for ip, via in self._vpc_routes(uplink_ips).items()])
+            # the cloud's router answers ARP for every address it routes (pods on-link in the
+            # subnet, as Azure's does): proxy ARP on the one segment
+            self._sysctl(self.net, ["net.ipv4.conf.br0.proxy_arp=1",
+                                    "net.ipv4.conf.br0.proxy_arp_pvlan=1"])
         for pod in self.pods:
             self._pod(pod)
 
@@ -288,6 +292,10 @@ class CniLab:
     def _node_sysctls(self, node: str, ns: str) -> None:
         wanted = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
                   "net.ipv4.conf.default.rp_filter=0"]
+        if self.vpc:
+            # a VPC answers ARP for an ENI's address on that ENI only; two ENIs of one node on
+            # the lab's one segment would otherwise both answer (Linux's default arp_ignore 0)
+            wanted += ["net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2"]
         for line in self.file(f"nodes/{node}/sysctl.txt").splitlines():
             key, _, value = line.partition("=")
             key, value = key.strip(), value.strip()
@@ -416,7 +424,9 @@ class Captures:
 
     def __enter__(self) -> "Captures":
         for cap in self.caps.values():
-            cap.__enter__()
+            cap.start()
+        for cap in self.caps.values():
+            cap.wait_ready()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -434,9 +444,16 @@ class Capture:
         self.ns, self.dev, self.path = ns, dev, path
 
     def __enter__(self) -> "Capture":
+        self.start()
+        self.wait_ready()
+        return self
+
+    def start(self) -> None:
         self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "tcpdump", "-n", "-U", "--immediate-mode", "-i",
                                       self.dev, "-w", str(self.path), "udp or ip proto 4 or tcp"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self) -> None:
         # ready when tcpdump says it listens (it writes the pcap header before that)
         import select
         import time
@@ -446,7 +463,6 @@ class Capture:
             if ready:
                 said += self.proc.stderr.read1(4096)
         time.sleep(0.1)
-        return self
 
     def __exit__(self, *exc) -> None:
         import time
@@ -488,7 +504,7 @@ def why_not() -> str | None:
 # ---- one probe: what the kernel did with each connection ---------------------------------------
 
 def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], folder: Path,
-          wait: float = 1.5) -> dict:
+          wait: float = 1.5, watch: tuple = ()) -> dict:
     """TCP SYNs from pod ``source`` to ``dst:dport``, one per source port (its sequence number
     is the source port, which NAT keeps, so every copy of it is found again). Per source port:
     ``arrived`` [(pod, src, sport, dst, dport) the SYN reached], ``answer`` [kind, src, sport]
@@ -497,11 +513,21 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
     [(src, sport, dst, dport)]: the SYN as it reached the network between nodes un-tunnelled
     towards an address outside the cluster."""
     from scapy.all import IP, TCP
-    pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods if p != source]
+    watched = [(lab.node_ns[node], dev) for node, dev in watch]
+    pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods if p != source] \
+        + watched
     with Captures(pairs, folder) as caps:
         answers = send_syns(lab.pod_ns[source], lab.pod_ip[source], dst, dport, sports, wait)
     out = {s: {"arrived": [], "answer": answers.get(str(s)), "syn_outer": [],
-               "answer_outer": [], "left": []} for s in sports}
+               "answer_outer": [], "left": [], "seen_on": [], "answer_seen_on": []}
+           for s in sports}
+    for (node, dev), pair in zip(watch, watched):
+        for pkt in caps[pair]:
+            if IP in pkt and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out:
+                out[pkt[TCP].seq]["seen_on"].append((node, dev, pkt[IP].src, pkt[IP].dst))
+            elif IP in pkt and TCP in pkt and pkt[TCP].ack - 1 in out:
+                out[pkt[TCP].ack - 1]["answer_seen_on"].append((node, dev, pkt[IP].src,
+                                                                pkt[IP].dst))
     for pod in lab.pods:
         if pod == source:
             continue

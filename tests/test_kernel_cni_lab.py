@@ -168,3 +168,103 @@ def test_calico_denied_client_to_pod_directly(calico, tmp_path):
     for got in kernel.values():
         assert got["arrived"] == [] and got["answer"] is None
         assert got["syn_outer"] == path_facts(path)["legs"]["request"]["tunnels"]
+
+
+# ---- AWS VPC CNI --------------------------------------------------------------------------------
+
+AWS_A, AWS_B = "ip-10-0-1-10.us-west-2.compute.internal", "ip-10-0-1-30.us-west-2.compute.internal"
+AWS_CLIENT = "default/client-6f7c9d8b4-tm2qs"
+
+
+@pytest.fixture(scope="module")
+def aws():
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    with CniLab(EXAMPLES / "aws-vpc-cni", vpc=True) as lab:
+        yield lab
+
+
+def _left_by(facts: dict, node: str) -> list:
+    """The uplinks a leg's packet is sent out of on ``node`` (its neighbour hops there)."""
+    return [h["table"] for h in facts["hops"] if h["component"] == "neigh" and h["node"] == node
+            and h["table"].startswith("ens")]
+
+
+def test_aws_pod_to_service_by_the_enis(aws, tmp_path):
+    """The client's address is on the secondary ENI: to the remote backend the request leaves
+    by ens6 (rule 1536 `from <client> lookup 2`), and the VPC delivers it to the ENI holding
+    the backend's address (ens6 of the other node); the local backend is reached by its
+    veth's /32 route (rule 512)."""
+    watch = ((AWS_A, "ens5"), (AWS_A, "ens6"), (AWS_B, "ens5"), (AWS_B, "ens6"))
+    kernel = probe(aws, AWS_CLIENT, "172.20.84.12", 80, SPORTS, tmp_path, watch=watch)
+    trace = trace_json(EXAMPLES / "aws-vpc-cni", "pod-to-svc", AWS_CLIENT, "api",
+                       "--src-port", str(SPORTS[0]))
+    assert assert_agree(kernel, trace, client_sees=("172.20.84.12", 80)) == \
+        {"default/api-7d6c8f9b5-2xkqv", "default/api-7d6c8f9b5-9wz4r"}
+    paths = {p["endpoint"]: path_facts(p) for p in trace["paths"]}
+    for sport, got in kernel.items():
+        pod = got["arrived"][0][0]
+        request, reply = paths[pod]["legs"]["request"], paths[pod]["legs"]["reply"]
+        kernel_out = sorted({dev for node, dev, *_ in got["seen_on"] if node == AWS_A})
+        assert sorted(set(_left_by(request, AWS_A))) == kernel_out, (pod, got["seen_on"])
+        kernel_back = sorted({dev for node, dev, *_ in got["answer_seen_on"] if node == AWS_B})
+        assert sorted(set(_left_by(reply, AWS_B))) == kernel_back, (pod, got["answer_seen_on"])
+    assert _left_by(paths["default/api-7d6c8f9b5-9wz4r"]["legs"]["request"], AWS_A) == ["ens6"]
+
+
+def test_aws_pod_to_internet_snat_to_the_primary_eni(aws, tmp_path):
+    """AWS-CONNMARK-CHAIN-0 marks the connection 0x80 (1.1.1.1 is outside the VPC), the restore
+    sets the packet mark, rule 1024 sends it by the main table out of ens5, and
+    AWS-SNAT-CHAIN-0 SNATs it to ens5's address: left-cluster as 10.0.1.10, the answer
+    un-SNATed back to the client."""
+    watch = ((AWS_A, "ens5"), (AWS_A, "ens6"))
+    kernel = probe(aws, AWS_CLIENT, "1.1.1.1", 443, SPORTS[:4], tmp_path, watch=watch)
+    trace = trace_json(EXAMPLES / "aws-vpc-cni", "trace", AWS_CLIENT, "1.1.1.1:443",
+                       "--src-port", str(SPORTS[0]))
+    (path,) = trace["paths"]
+    facts = path_facts(path)
+    assert path["disposition"] == "left-cluster" and path["verdict"] == "delivered"
+    exit_ = path["left_cluster"]
+    for got in kernel.values():
+        (src, _, dst, dport), = got["left"]
+        assert (exit_["src"], exit_["dst"], exit_["dst_port"]) == (src, dst, dport)
+        assert {dev for _, dev, *_ in got["seen_on"]} == {exit_["device"]} == {"ens5"}
+        kind, answer_src, answer_port = got["answer"]
+        final = facts["legs"]["reply"]["last"]
+        assert (final["nw_src"], final["tp_src"]) == (answer_src, answer_port) == ("1.1.1.1", 443)
+        assert final["nw_dst"] == "10.0.1.55"
+
+
+# ---- Azure CNI (transparent mode) ---------------------------------------------------------------
+
+AZ_CLIENT = "default/client-8b7f6c5d4-l9x2m"
+
+
+@pytest.fixture(scope="module")
+def azure():
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    with CniLab(EXAMPLES / "azure-cni", vpc=True) as lab:
+        yield lab
+
+
+def test_azure_pod_to_service_and_internet(azure, tmp_path):
+    """The pod reaches 169.254.1.1 by its static ARP entry (the azv veth's MAC), the node routes
+    by /32 veth routes and the VNet routes the other node's pod; azure-ip-masq-agent
+    masquerades what leaves the VNet to the node's address."""
+    kernel = probe(azure, AZ_CLIENT, "10.0.45.10", 80, SPORTS[:20], tmp_path)
+    trace = trace_json(EXAMPLES / "azure-cni", "pod-to-svc", AZ_CLIENT, "backend",
+                       "--src-port", str(SPORTS[0]))
+    assert assert_agree(kernel, trace, client_sees=("10.0.45.10", 80)) == \
+        {"default/backend-5c9d7f8b6-h4v7n", "default/backend-5c9d7f8b6-p2j6k"}
+    out = probe(azure, AZ_CLIENT, "1.1.1.1", 443, SPORTS[:2], tmp_path)
+    trace = trace_json(EXAMPLES / "azure-cni", "trace", AZ_CLIENT, "1.1.1.1:443")
+    (path,) = trace["paths"]
+    assert path["disposition"] == "left-cluster"
+    for got in out.values():
+        (src, _, dst, dport), = got["left"]
+        assert (path["left_cluster"]["src"], dst, dport) == (src, "1.1.1.1", 443) == \
+            ("10.224.0.4", "1.1.1.1", 443)
+        assert got["answer"][1:] == ["1.1.1.1", 443]
