@@ -67,12 +67,12 @@ def link_info(iface) -> LinkInfo:
     """``iface`` (a ``traceflow.engines.routing.Interface``) with its details read."""
     vxlan = tunnel = None
     bridge_port = False
+    sources = getattr(iface, "detail_sources", ()) or ()
     for i, line in enumerate(iface.details):
         words = line.split()
         if not words:
             continue
-        src = Source(iface.source.file, iface.source.line + i + 1, line) \
-            if iface.source is not None else None
+        src = sources[i] if i < len(sources) else iface.source
         if words[0] == "vxlan":
             vxlan = _vxlan(words, src or iface.source)
         elif words[0] in ("ipip", "gre", "sit") and iface.kind in (None, "ipip", "gre", "sit"):

@@ -32,7 +32,7 @@ ZERO_MAC = "00:00:00:00:00:00"
 @dataclass(frozen=True)
 class FdbEntry:
     mac: str                        # lower case
-    dev: str
+    dev: str | None                 # None: `bridge fdb show dev X` (the command named it)
     source: Source
     master: str | None = None       # the bridge whose table holds it (a port entry)
     dst: str | None = None          # a VXLAN device's remote address for this MAC
@@ -59,8 +59,8 @@ def parse_bridge_fdb(text: str, name: str) -> list[FdbEntry]:
 
 def _entry(source: Source) -> FdbEntry:
     words = source.text.split()
-    if not _MAC.match(words[0]) or "dev" not in words:
-        raise InputError.at(source, "not a 'bridge fdb show' line (expected 'MAC dev DEVICE "
+    if not _MAC.match(words[0]):
+        raise InputError.at(source, "not a 'bridge fdb show' line (expected 'MAC [dev DEVICE] "
                                     "[dst IP] [master BRIDGE] ...')")
     fields: dict = {}
     flags = set()
@@ -91,8 +91,9 @@ def _entry(source: Source) -> FdbEntry:
             flags.add(word)
         # other words (counters of `-s`, future flags) do not change where a frame goes
         i += 1
-    if "dev" not in fields:
+    if "dev" in words and "dev" not in fields:
         raise InputError.at(source, "'dev' needs a value")
+    fields.setdefault("dev", None)
     return FdbEntry(words[0].lower(), source=source, flags=frozenset(flags), state=state,
                     **fields)
 
@@ -106,7 +107,7 @@ def lookup(entries: list[FdbEntry], dev: str, mac: str, bridge: bool = False
     if bridge:
         hits = [e for e in entries if e.master == dev and e.mac == mac]
         return hits[0] if hits else None
-    own = [e for e in entries if e.dev == dev and e.master is None]
+    own = [e for e in entries if e.dev in (dev, None) and e.master is None]
     for want in (mac, ZERO_MAC):
         hits = [e for e in own if e.mac == want and e.dst is not None]
         if hits:

@@ -74,7 +74,7 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         files = self.snap.pod_files(pod)
         veth, how_veth = kn.veth_of(pod, files)
         if veth is None:
-            return self._stop(branch, pod.node, "pod", how_veth)
+            return self._stopped(branch, pod.node, "pod", how_veth)
         convention = self.conv.pod_gateway(kn, pod, veth)
 
         def mac_of(ip):            # who answers the pod's ARP request for its next hop
@@ -86,7 +86,7 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
             return None
         if own is None:
             if convention is None:
-                return self._stop(branch, pod.node, "pod",
+                return self._stopped(branch, pod.node, "pod",
                                   f"{pod.key} has no pods/{pod.namespace}/{pod.name}/ip-route.txt"
                                   f" and {self.name} gives pods no fixed gateway: its first hop "
                                   "is not known")
@@ -98,7 +98,7 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
             gw_ip, gw_mac, how, rule, src = own
         packet.dl_src = pod_mac(files) or packet.dl_src
         if gw_mac is None:
-            return self._stop(branch, pod.node, "pod",
+            return self._stopped(branch, pod.node, "pod",
                               f"{pod.key} sends to {packet.nw_dst} via {gw_ip}, but who answers "
                               f"its ARP request for {gw_ip} is not known (no ip-neigh.txt entry "
                               f"in the pod, and {self.name}'s devices do not say)")
@@ -110,7 +110,7 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
                        detail="pod"))
         unseen = self.conv.pod_policy(self.walk, pod.node, pod, "egress", packet)
         if unseen:
-            return self._stop(branch, pod.node, "pod", unseen)
+            return self._stopped(branch, pod.node, "pod", unseen)
         return self.on_host_device(branch, pod.node, kn, veth, packet)
 
     def on_host_device(self, b: Branch, node: str, kn: KernelNode, dev: str, pkt: Packet):
@@ -224,10 +224,15 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         return self.conv.netfilter_drop(self.walk, node, component, nf, last)
 
     # ---- ends ----------------------------------------------------------------------------------
-    def _stop(self, b: Branch, node: str, component: str, why: str) -> None:
-        """End the branch as unknown with ``why`` (a fact the bundle lacks)."""
+    def _stop(self, b: Branch, node: str, component: str, why: str) -> Branch:
+        """End the branch as unknown with ``why`` (a fact the bundle lacks); the branch."""
         b.add(Hop(node, component, None, None, why, unknown=True))
-        b.finish(Verdict.UNKNOWN, Drop(node, component, None, None, why, Disposition.UNKNOWN))
+        return b.finish(Verdict.UNKNOWN, Drop(node, component, None, None, why,
+                                              Disposition.UNKNOWN))
+
+    def _stopped(self, b: Branch, node: str, component: str, why: str) -> None:
+        """``_stop`` for ``leave_pod``, whose ended branch is said by returning None."""
+        self._stop(b, node, component, why)
         return None
 
     def describe_mac(self, mac):
