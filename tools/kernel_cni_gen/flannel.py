@@ -101,8 +101,9 @@ def build() -> Example:
         node.neigh += [f"{GATEWAY} dev eth0 lladdr 52:54:00:12:35:02 REACHABLE"]
         node.neigh += [f"{o_ip} dev eth0 lladdr {mac('eth0/' + o_name)} STALE"
                        for o_name, o_ip, _ in others]
-        node.neigh += [f"{p.ip} dev cni0 lladdr {p.mac} REACHABLE" for p in mine
-                       if p.labels.get("app") == "web"]
+        node.neigh += [f"{p.ip} dev cni0 lladdr {p.mac} "
+                       f"{'REACHABLE' if p.labels.get('app') == 'web' else 'STALE'}"
+                       for p in mine]
         fdb = host.bridge_fdb_lines(node)
         for p, veth in zip(mine, veths):
             fdb += [f"{p.mac} dev {veth.name} master cni0 ",

@@ -114,7 +114,7 @@ class KernelNode:
         name = self.conv.host_veth_name(pod)
         if name and name in self.links:
             return name, f"{name} by {self.conv.name}'s naming of the pod's host veth"
-        mac = _pod_mac(files)
+        mac = _pod_mac(files) or self._neighbour_mac(pod.ip)
         if mac and self.fdb:
             for e in self.fdb:
                 if e.mac == mac and e.master:
@@ -124,6 +124,14 @@ class KernelNode:
                       f"(needs pods/{pod.namespace}/{pod.name}/ip-addr.txt with eth0@ifN and "
                       f"nodes/{self.name}/ip-addr.txt, a route to {pod.ip}, or "
                       f"nodes/{self.name}/bridge-fdb.txt)")
+
+    def _neighbour_mac(self, ip: str | None) -> str | None:
+        """The pod's MAC as the node's neighbour table has it (the node has talked to it over
+        the bridge), for finding its bridge port when the pod's own files are absent."""
+        for n in self.model.neighbours or ():
+            if ip and n.ip == ip and n.lladdr and self.kind(n.dev or "")[0] == "bridge":
+                return n.lladdr.lower()
+        return None
 
     def _host_route(self, ip: str | None):
         """The main table's /32 route to ``ip`` over a pod's veth (Calico, VPC CNI, Azure
