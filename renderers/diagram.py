@@ -22,12 +22,14 @@ from traceflow.model.trace import Path, Trace, Verdict
 # component -> the place it belongs to on the node
 PLACES = {"pod": "pod", "ovs": "ovs", "iptables": "host", "nft": "host", "ipvs": "host",
           "route": "host", "neigh": "host", "conntrack": "host", "tc": "bpf", "bpf": "bpf",
-          "tunnel": "tunnel", "underlay": "underlay"}
+          "tunnel": "tunnel", "underlay": "underlay", "bridge": "bridge"}
 PLACE_TITLES = {"pod": "pod", "ovs": "OVS bridge", "host": "host network stack",
                 "bpf": "BPF hooks", "tunnel": "tunnel", "underlay": "underlay network",
+                "bridge": "Linux bridge",
                 "outside": "outside the cluster"}
 PLACE_COLOURS = {"pod": "#e6f4ea", "ovs": "#e8f0fe", "host": "#f1f3f4", "bpf": "#fef7e0",
-                 "tunnel": "#fce8e6", "underlay": "#fce8e6", "outside": "#ffffff"}
+                 "tunnel": "#fce8e6", "underlay": "#fce8e6", "outside": "#ffffff",
+                 "bridge": "#e8f0fe"}
 PLACES["host"] = "host"
 # a client or destination outside the cluster is drawn in a lane of its own, beside the
 # nodes' lanes: the hops whose typed detail is the packet entering or leaving the cluster
