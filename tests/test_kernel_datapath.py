@@ -429,3 +429,30 @@ def test_calico_wireguard_and_ebpf_are_said_not_modelled(tmp_path):
                     "1440 qdisc noqueue state UNKNOWN group default qlen 1000\n    link/none \n")
     doc = trace(bundle, "pod-to-svc", "shop/frontend-5d8f9b7c6-4xk2p", "shop/web")
     assert any("WireGuard" in w and "not modelled" in w for w in doc["warnings"])
+
+
+# ---- the questions on the kernel examples ----------------------------------------------------
+
+def test_diff_names_the_ipset_that_lets_batch_in(tmp_path):
+    """calico-vxlan with batch's address added to the policy's ipset on both nodes: diff
+    names exactly the batch -> web question, dropped before and delivered after, and the
+    ipset lines that changed."""
+    after = copy(tmp_path, "calico-vxlan")
+    for node in ("worker-1", "worker-2"):
+        ipset = after / f"nodes/{node}/ipset.txt"
+        ipset.write_text(ipset.read_text().replace("Members:\n10.244.82.5\n",
+                                                   "Members:\n10.244.82.5\n10.244.82.6\n"))
+    res = runner.invoke(app, ["diff", str(EXAMPLES / "calico-vxlan"), str(after), "-o", "json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    changed = {c["question"]: (c["before_verdict"], c["after_verdict"]) for c in doc["changed"]}
+    assert changed == {"shop/{role=batch} -> shop/web:80/TCP": ("dropped", "delivered")}
+    assert {r["where"].split(":")[0] for r in doc["raw"]} == {
+        "nodes/worker-1/ipset.txt", "nodes/worker-2/ipset.txt"}
+
+
+def test_audit_groups_the_calico_drops_by_policy():
+    res = runner.invoke(app, ["audit", "--bundle", str(EXAMPLES / "calico-vxlan"), "-o", "json"])
+    doc = json.loads(res.stdout)
+    text = json.dumps(doc)
+    assert "dropped-policy" in text and "shop/web-from-frontend" in text

@@ -91,6 +91,12 @@ def build() -> Example:
                       f"{ROUTER} dev ens6 lladdr 02:6b:2e:41:7c:01 REACHABLE"]
         node.neigh += [f"{oip} dev ens5 lladdr {mac('ens5/' + o)} STALE" for o, oip in others]
         node.neigh += [f"{p.ip} dev {p.host_veth} lladdr {p.mac} REACHABLE" for p in mine]
+        # other nodes' pods are in the subnet, on-link from the primary ENI: the VPC answers
+        # ARP for an address with the MAC of the ENI that holds it
+        for p in pods:
+            if p.node != name:
+                eni = "ens6" if secondary[p.key] else "ens5"
+                node.neigh.append(f"{p.ip} dev ens5 lladdr {mac(eni + '/' + p.node)} STALE")
         node.fdb = host.bridge_fdb_lines(node)
         node.sysctl = ["net.ipv4.ip_forward = 1", "net.ipv4.conf.all.rp_filter = 1",
                        "net.ipv4.conf.ens5.rp_filter = 2", "net.ipv4.conf.ens6.rp_filter = 2"]
