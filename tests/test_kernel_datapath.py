@@ -456,3 +456,81 @@ def test_audit_groups_the_calico_drops_by_policy():
     doc = json.loads(res.stdout)
     text = json.dumps(doc)
     assert "dropped-policy" in text and "shop/web-from-frontend" in text
+
+
+# Calico's nftables dataplane (3.29+): one table `calico`, chains named after the iptables
+# table they stand for (felix/nftables/table.go baseChains: `filter-FORWARD` ...; user chains
+# `filter-cali-tw-<iface>`), a rule's comments joined with "; ". Written in that form for the
+# calico-vxlan example's web-1 endpoint, its policy chain (felix's hashed name) and marks.
+CALICO_NFT = """table ip calico {
+	chain filter-FORWARD {
+		type filter hook forward priority filter; policy accept;
+		counter jump filter-cali-FORWARD comment "cali:Ypb1_1fMue8BPjxr"
+		meta mark & 0x00010000 == 0x00010000 counter accept comment "cali:ezCuuMkS4_guKpk4; Policy explicitly accepted packet."
+	}
+	chain filter-cali-FORWARD {
+		iifname "cali*" counter jump filter-cali-from-wl-dispatch comment "cali:qz2tu-zxONNyJsNS"
+		oifname "cali*" counter jump filter-cali-to-wl-dispatch comment "cali:j2U6KLkGayFuP_ND"
+	}
+	chain filter-cali-from-wl-dispatch {
+		iifname "cali1d2a45e6d3c" counter goto filter-cali-fw-cali1d2a45e6d3c comment "cali:a"
+	}
+	chain filter-cali-fw-cali1d2a45e6d3c {
+		meta mark set meta mark | 0x00010000 counter return comment "cali:b; Return if profile accepted"
+	}
+	chain filter-cali-to-wl-dispatch {
+		oifname "cali751425ce827" counter goto filter-cali-tw-cali751425ce827 comment "cali:c"
+	}
+	chain filter-cali-tw-cali751425ce827 {
+		ct state established,related counter accept comment "cali:MOOLYtRMv5JXAaJM"
+		meta mark set meta mark & 0xfffcffff counter comment "cali:wu1vSOVsGDk6bDZB"
+		meta mark & 0x00020000 == 0x00000000 counter jump filter-cali-pi-_ZDpaeiyVV-yVS066-up comment "cali:0OkahI-InsYLuI_V"
+		meta mark & 0x00010000 == 0x00010000 counter return comment "cali:IGwJeOvgRdovPuuo; Return if policy accepted"
+		meta mark & 0x00020000 == 0x00000000 counter drop comment "cali:yh2SIj7bJi8VqYmH; Drop if no policies passed packet"
+	}
+	chain filter-cali-pi-_ZDpaeiyVV-yVS066-up {
+		ip saddr 10.244.82.5 tcp dport 8080 meta mark set meta mark | 0x00010000 counter comment "cali:lQfB76waoheXc-mc"
+		meta mark & 0x00010000 == 0x00010000 counter return comment "cali:V1ZVCiN4PrcM4BsY"
+	}
+}
+"""
+
+
+class _Walk:
+    """What policy_drop reads of the walk: the node's rules and the bundle's policies."""
+
+    def __init__(self, rs, policies=()):
+        class Node:
+            netfilter = rs
+
+        class Snap:
+            def node(self, name):
+                return Node()
+
+        class Cluster:
+            pass
+
+        self.snap, self.cluster, self.datapath = Snap(), Cluster(), None
+        self.cluster.policies = list(policies)
+
+
+def test_calico_nftables_dataplane_policy_named_by_hash():
+    """The nft dataplane's drop is named like the iptables one: the policy chain felix
+    jumps to, by felix's hash of the bundle's NetworkPolicy (this form has no chain
+    comment)."""
+    from traceflow.bundle.kube import NetworkPolicy
+    from traceflow.cni.calico.policy import policy_drop
+    from traceflow.engines.netfilter.nft import parse_nft_ruleset
+    rs = parse_nft_ruleset(CALICO_NFT, "nft.txt")
+    pkt = Packet(nw_src="10.244.82.6", nw_dst="10.244.82.7", nw_proto=6, tp_src=41000,
+                 tp_dst=8080)
+    ctx = NodeContext(in_iface="cali1d2a45e6d3c", out_iface="cali751425ce827")
+    (branch,) = rs.evaluate_hook("FORWARD", pkt, ctx)
+    assert branch.verdict == "DROP"
+    last = branch.steps[-1]
+    policy = NetworkPolicy("shop", "web-from-frontend", {}, ("Ingress",), (), ())
+    reason, disposition, names = policy_drop(_Walk(rs, [policy]), "worker-1", branch, last)
+    assert (str(disposition), names) == ("dropped-policy", ("shop/web-from-frontend",))
+    assert "Drop if no policies passed packet" in reason
+    pkt.nw_src = "10.244.82.5"                       # the frontend: the policy accepts it
+    assert rs.evaluate_hook("FORWARD", pkt, ctx)[0].verdict == "ACCEPT"

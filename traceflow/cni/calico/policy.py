@@ -36,20 +36,29 @@ _ENDPOINT_CHAIN = ("cali-tw-", "cali-fw-", "cali-th-", "cali-fh-")
 MAX_CHAIN = 28          # iptables' chain name limit (felix: iptables.MaxChainNameLength)
 
 
+# felix's nftables dataplane (3.29+) keeps every chain in one table `calico`, each named after
+# the iptables table it stands for (felix/nftables/table.go: `filter-FORWARD`,
+# `filter-cali-tw-<iface>` ...), and joins a rule's comments with "; "
+_NFT_PREFIX = re.compile(r"^(?:filter|nat|raw|mangle)-(?=cali-)")
+_NFT_JUMP = re.compile(r"\b(?:jump|goto)\s+(\S+)")
+
+
 def comments(rule) -> list[str]:
-    """Every ``--comment`` of a rule as the bundle prints it (iptables-save or nft)."""
+    """Every comment of a rule as the bundle prints it (iptables-save ``--comment``, nft
+    ``comment "a; b"``)."""
     text = getattr(rule, "text", "") or ""
-    return [a or b or c for a, b, c in _COMMENT.findall(text)]
+    return [part.strip() for a, b, c in _COMMENT.findall(text)
+            for part in (a or b or c).split("; ") if part.strip()]
 
 
 def policy_drop(walk, node: str, nf, last):
     """(reason, Disposition.DROPPED_POLICY, policies) for a drop that enforces Calico policy;
     None for any other drop."""
-    chain = last.chain or ""
+    chain = _NFT_PREFIX.sub("", last.chain or "")
     said = " ".join(comments(last.rule)) if last.rule is not None else ""
     rs = walk.snap.node(node).netfilter
     if chain.startswith(_POLICY_CHAIN):               # a Deny rule of the policy itself
-        name = chain_policy(walk, rs, last.table, chain)
+        name = chain_policy(walk, rs, last.table, last.chain)
         direction = "ingress" if chain.startswith("cali-pi-") else "egress"
         return (f"{name.label} denies it: a Deny rule of its {direction} chain {chain} "
                 "(Calico) drops the packet",
@@ -60,6 +69,7 @@ def policy_drop(walk, node: str, nf, last):
     iface = chain.split("-", 2)[2]
     pod = _pod_of(walk, node, iface)
     who = f"{pod.key} (veth {iface})" if pod is not None else f"the endpoint on {iface}"
+    chain = last.chain                   # as the bundle names it (nft: `filter-cali-tw-...`)
     if "Drop if no policies passed packet" in said:
         names = [chain_policy(walk, rs, last.table, c)
                  for c in _jumped(rs, last.table, chain, _POLICY_CHAIN)]
@@ -107,13 +117,14 @@ def chain_policy(walk, rs, table: str, chain: str) -> Named:
         m = _POLICY_COMMENT.match(text)
         if m:
             return _named(chain, m.group(1), m.group(2))
+    bare = _NFT_PREFIX.sub("", chain)
     for policy in getattr(walk.cluster, "policies", ()):
         for ident, kind_name in _ids(policy):
-            for prefix in (_prefix(chain),):
-                if prefix and _limited(prefix, ident) == chain:
+            for prefix in (_prefix(bare),):
+                if prefix and _limited(prefix, ident) == bare:
                     return Named(chain, "NetworkPolicy", policy.namespace, policy.name,
                                  "default")
-    kind = "Profile" if chain.startswith(_PROFILE_CHAIN) else "policy"
+    kind = "Profile" if bare.startswith(_PROFILE_CHAIN) else "policy"
     return Named(chain, kind, None, f"(chain {chain}; its name is not in the bundle)")
 
 
@@ -157,28 +168,33 @@ def _limited(prefix: str, suffix: str, max_len: int = MAX_CHAIN) -> str:
     return prefix + suffix
 
 
-def _chain(rs, table: str, chain: str):
+def _rules(rs, table: str, chain: str) -> list:
+    """The rules of ``chain`` in ``table`` (an iptables table name, or nft's ``family
+    name`` label), as parsed objects with ``.text``."""
     tables = getattr(rs, "tables", None)
-    if tables is not None and table in tables:
-        return tables[table].chains.get(chain)
-    return None
+    if isinstance(tables, dict) and table in tables and hasattr(tables[table], "chain"):
+        found = tables[table].chains.get(chain)
+        return [found.rule_at(i) for i in range(found.rule_count())] if found else []
+    family, _, name = table.partition(" ")
+    nft = rs.table(family, name) if hasattr(rs, "table") and name else None
+    found = nft.chains.get(chain) if nft is not None else None
+    return list(found.rules) if found is not None else []
 
 
 def _first_rule(rs, table: str, chain: str):
-    found = _chain(rs, table, chain)
-    if found is None or not found.rule_count():
-        return None
-    return found.rule_at(0)
+    rules = _rules(rs, table, chain)
+    return rules[0] if rules else None
 
 
 def _jumped(rs, table: str, chain: str, prefixes: tuple) -> list[str]:
-    """The chains of ``prefixes`` that ``chain``'s rules jump to, in order."""
-    found = _chain(rs, table, chain)
+    """The chains of ``prefixes`` that ``chain``'s rules jump to, in order (nft names keep
+    their table prefix: `filter-cali-pi-...`)."""
     out = []
-    for i in range(found.rule_count() if found is not None else 0):
-        target = found.rule_at(i).target or ""
-        if target.startswith(prefixes) and target not in out:
-            out.append(target)
+    for rule in _rules(rs, table, chain):
+        targets = [getattr(rule, "target", None) or ""] + _NFT_JUMP.findall(rule.text or "")
+        for target in targets:
+            if _NFT_PREFIX.sub("", target).startswith(prefixes) and target not in out:
+                out.append(target)
     return out
 
 
