@@ -210,6 +210,11 @@ def test_aws_pod_to_service_by_the_enis(aws, tmp_path):
         assert sorted(set(_left_by(request, AWS_A))) == kernel_out, (pod, got["seen_on"])
         kernel_back = sorted({dev for node, dev, *_ in got["answer_seen_on"] if node == AWS_B})
         assert sorted(set(_left_by(reply, AWS_B))) == kernel_back, (pod, got["answer_seen_on"])
+        # the ENI the VPC delivers the request to on the other node
+        kernel_in = sorted({dev for node, dev, *_ in got["seen_on"] if node == AWS_B})
+        traced_in = sorted({h["table"] for h in request["hops"] if h["component"] == "underlay"
+                            and h["node"] == AWS_B})
+        assert traced_in == kernel_in, (pod, got["seen_on"])
     assert _left_by(paths["default/api-7d6c8f9b5-9wz4r"]["legs"]["request"], AWS_A) == ["ens6"]
 
 

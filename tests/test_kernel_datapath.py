@@ -534,3 +534,14 @@ def test_calico_nftables_dataplane_policy_named_by_hash():
     assert "Drop if no policies passed packet" in reason
     pkt.nw_src = "10.244.82.5"                       # the frontend: the policy accepts it
     assert rs.evaluate_hook("FORWARD", pkt, ctx)[0].verdict == "ACCEPT"
+
+
+def test_vxlan_vni_mismatch_dropped_by_the_receiver(tmp_path):
+    """The other node's flannel.1 has another VNI (a different net-conf.json): vxlan_rcv finds
+    no device for the packet's VNI on that port and drops it."""
+    bundle = copy(tmp_path, "flannel-vxlan")
+    edit(bundle / "nodes/k3s-agent-2/ip-link.txt", "vxlan id 1 ", "vxlan id 2 ")
+    (path,) = trace(bundle, "pod-to-pod", "client-7d9c8b6f5-x2x8q", "web-6b8f8d9c77-rjz2m",
+                    "--port", "8080")["paths"]
+    assert (path["disposition"], path["drop"]["node"]) == ("no-route", "k3s-agent-2")
+    assert "VNI 1" in path["drop"]["reason"] and "VNI 2" in path["drop"]["reason"]

@@ -242,7 +242,7 @@ class TunnelMixin:
                 f"the interface holding {peer.name}'s address")
         except Missing as miss:
             return [(self.walk.missing(b, peer.name, "underlay", miss), None)]
-        b.add(Hop(peer.name, "underlay", None, None,
+        b.add(Hop(peer.name, "underlay", dev, None,
                   f"{loc.node} -> {peer.name} over the network between nodes; arrives on "
                   f"{dev}", packet=pkt.headers(), detail="underlay",
                   notes=[n for n in (how, f"arrives on {dev}: {dev_how}") if n]))
