@@ -545,3 +545,27 @@ def test_vxlan_vni_mismatch_dropped_by_the_receiver(tmp_path):
                     "--port", "8080")["paths"]
     assert (path["disposition"], path["drop"]["node"]) == ("no-route", "k3s-agent-2")
     assert "VNI 1" in path["drop"]["reason"] and "VNI 2" in path["drop"]["reason"]
+
+
+def test_every_real_output_of_these_cnis_parses():
+    """The public outputs of Flannel, Calico, VPC CNI nodes in tests/data (realworld corpus
+    and kernelcni/) parse, each with the reader of its command."""
+    from traceflow.engines.routing import parse_ip_rules
+    real = DATA / "realworld" / "iproute"
+    rules = parse_ip_rules((real / "imroc-eks-vpc-cni_ip-rule-list.txt").read_text(), "r")
+    assert [(r.priority, str(r.fwmark) if r.fwmark else None) for r in rules][1:3] == \
+        [(512, None), (1024, "0x80/0x80")]
+    routes = parse_ip_routes((real / "imroc-eks-vpc-cni_ip-route.txt").read_text(), "r")
+    assert any(r.dev == "enib9bdbd48082" for r in routes.table("main"))
+    for name in ("g00ntar-cilium-sysdump-k3s_ip-d-s-link.txt",
+                 "imroc-ack-terway-default_ip-d-link-show.txt"):
+        for iface in parse_ip_addr((real / name).read_text(), name):
+            link_info(iface)
+    listed = DATA / "kernelcni" / "flannel-issue1703_iptables-nvL-FLANNEL-POSTRTG.txt"
+    rs = parse_iptables_list(listed.read_text(), listed.name, table="nat")
+    rs.raise_for_errors()
+    chain = rs.table("nat").chains["FLANNEL-POSTRTG"]
+    masq = chain.rules[2]
+    pod_out = Packet(nw_src="10.233.65.4", nw_dst="1.1.1.1", nw_proto=6, tp_src=1, tp_dst=443)
+    assert masq.target == "MASQUERADE" and all(m.check(pod_out, NodeContext())
+                                               for m in masq.matches)
