@@ -569,3 +569,46 @@ def test_every_real_output_of_these_cnis_parses():
     pod_out = Packet(nw_src="10.233.65.4", nw_dst="1.1.1.1", nw_proto=6, tp_src=1, tp_dst=443)
     assert masq.target == "MASQUERADE" and all(m.check(pod_out, NodeContext())
                                                for m in masq.matches)
+
+
+def _calico_bgp(tmp_path: Path) -> Path:
+    """calico-vxlan in BGP mode (vxlanMode/ipipMode Never): BIRD's routes to the other nodes'
+    blocks via their addresses (`<block> via <node> dev eth0 proto bird`), no tunnel."""
+    bundle = copy(tmp_path, "calico-vxlan")
+    nodes = {"10.244.19.128/26": "192.168.56.10", "10.244.82.0/26": "192.168.56.11",
+             "10.244.110.64/26": "192.168.56.12"}
+    for node in ("cp-1", "worker-1", "worker-2"):
+        path = bundle / f"nodes/{node}/ip-route.txt"
+        lines = []
+        for line in path.read_text().splitlines():
+            if "dev vxlan.calico proto 80 onlink" in line:
+                block = line.split()[0]
+                line = f"{block} via {nodes[block]} dev eth0 proto bird "
+            lines.append(line)
+        path.write_text("\n".join(lines) + "\n")
+    return bundle
+
+
+def test_calico_bgp_routes_via_the_other_nodes_address(tmp_path):
+    bundle = _calico_bgp(tmp_path)
+    (path,) = trace(bundle, "pod-to-pod", "shop/frontend-5d8f9b7c6-4xk2p", "shop/web-0",
+                    "--port", "8080")["paths"]
+    assert path["disposition"] == "delivered-pod"
+    hops = path["legs"][0]["hops"]
+    assert not [h for h in hops if h["component"] == "tunnel"]
+    (under,) = [h for h in hops if h["component"] == "underlay"]
+    assert (under["node"], under["table"]) == ("worker-2", "eth0")
+    assert "next hop 192.168.56.12 is worker-2's address" in " ".join(under["notes"])
+
+
+def test_calico_bgp_route_missing_is_no_route_not_left_cluster(tmp_path):
+    """BIRD has not installed worker-2's block on worker-1: the pod's packet follows the
+    default route out of eth0, where nothing knows pod addresses: no-route, said."""
+    bundle = _calico_bgp(tmp_path)
+    path = bundle / "nodes/worker-1/ip-route.txt"
+    path.write_text("".join(l + "\n" for l in path.read_text().splitlines()
+                            if not l.startswith("10.244.110.64/26")))
+    (p,) = trace(bundle, "pod-to-pod", "shop/frontend-5d8f9b7c6-4xk2p", "shop/web-0",
+                 "--port", "8080")["paths"]
+    assert (p["disposition"], p["drop"]["node"]) == ("no-route", "worker-1")
+    assert "shop/web-0 on worker-2" in p["drop"]["reason"]

@@ -177,11 +177,20 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         peer = self.cluster.node_by_ip(nexthop) if nexthop else None
         if peer is not None and peer.name != loc.node and nexthop != pkt.nw_dst:
             return (b, AtUnderlay(loc.node, dev, pkt, nexthop))
+        pod = self.cluster.pod_by_ip(pkt.nw_dst)
+        if pod is None or not pod.node or pod.node == loc.node or pod.host_network:
+            return None
         if self.conv.underlay_routes_pods:
-            pod = self.cluster.pod_by_ip(pkt.nw_dst)
-            if pod is not None and pod.node and pod.node != loc.node:
-                return (b, AtUnderlay(loc.node, dev, pkt, nexthop))
-        return None
+            return (b, AtUnderlay(loc.node, dev, pkt, nexthop))
+        # a pod of another node sent out of the uplink by a route that does not name that node:
+        # the network beyond does not know pod addresses under this CNI (an overlay, or BGP
+        # routes the node lacks), so nothing delivers it
+        why = (f"{pkt.nw_dst} is {pod.key} on {pod.node}, but {loc.node} sends it out of "
+               f"{dev} via {nexthop or 'the link'}: no route through the tunnel or to "
+               f"{pod.node}'s address ({self.name}'s route for that pod's block is missing)")
+        b.add(Hop(loc.node, "route", None, None, why, detail="route"))
+        return (b.finish(Verdict.DROPPED, Drop(loc.node, "route", None, None, why,
+                                               Disposition.NO_ROUTE)), None)
 
     def into_pod(self, b: Branch, node: str, kn: KernelNode, dev: str, pod, pkt: Packet):
         """Out of ``dev`` into the pod behind it: delivered when the frame and the packet are
