@@ -3,7 +3,8 @@
 A Datapath knows its CNI's places and conventions; the solver core and the host stack know
 only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
 gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
-the hooks of lxc, native and overlay devices).
+the hooks of lxc, native and overlay devices), and ``traceflow.walk.kernel`` the one the
+CNIs whose packets move through the Linux stack share (veth pairs, bridges, VXLAN/IPIP).
 
 Where a leg starts and ends (traceflow.walk.core, by the query's typed ends):
 
