@@ -514,8 +514,7 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
     towards an address outside the cluster."""
     from scapy.all import IP, TCP
     watched = [(lab.node_ns[node], dev) for node, dev in watch]
-    pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods if p != source] \
-        + watched
+    pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods] + watched
     with Captures(pairs, folder) as caps:
         answers = send_syns(lab.pod_ns[source], lab.pod_ip[source], dst, dport, sports, wait)
     out = {s: {"arrived": [], "answer": answers.get(str(s)), "syn_outer": [],
@@ -528,6 +527,21 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
             elif IP in pkt and TCP in pkt and pkt[TCP].ack - 1 in out:
                 out[pkt[TCP].ack - 1]["answer_seen_on"].append((node, dev, pkt[IP].src,
                                                                 pkt[IP].dst))
+    # scapy's sr() now and then misses an answer that did reach the client (its receiver
+    # races the first packets); the capture on the client's eth0 has it then
+    from scapy.all import ICMP, TCPerror
+    for pkt in caps[(lab.pod_ns[source], "eth0")]:
+        if IP not in pkt or pkt[IP].dst != lab.pod_ip[source]:
+            continue
+        if TCP in pkt and pkt[TCP].ack - 1 in out:
+            got = out[pkt[TCP].ack - 1]
+            if got["answer"] is None:
+                got["answer"] = ["tcp " + str(pkt[TCP].flags), pkt[IP].src, pkt[TCP].sport]
+        elif ICMP in pkt and TCPerror in pkt and pkt[TCPerror].seq in out:
+            got = out[pkt[TCPerror].seq]
+            if got["answer"] is None:
+                got["answer"] = ["icmp %d/%d" % (pkt[ICMP].type, pkt[ICMP].code),
+                                 pkt[IP].src, None]
     for pod in lab.pods:
         if pod == source:
             continue
