@@ -22,13 +22,15 @@ from traceflow.model.trace import Path, Trace, Verdict
 # component -> the place it belongs to on the node
 PLACES = {"pod": "pod", "ovs": "ovs", "iptables": "host", "nft": "host", "ipvs": "host",
           "route": "host", "neigh": "host", "conntrack": "host", "tc": "bpf", "bpf": "bpf",
-          "tunnel": "tunnel", "underlay": "underlay"}
+          "tunnel": "tunnel", "underlay": "underlay", "bridge": "bridge"}
 PLACE_TITLES = {"pod": "pod", "ovs": "OVS bridge", "host": "host network stack",
                 "bpf": "BPF hooks", "tunnel": "tunnel", "underlay": "underlay network",
+                "bridge": "Linux bridge",
                 "outside": "outside the cluster"}
 # fills of the places (red is kept for where a path stopped: a border, never a place)
 PLACE_COLOURS = {"pod": "#e6f4ea", "ovs": "#e8f0fe", "host": "#f1f3f4", "bpf": "#fef7e0",
-                 "tunnel": "#f3e8fd", "underlay": "#e4f7fb", "outside": "#ffffff"}
+                 "tunnel": "#f3e8fd", "underlay": "#e4f7fb", "outside": "#ffffff",
+                 "bridge": "#e8f0fe"}
 STOP_COLOURS = {"dropped": "#d93025", "unknown": "#b06000"}
 PLACES["host"] = "host"
 # a client or destination outside the cluster is drawn in a lane of its own, beside the

@@ -36,7 +36,8 @@ def edit(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("bundle", ["antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2",
                                     "kube-proxy-iptables", "cilium-kpr-native", "cilium-eni",
-                                    "cilium-vxlan-policy"])
+                                    "cilium-vxlan-policy", "flannel-vxlan", "calico-vxlan",
+                                    "aws-vpc-cni", "azure-cni"])
 def test_unmodified_examples_have_no_drift(bundle):
     code, doc = audit(EXAMPLES / bundle)
     assert code == 0

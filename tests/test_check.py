@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCHEMAS = Path(__file__).parent / "data" / "junit"
 BUNDLES = ["antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2", "kube-proxy-iptables",
-           "kube-proxy-nftables", "kube-proxy-ipvs"]
+           "kube-proxy-nftables", "kube-proxy-ipvs", "flannel-vxlan", "calico-vxlan",
+           "aws-vpc-cni", "azure-cni"]
 
 
 def run(*args):

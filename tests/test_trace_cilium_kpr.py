@@ -300,9 +300,9 @@ def test_garbled_lb_list_is_exit_2(bundle):
 
 
 def test_unknown_cni_is_refused(bundle):
-    _edit(bundle / "manifest.yaml", "cni: cilium", "cni: calico")
+    _edit(bundle / "manifest.yaml", "cni: cilium", "cni: weave-net")
     result = run(bundle, "pod-to-svc", "default/pod1", "default/svc1")
-    assert result.exit_code == 2 and "calico" in result.output
+    assert result.exit_code == 2 and "weave-net" in result.output
 
 
 def test_socket_lb_not_stated_is_an_assumption_said_aloud(bundle):

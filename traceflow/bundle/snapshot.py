@@ -217,6 +217,14 @@ class NodeModel:
             addrs.add(node.internal_ip)
         return addrs
 
+    @cached_property
+    def interface_addresses(self) -> dict[str, set[str]] | None:
+        """Interface -> its IPv4 addresses (addrtype --limit-iface-in); None without
+        ip-addr.txt."""
+        if self._file("ip-addr.txt") is None:
+            return None
+        return {i.name: {a.address for a in i.ipv4()} for i in self.interfaces}
+
     def interface(self, name: str):
         return next((i for i in self.interfaces if i.name == name), None)
 

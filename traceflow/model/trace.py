@@ -46,12 +46,13 @@ class Disposition(str, enum.Enum):
 # what a hop's ``detail`` names: the typed fact it carries (docs/trace-json-v1.md)
 HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
                "conntrack", "nat", "bpf-map", "bpf-program", "tunnel", "underlay", "pod",
-               "host", "entry", "exit", "capture")
+               "host", "entry", "exit", "capture", "bridge-fdb")
 # the detail of a hop whose maker did not name one: by the component that made it
 _DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
                         "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
                         "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
-                        "host": "host", "tc": "bpf-program", "capture": "capture"}
+                        "host": "host", "tc": "bpf-program", "capture": "capture",
+                        "bridge": "bridge-fdb"}
 
 
 def typed_detail(hop: "Hop") -> str | None:

@@ -326,7 +326,8 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
                          f"{dst} --dport 80`", "--dport")
     pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
                  tp_dst=dport, mark=mark)
-    ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets, in_iface=iif,
+    ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets,
+                      interface_addresses=model.interface_addresses, in_iface=iif,
                       out_iface=oif, ct_state={"NEW"}, ct_dir="ORIGINAL", connmark=0, node=node)
     trace = Trace({"kind": "nf-trace", "source": src, "destination": dst,
                    "protocol": proto.upper(), "dst_port": dport, "hook": hook, "node": node})

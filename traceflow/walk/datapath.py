@@ -3,7 +3,8 @@
 A Datapath knows its CNI's places and conventions; the solver core and the host stack know
 only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
 gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
-the hooks of lxc, native and overlay devices).
+the hooks of lxc, native and overlay devices), and ``traceflow.walk.kernel`` the one the
+CNIs whose packets move through the Linux stack share (veth pairs, bridges, VXLAN/IPIP).
 
 Where a leg starts and ends (traceflow.walk.core, by the query's typed ends):
 
@@ -82,6 +83,18 @@ class Datapath:
         return None
 
     def describe_mac(self, mac):
+        return None
+
+    def netfilter_drop(self, node: str, component: str, nf, last):
+        """(reason, Disposition, policies) when a drop by netfilter rules is this CNI's
+        NetworkPolicy enforcement (Calico's ``cali-tw-*`` chains), so the trace names the
+        policies; None for any other drop (dropped-rule)."""
+        return None
+
+    def local_input(self, branch, loc, node, pkt):
+        """(branch, next location | None) when a packet delivered to the node itself (after
+        the INPUT hook) belongs to this datapath: a tunnel's outer packet its device
+        decapsulates. None: the host's sockets take it, as for any local packet."""
         return None
 
     # ---- traffic from and to outside the cluster -------------------------------------------

@@ -16,6 +16,10 @@ from traceflow.walk.state import tuple5 as _tuple
 from traceflow.walk.ct_hop import ct_hop as _ct_hop
 
 
+# link types of devices that carry IP without a link-layer header (`link/ipip`, `link/none`)
+_NO_L2 = ("ipip", "gre", "sit", "none", "tunnel6")
+
+
 class HostStack:
     """The component for ``AtHost`` locations. ``walk`` is the Solver (snapshot, cluster,
     datapath, warnings)."""
@@ -62,6 +66,7 @@ class HostStack:
         else:
             new_conn = True
         ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                          interface_addresses=node.interface_addresses,
                           in_iface=loc.iif, out_iface=None,
                           ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                           ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=loc.node)
@@ -123,11 +128,11 @@ class HostStack:
                 hop.varies = ("tp_src",)     # the kernel picks it: not predictable
         return hop
 
-    @staticmethod
-    def _nf_end(b: Branch, node: str, component: str, nf) -> Branch:
-        """A branch the hook did not accept: dropped (a DROP rule or policy: dropped-rule),
-        rejected (REJECT, or IPVS answering ICMP for a service without real servers:
-        rejected, as the client sees it), or not decidable (unknown)."""
+    def _nf_end(self, b: Branch, node: str, component: str, nf) -> Branch:
+        """A branch the hook did not accept: dropped (a DROP rule or policy: dropped-rule,
+        unless the CNI's datapath says the rule is its policy enforcement: dropped-policy,
+        naming the policies), rejected (REJECT, or IPVS answering ICMP for a service without
+        real servers: rejected, as the client sees it), or not decidable (unknown)."""
         last = nf.steps[-1] if nf.steps else None
         rule = last.rule.text if last is not None and last.rule is not None else None
         table = last.table if last is not None else None
@@ -137,7 +142,15 @@ class HostStack:
                                                   Disposition.UNKNOWN))
         reason = f"{nf.verdict} in {last.table}/{last.chain}: {last.effect}" if last else nf.verdict
         disposition = Disposition.REJECTED if nf.verdict == "REJECT" else Disposition.DROPPED_RULE
-        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason, disposition))
+        policies = ()
+        named = self.datapath.netfilter_drop(node, component, nf, last) if last else None
+        if named is not None:
+            reason, disposition, policies = named
+            dropping = next(b.leg.last_hops(), None)
+            if dropping is not None:
+                dropping.notes.append(f"why: {reason}")
+        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason, disposition,
+                                              tuple(policies)))
 
     def _route_and_forward(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
                            new_conn: bool, orig_tuple, late_src) -> list:
@@ -233,6 +246,12 @@ class HostStack:
             if ib.end:
                 results.append((ib, None))
                 continue
+            # the CNI's datapath may own the packet here: a tunnel's outer packet for this
+            # node is decapsulated by its device (vxlan_rcv, ipip_rcv) after INPUT
+            claimed = self.datapath.local_input(ib, loc, node, ipkt)
+            if claimed is not None:
+                results.append(claimed)
+                continue
             branches = ipvs.evaluate(ipkt) if ipvs is not None else None
             if branches is not None:
                 outcomes.extend(self._ipvs(ib, loc, node, ipkt, ctx, branches))
@@ -297,6 +316,13 @@ class HostStack:
             reason = (f"{dec.dev} is a NOARP device ({iface.source.file}:{iface.source.line}): "
                       f"no neighbour lookup for {nexthop}, the frame goes to {dec.dev}'s own "
                       f"address {iface.mac}")
+        elif iface is not None and "NOARP" in iface.flags and iface.link_type in _NO_L2:
+            # a NOARP device without a link-layer address (ipip, gre, wireguard): no neighbour
+            # at all, the device takes the packet as it is (dev->header_ops is NULL)
+            result_mac, text, src, ok = "00:00:00:00:00:00", None, iface.source, True
+            reason = (f"{dec.dev} is a {iface.link_type} device without link-layer addresses "
+                      f"({iface.source.file}:{iface.source.line}): no neighbour lookup for "
+                      f"{nexthop}")
         elif neigh is None:
             result_mac, text, src, ok = None, None, None, None
             reason = f"needs nodes/{loc.node}/ip-neigh.txt to resolve {nexthop} on {dec.dev}"

@@ -110,7 +110,8 @@ def send(host, branch, sender: Sender, packet, at_host):
                        f"(an unbound socket; {own})",
                        packet=packet.headers(), changed=packet.diff(before), detail="route"))
     orig = packet.copy()
-    ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets, in_iface=None,
+    ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                      interface_addresses=node.interface_addresses, in_iface=None,
                       out_iface=dec.dev, ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                       ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=node_name)
     outcomes, untracked = [], set()

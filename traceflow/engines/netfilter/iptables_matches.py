@@ -163,20 +163,37 @@ _DECIDABLE_ADDRTYPES = {"LOCAL", "BROADCAST", "MULTICAST", "UNICAST"}
 
 @dataclass(frozen=True)
 class AddrTypeMatch(Match):
-    """addrtype ``--src-type``/``--dst-type``: LOCAL from ``ctx.local_addresses``."""
+    """addrtype ``--src-type``/``--dst-type``: LOCAL from ``ctx.local_addresses``.
+
+    ``--limit-iface-in``/``-out`` asks about the address on the packet's input (output)
+    interface only (xt_addrtype.c ``addrtype_mt_v1``: ``inet_dev_addr_type(net, dev, addr)``,
+    a lookup restricted to that device): LOCAL when the address is one of that interface's
+    own, from ``ctx.interface_addresses`` (the node's ip-addr.txt)."""
 
     field: str                       # "nw_src" | "nw_dst"
     types: tuple[str, ...]
-    limit_iface: bool = False        # --limit-iface-in/out: only addresses of that interface
+    limit_iface: str | None = None   # "in" | "out" (--limit-iface-in/out) | None
 
     def _test(self, packet, ctx):
         addr = getattr(packet, self.field)
         if addr is None:
             return None
+        if self.limit_iface:
+            local = self._local_on_iface(addr, ctx)
+            if local is None:
+                return None
+            ctx = _OnIface(local, ctx.broadcast_addresses)
         hits = {t: self._is_type(t, addr, ctx) for t in self.types}
         if True in hits.values():
-            return None if self.limit_iface else True   # which interface owns it is not modelled
+            return True
         return None if None in hits.values() else False
+
+    def _local_on_iface(self, addr: str, ctx) -> set[str] | None:
+        iface = ctx.in_iface if self.limit_iface == "in" else ctx.out_iface
+        known = getattr(ctx, "interface_addresses", None)
+        if iface is None or known is None or iface not in known:
+            return None
+        return known[iface]
 
     @staticmethod
     def _is_type(kind: str, addr: str, ctx) -> bool | None:
@@ -191,12 +208,25 @@ class AddrTypeMatch(Match):
         if odd:
             return f"address type {','.join(odd)} needs the routing table (not modelled)"
         if self.limit_iface:
-            return "--limit-iface-in/out: which interface owns the address is not modelled"
+            iface = ctx.in_iface if self.limit_iface == "in" else ctx.out_iface
+            if iface is None:
+                return (f"--limit-iface-{self.limit_iface}: the packet's "
+                        f"{'input' if self.limit_iface == 'in' else 'output'} interface is "
+                        "not known here")
+            return (f"--limit-iface-{self.limit_iface}: the addresses of {iface} are not in "
+                    f"the bundle (needs nodes/{ctx.node or '<node>'}/ip-addr.txt)")
         return f"the packet has no {self.field}"
 
     def __str__(self):
         return (f"-m addrtype {self.bang}{self.name} {','.join(self.types)}"
-                + (" --limit-iface-in" if self.limit_iface else ""))
+                + (f" --limit-iface-{self.limit_iface}" if self.limit_iface else ""))
+
+
+@dataclass(frozen=True)
+class _OnIface:
+    """The addresses addrtype sees when limited to one interface."""
+    local_addresses: set
+    broadcast_addresses: set
 
 
 @dataclass(frozen=True)
@@ -283,7 +313,7 @@ class SetMatch(Match):
     def _test(self, packet, ctx):
         if ctx.ipsets is None or self.set_name not in ctx.ipsets:
             return None
-        return ipset_contains(ctx.ipsets[self.set_name], self.flags, packet)
+        return ipset_contains(ctx.ipsets[self.set_name], self.flags, packet, ctx.ipsets)
 
     def undecided(self, packet, ctx):
         if ctx.ipsets is None or self.set_name not in ctx.ipsets:
@@ -337,10 +367,33 @@ class PhysdevMatch(Match):
     def _test(self, packet, ctx):
         if not ctx.bridged:
             return all(neg for _, _, neg in self.options)
-        return None
+        # xt_physdev.c physdev_mt: the bridge ports of a bridged frame (br_netfilter); the
+        # output port is known from FORWARD on (at PREROUTING it is not chosen yet)
+        phys_in = getattr(ctx, "physdev_in", None)
+        phys_out = getattr(ctx, "physdev_out", None)
+        if phys_in is None:
+            return None
+        for option, value, neg in self.options:
+            if option == "--physdev-is-in":
+                hit = True
+            elif option in ("--physdev-is-out", "--physdev-is-bridged"):
+                hit = phys_out is not None
+            elif option in ("--physdev-in", "--physdev-out"):
+                dev = phys_in if option == "--physdev-in" else phys_out
+                if dev is None:
+                    hit = False
+                else:
+                    hit = dev.startswith(value[:-1]) if value and value.endswith("+") \
+                        else dev == value
+            else:
+                return None
+            if hit == neg:
+                return False
+        return True
 
     def undecided(self, packet, ctx):
-        return "the packet is bridged (br_netfilter): physdev bridge ports are not modelled"
+        return ("the packet is bridged (br_netfilter), but its bridge ports are not known "
+                "here: physdev cannot be decided")
 
     def __str__(self):
         words = [("! " if neg else "") + opt + (f" {val}" if val else "")
@@ -501,11 +554,23 @@ class UnknownMatch(Match):
 _SET_PORT = re.compile(r"^(?:(?P<proto>[a-z]+):)?(?P<port>\d+)(?:-(?P<hi>\d+))?$")
 
 
-def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> bool | None:
+def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
+                   sets: dict | None = None, depth: int = 0) -> bool | None:
     """Is the packet in the set? The most specific entry holding it decides, as the kernel's
     hash:net types look prefixes up longest first (ip_set_hash_gen.h, mtype_test_cidrs): a
     ``nomatch`` entry excludes, a narrower ordinary entry inside it includes again. None if
-    an entry is undecidable and no entry decides."""
+    an entry is undecidable and no entry decides.
+
+    The set's type (``members.type`` when the listing says it) decides what a member is:
+    ``list:set`` members are other sets, the packet is in it when it is in one of them
+    (ip_set_list_set.c ``list_set_ktest``, in order, the flags passed on); ``bitmap:port``
+    members are ports (``80`` or a range ``80-88``) matched against the port the flag
+    names."""
+    kind = getattr(members, "type", None) or ""
+    if kind == "list:set":
+        return _list_set_contains(members, flags, packet, sets, depth)
+    if kind == "bitmap:port":
+        flags = tuple(f"port-{f}" for f in flags)
     hits: list[tuple[int, bool]] = []              # (entry's prefix bits, entry is nomatch)
     undecidable = False
     for member in members:
@@ -521,6 +586,23 @@ def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -
         most = max(bits for bits, _ in hits)
         return not any(nomatch for bits, nomatch in hits if bits == most)
     return None if undecidable else False
+
+
+def _list_set_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
+                       sets: dict | None, depth: int) -> bool | None:
+    if sets is None or depth > 8:        # the kernel refuses list:set loops; so does this
+        return None
+    undecided = False
+    for member in members:
+        name = member.split()[0] if member.split() else ""
+        if name not in sets:
+            undecided = True
+            continue
+        got = ipset_contains(sets[name], flags, packet, sets, depth + 1)
+        if got:
+            return True
+        undecided = undecided or got is None
+    return None if undecided else False
 
 
 def _set_entry_bits(entry: str) -> int:
@@ -539,18 +621,25 @@ def _set_entry_hit(entry: str, flags: tuple[str, ...], packet: Packet) -> bool |
     """One entry (``10.0.0.0/8``, ``10.0.0.1,tcp:80``, ``10.0.0.1,udp:53,10.0.0.2``)."""
     results = []
     for element, flag in zip(entry.split(","), flags):
-        side = "src" if flag == "src" else "dst"
-        results.append(_set_element_hit(element, side, packet))
+        port_only = flag.startswith("port-")      # bitmap:port
+        side = "src" if flag.removeprefix("port-") == "src" else "dst"
+        results.append(_set_element_hit(element, ("port-" if port_only else "") + side, packet))
     if False in results:
         return False
     return None if None in results else True
 
 
 def _set_element_hit(element: str, side: str, packet: Packet) -> bool | None:
+    if side.startswith("port-"):                      # bitmap:port: the element is a port
+        return _port_element_hit(element, side[5:], packet)
     try:
         return _in_network(getattr(packet, f"nw_{side}"), _network(element))
     except ValueError:
         pass
+    return _port_element_hit(element, side, packet)
+
+
+def _port_element_hit(element: str, side: str, packet: Packet) -> bool | None:
     port = _SET_PORT.match(element)
     if not port:
         return None                                   # interface names, MACs: not modelled
