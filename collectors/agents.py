@@ -61,6 +61,16 @@ HOST_ITEMS = (
                    "ingress|egress` header, then `tc filter show dev DEV ingress|egress`", "tc",
          False),
 )
+# Kernel-datapath CNIs (Flannel, Calico, the VPC CNI, Azure CNI): the host state above, plus
+# the bridges' and VXLAN devices' forwarding database and the sysctls that decide whether
+# bridged frames see iptables (`-e`: a key the kernel lacks, e.g. net.bridge without
+# br_netfilter, is skipped, not an error).
+KERNEL_EXTRA_ITEMS = (
+    Item("bridge-fdb.txt", "bridge fdb show", "bridge", False),
+    Item("sysctl.txt", "sysctl -e net.ipv4.ip_forward net.ipv4.conf net.bridge", "sysctl",
+         False),
+)
+KERNEL_ITEMS = HOST_ITEMS + KERNEL_EXTRA_ITEMS
 # Only when iptables-save fails: the list format the bundle contract also accepts.
 FALLBACK_ITEMS = (
     Item("iptables-nat-list.txt", "iptables -t nat -L -n", "iptables", False),
@@ -100,6 +110,9 @@ CILIUM_COMMANDS = (
     CiliumCommand("cilium-bpf-tunnel-list", "bpf tunnel list", False, "bpf tunnel list -o json"),
     CiliumCommand("cilium-bpf-ipmasq-list", "bpf ipmasq list", False,
                   "bpf ipmasq list -o json"),
+    # egress gateway policies (the gateway and egress IP a pod's traffic leaves by)
+    CiliumCommand("cilium-bpf-egress-list", "bpf egress list", False,
+                  "bpf egress list -o json", (1, 10)),
     # statedb load-balancing tables (1.17+); the table form cuts backends after 5: JSON too
     CiliumCommand("cilium-db-frontends", "shell -- db/show frontends", False,
                   "shell -- db/show --format=json frontends", (1, 17)),
@@ -158,7 +171,7 @@ POD_ITEMS = (
     Item("pod:ip-addr.txt", "ip addr show", "ip", False),
 )
 ITEMS = {i.file: i for i in OVS_ITEMS + HOST_ITEMS + FALLBACK_ITEMS + CILIUM_ITEMS
-         + CILIUM_HOST_ITEMS + POD_ITEMS}
+         + CILIUM_HOST_ITEMS + POD_ITEMS + KERNEL_EXTRA_ITEMS}
 
 
 # The whole script. FIXED: it takes the token and item names as positional parameters and
@@ -214,6 +227,8 @@ item() {
   nft.txt) has nft || return 127; nft list ruleset ;;
   ipvs.txt) has ipvsadm || return 127; ipvsadm -Ln ;;
   tc.txt) tc_all ;;
+  bridge-fdb.txt) has bridge || return 127; bridge fdb show ;;
+  sysctl.txt) has sysctl || return 127; sysctl -e net.ipv4.ip_forward net.ipv4.conf net.bridge ;;
 @@CILIUM@@
   bpftool-net.txt) has bpftool || return 127; bpftool net show ;;
   pod:ip-route.txt) has ip || return 127; ip route show ;;
@@ -330,7 +345,7 @@ def _sections(data: bytes, token: str) -> dict[str, tuple[bytes, int | None]]:
 
 @dataclass(frozen=True)
 class Agent:
-    cni: str                      # antrea | cilium
+    cni: str                      # antrea | cilium | calico | flannel | aws-vpc-cni | azure-cni
     namespace: str
     pod: str
     node: str
@@ -352,21 +367,49 @@ class Agent:
             if ovs == main:
                 return [(main, ovs_items + host)]
             return [(ovs, ovs_items), (main, host)]
+        if self.cni in KERNEL_AGENTS:
+            # a hostNetwork agent: its container sees the node's devices, routes and rules
+            main = next((c for c in KERNEL_AGENTS[self.cni] if c in self.containers),
+                        self.containers[0])
+            return [(main, [i.file for i in KERNEL_ITEMS])]
         main = "cilium-agent" if "cilium-agent" in self.containers else self.containers[0]
         version = image_version(self.image)
         return [(main, [f"cli:{cilium_cli(version)}"] + cilium_item_files(version) + host)]
 
 
-AGENT_SELECTORS = (("antrea", "component=antrea-agent"), ("cilium", "k8s-app=cilium"))
 AGENT_NAMESPACE = "kube-system"
+# (cni as the manifest names it, the namespaces its agent DaemonSet runs in, its pods' label).
+# The kernel-datapath CNIs' agents run in the host network with the tools the host state
+# needs (calico-node, kube-flannel, aws-node); what one lacks is taken over SSH.
+AGENT_SELECTORS = (
+    ("antrea", (AGENT_NAMESPACE,), "component=antrea-agent"),
+    ("cilium", (AGENT_NAMESPACE,), "k8s-app=cilium"),
+    ("calico", ("calico-system", AGENT_NAMESPACE), "k8s-app=calico-node"),
+    ("flannel", ("kube-flannel", AGENT_NAMESPACE), "app=flannel"),
+    ("aws-vpc-cni", (AGENT_NAMESPACE,), "k8s-app=aws-node"),
+    ("azure-cni", (AGENT_NAMESPACE,), "k8s-app=azure-cns"),
+)
+# kernel CNI -> the agent's container to exec into, in order of preference
+KERNEL_AGENTS = {"calico": ("calico-node",), "flannel": ("kube-flannel",),
+                 "aws-vpc-cni": ("aws-node",), "azure-cni": ("cns-container",)}
+# the containers whose image tag is the CNI's version
+VERSION_CONTAINERS = ("antrea-agent", "cilium-agent", "calico-node", "kube-flannel", "aws-node",
+                      "cns-container")
+AGENT_NAMESPACES = tuple(dict.fromkeys(ns for _c, nss, _sel in AGENT_SELECTORS
+                                       for ns in nss))
 
 
 def find_agents(kube, warn) -> tuple[str | None, dict[str, Agent]]:
-    """(cni, node -> agent pod): antrea-agent / cilium DaemonSet pods in kube-system, by label.
-    A node with several (a rollout) keeps the Running one."""
+    """(cni, node -> agent pod): the first CNI whose agent DaemonSet pods exist (by label, in
+    the namespaces it is installed in). A node with several (a rollout) keeps the Running
+    one."""
     from collectors.kube import pod_phase, validate_name
-    for cni, sel in AGENT_SELECTORS:
-        pods = kube.list_pods(AGENT_NAMESPACE, sel)
+    for cni, namespaces, sel in AGENT_SELECTORS:
+        pods, namespace = [], namespaces[0]
+        for namespace in namespaces:
+            pods = kube.list_pods(namespace, sel)
+            if pods:
+                break
         if not pods:
             continue
         agents: dict[str, Agent] = {}
@@ -382,9 +425,9 @@ def find_agents(kube, warn) -> tuple[str | None, dict[str, Agent]]:
                 continue
             containers = tuple(c["name"] for c in (p.get("spec") or {}).get("containers") or [])
             image = next((c.get("image", "") for c in (p.get("spec") or {}).get("containers") or []
-                          if c["name"] in ("antrea-agent", "cilium-agent")),
+                          if c["name"] in VERSION_CONTAINERS),
                          ((p.get("spec") or {}).get("containers") or [{}])[0].get("image", ""))
-            agents.setdefault(node, Agent(cni, AGENT_NAMESPACE, p["metadata"]["name"], node,
+            agents.setdefault(node, Agent(cni, namespace, p["metadata"]["name"], node,
                                           containers, image))
         return cni, agents
     return None, {}
@@ -470,7 +513,9 @@ def exec_batch(kube, namespace: str, pod: str, container: str, items: list[str],
                 raise CollectionError(
                     f"forbidden to exec into {where}: {msg or 'pods/exec denied'} (grant "
                     f"`create` on pods/exec for this pod: `traceflow rbac | kubectl apply -f -` "
-                    "grants exactly the current CNI agent pods; see deploy/rbac.yaml)",
+                    "grants exactly the current CNI agent pods, again after each agent "
+                    "rollout; `traceflow rbac --exec-scope namespace` survives rollouts; see "
+                    "deploy/rbac.yaml)",
                     node) from None
             if status:
                 raise CollectionError(f"exec into {where} refused ({status}): "

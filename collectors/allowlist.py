@@ -118,6 +118,13 @@ CILIUM_CONFIG_KEYS = frozenset({
     "enable-bpf-masquerade", "enable-ipv4-masquerade", "masquerade", "bpf-lb-algorithm",
     "enable-endpoint-routes", "ipam", "ipv4-native-routing-cidr", "native-routing-cidr",
     "enable-tcx", "datapath-mode",
+    # load-balancing modes and NodePort behaviour the from-outside walk reads (DSR, Maglev,
+    # the NodePort range, the no-backend answer, egress gateway and ip-masq-agent switches);
+    # the Maglev hash seed picks the backend a flow hashes to, it authenticates nothing
+    "bpf-lb-mode", "bpf-lb-mode-annotation", "bpf-lb-dsr-dispatch", "node-port-mode",
+    "bpf-lb-maglev-hash-seed", "bpf-lb-maglev-table-size", "node-port-range",
+    "service-no-backend-response", "enable-ipv4-egress-gateway", "enable-ip-masq-agent",
+    "ipv4-service-loopback-address",
 })
 
 _SELECTOR = {"matchLabels": True, "matchExpressions": True}
@@ -157,9 +164,17 @@ _ANTREA_POLICY = {"metadata": _META,
                   "spec": {"priority": True, "tier": True, "appliedTo": True,
                            "ingress": [_ANTREA_RULE], "egress": [_ANTREA_RULE]}}
 
+# Egress: what traceflow/cni/antrea/egress.py reads (selectors, the IP, the node holding it)
+_ANTREA_EGRESS = {"metadata": _META,
+                  "spec": {"appliedTo": {"podSelector": _SELECTOR, "namespaceSelector": _SELECTOR},
+                           "egressIP": True, "egressIPs": True, "externalIPPool": True,
+                           "externalIPPools": True},
+                  "status": {"egressNode": True, "egressIP": True}}
+
 register(CniAllowList(
     "antrea",
-    crds={"ClusterNetworkPolicy": _ANTREA_POLICY, "NetworkPolicy@crd.antrea.io": _ANTREA_POLICY},
+    crds={"ClusterNetworkPolicy": _ANTREA_POLICY, "NetworkPolicy@crd.antrea.io": _ANTREA_POLICY,
+          "Egress@crd.antrea.io": _ANTREA_EGRESS},
 ))
 
 

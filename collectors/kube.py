@@ -103,6 +103,9 @@ CRD_RESOURCES = (
      "ClusterNetworkPolicy", "clusternetworkpolicies"),
     ("antreanetworkpolicies.yaml", ("crd.antrea.io/v1beta1", "crd.antrea.io/v1alpha1"),
      "NetworkPolicy", "networkpolicies"),
+    # Antrea Egress: which Pods leave with which SNAT IP, and the node holding it
+    ("egresses.yaml", ("crd.antrea.io/v1beta1", "crd.antrea.io/v1alpha2"), "Egress",
+     "egresses"),
     ("ciliumnetworkpolicies.yaml", ("cilium.io/v2",), "CiliumNetworkPolicy",
      "ciliumnetworkpolicies"),
     ("ciliumclusterwidenetworkpolicies.yaml", ("cilium.io/v2",),

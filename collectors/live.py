@@ -225,6 +225,8 @@ SUBSTITUTES = {"iptables-save.txt": "iptables-nat-list.txt"}
 def _node_items(cni: str | None) -> list[A.Item]:
     if cni == "cilium":
         return list(A.CILIUM_ITEMS) + list(A.HOST_ITEMS)
+    if cni in A.KERNEL_AGENTS:
+        return list(A.KERNEL_ITEMS)
     return list(A.OVS_ITEMS) + list(A.HOST_ITEMS)
 
 
@@ -587,8 +589,9 @@ def _collect_into(opts, kube, ssh_cfg, deadline, started, display, spool: Path) 
         except CollectionError as err:
             api_failed("pods.yaml", "agent pods (kube-system)", err)
     if cni is None and fatal is None:
-        warn("traceflow: warning: no antrea-agent (component=antrea-agent) or cilium "
-             "(k8s-app=cilium) pods in kube-system: node state can only come over SSH")
+        known = "; ".join(f"{sel} in {'/'.join(nss)}" for _c, nss, sel in A.AGENT_SELECTORS)
+        warn(f"traceflow: warning: no CNI agent pods ({known}): node state can only come "
+             "over SSH")
     dropped: dict[str, list[str]] = {}
     if cni == "cilium" and fatal is None:
         cilium_config = _cilium_config(kube, warn, api_errors, not_installed, dropped)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import yaml
 
-from collectors.agents import AGENT_NAMESPACE
+from collectors.agents import AGENT_NAMESPACE, AGENT_NAMESPACES, AGENT_SELECTORS
 from collectors.kube import validate_name
 
 # the agent pods exec is granted on, as a message names them when none is found
-AGENT_PODS = f"antrea-agent or cilium in {AGENT_NAMESPACE}"
+AGENT_PODS = "; ".join(f"{sel} in {'/'.join(nss)}" for _c, nss, sel in AGENT_SELECTORS)
 
 # (apiGroups, resources, verbs, why): every permission and what it is for.
 READER_RULES = (
@@ -35,8 +35,8 @@ READER_RULES = (
     (["networking.k8s.io"], ["networkpolicies"], ["get", "list"],
      "naming the NetworkPolicy behind a drop"),
     (["apps"], ["deployments"], ["get"], "`deploy/NAME` as the source: its selector"),
-    (["crd.antrea.io"], ["clusternetworkpolicies", "networkpolicies"], ["get", "list"],
-     "Antrea-native policies, when installed"),
+    (["crd.antrea.io"], ["clusternetworkpolicies", "networkpolicies", "egresses"],
+     ["get", "list"], "Antrea-native policies and Egresses, when installed"),
     (["cilium.io"], ["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"],
      ["get", "list"], "Cilium policies, when installed"),
 )
@@ -60,24 +60,42 @@ def reader_documents(subject: dict) -> list[dict]:
     ]
 
 
-def exec_documents(cni: str, pods: list[str], subject: dict) -> list[dict]:
-    """The Role granting exec on exactly these agent pods (and cilium-config for Cilium)."""
-    rules = [{"apiGroups": [""], "resources": ["pods/exec"],
-              # create: websocket exec since Kubernetes 1.30; get: what it was before
-              "verbs": ["create", "get"], "resourceNames": sorted(pods)}]
-    if cni == "cilium":
-        rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
-                      "resourceNames": ["cilium-config"]})
-    return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "traceflow-agent-exec", "namespace": AGENT_NAMESPACE},
-         "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "traceflow-agent-exec", "namespace": AGENT_NAMESPACE},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "traceflow-agent-exec"},
-         "subjects": [subject]},
-    ]
+def exec_documents(cni: str, pods: list[str], subject: dict,
+                   by_name: bool = True) -> list[dict]:
+    """The Roles granting exec on exactly these agent pods (and cilium-config for Cilium), in
+    the agents' namespace: a pod is ``name`` (kube-system) or ``namespace/name`` (Calico's
+    calico-system, Flannel's kube-flannel).
+
+    ``by_name=False``: exec on every pod of the agents' namespaces instead, which survives the
+    agents' rollouts (RBAC has no label selector: ``resourceNames`` is the only narrower
+    grant, and a rollout renames the pods). Exec into a privileged agent pod is root on its
+    node already; the wider grant adds the other pods of that namespace (on kubeadm clusters
+    the control plane's static pods too), which is why it is asked for by name."""
+    by_ns: dict[str, list[str]] = {}
+    for ref in pods:
+        ns, _, name = ref.rpartition("/")
+        by_ns.setdefault(ns or AGENT_NAMESPACE, []).append(name)
+    docs = []
+    for ns, names in sorted(by_ns.items()):
+        rule = {"apiGroups": [""], "resources": ["pods/exec"],
+                # create: websocket exec since Kubernetes 1.30; get: what it was before
+                "verbs": ["create", "get"]}
+        if by_name:
+            rule["resourceNames"] = sorted(names)
+        rules = [rule]
+        if cni == "cilium":
+            rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                          "resourceNames": ["cilium-config"]})
+        docs += [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "traceflow-agent-exec", "namespace": ns},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "traceflow-agent-exec", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "traceflow-agent-exec"},
+             "subjects": [subject]}]
+    return docs
 
 
 def app_exec_documents(pods: list[str], subject: dict) -> list[dict]:
@@ -135,14 +153,15 @@ def agents_from_bundle(bundle) -> tuple[str, list[str]]:
     pods = []
     for facts in nodes.values():
         ref = facts.get("agent_pod") if isinstance(facts, dict) else None
-        if isinstance(ref, str) and ref.startswith(AGENT_NAMESPACE + "/"):
-            name = ref.split("/", 1)[1]
+        ns, _, name = ref.partition("/") if isinstance(ref, str) else ("", "", "")
+        if ns in AGENT_NAMESPACES and name:
             validate_name("pod", name, "manifest.yaml: nodes.*.agent_pod")
-            pods.append(name)
+            pods.append(name if ns == AGENT_NAMESPACE else f"{ns}/{name}")
     return str(m.get("cni") or "unknown"), sorted(set(pods))
 
 
 def agents_from_cluster(kube, warn) -> tuple[str | None, list[str]]:
     from collectors.agents import find_agents
     cni, agents = find_agents(kube, warn)
-    return cni, sorted({a.pod for a in agents.values()})
+    return cni, sorted({a.pod if a.namespace == AGENT_NAMESPACE else f"{a.namespace}/{a.pod}"
+                        for a in agents.values()})

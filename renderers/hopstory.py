@@ -63,13 +63,15 @@ def _story(trace: Trace, h: walk.Numbered, out: _Out) -> None:
     hop_details(out, h, full_packet=True)
     out.line(("why it matched:", "tf.title"))
     if not h.hop.matched:
-        out.line(("  the rule has no match fields beyond what its table/chain implies", None))
+        out.wrapped("  ", escape(no_match_fields(h.hop)))
     for m in h.hop.matched:
         out.wrapped("  ", escape(_why(m, h.before or walk.headers(h.hop.packet) or {}, h)))
-    before, after = pipeline_state(trace, h)
-    out.line(("registers and conntrack (from what earlier hops of this pass set):", "tf.title"))
-    out.wrapped("  before: ", escape(_state_line(before)))
-    out.wrapped("  after:  ", escape(_state_line(after)))
+    if h.hop.component == "ovs":          # registers and ct() are an OpenFlow pipeline's state
+        before, after = pipeline_state(trace, h)
+        out.line(("registers and conntrack (from what earlier hops of this pass set):",
+                  "tf.title"))
+        out.wrapped("  before: ", escape(_state_line(before)))
+        out.wrapped("  after:  ", escape(_state_line(after)))
     for attr in ("registers", "conntrack"):
         val = getattr(h.hop, attr, None)
         if val:
@@ -86,6 +88,31 @@ def _story(trace: Trace, h: walk.Numbered, out: _Out) -> None:
     where = (f"{h.hop.source.file}:{h.hop.source.line}" if h.hop.source is not None
              else "(no bundle line: derived by the trace)")
     out.wrapped("from: ", escape(where), "tf.source")
+
+
+def no_match_fields(hop) -> str:
+    """Why a hop without match fields decided as it did, by the kind of fact it carries."""
+    from traceflow.model.trace import typed_detail
+    detail = typed_detail(hop)
+    where = f" ({hop.source.file}:{hop.source.line})" if hop.source is not None else ""
+    if detail == "bpf-map" and hop.map:
+        if hop.entry:
+            return (f"the program {hop.program or ''} looked the packet up in {hop.map}: this "
+                    f"entry decided{where}: {hop.entry}").replace("program  ", "program ")
+        return (f"the program {hop.program or ''} looked the packet up in {hop.map} and no "
+                "entry matched: what the program does on a miss decided (see did: and the "
+                "notes)").replace("program  ", "program ")
+    if detail in ("bpf-program", "nat"):
+        return (f"no rule or map entry: the program {hop.program or hop.table or ''} decided "
+                "in its own code (see did: and the notes)").replace("program  ", "program ")
+    if detail == "route":
+        return (f"the route{where} is the longest prefix for the destination in the table "
+                "the rules chose (the notes list the rules consulted)")
+    if detail == "neighbour":
+        return f"the neighbour entry{where} for the next hop's address"
+    if detail in ("pod", "host", "tunnel", "underlay", "entry", "exit", "conntrack"):
+        return "no rule: a step of the walk itself (see did: and the notes)"
+    return "the rule has no match fields beyond what its table/chain implies"
 
 
 def pipeline_state(trace: Trace, h: walk.Numbered) -> tuple[dict, dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape as _html
 
 from renderers import walk
-from renderers.diagram import path_graph, path_svg
+from renderers.diagram import legend, path_graph, path_svg
 from renderers.hopstory import why_lines
 from renderers.textfit import escape as _esc
 from renderers.walk import About
@@ -19,19 +19,41 @@ from traceflow.model.trace import Path, Trace, Verdict
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#202124}
-h1{font-size:20px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 6px}
-h3{font-size:14px;margin:14px 0 4px}
+h1{font-size:20px;margin:0 0 8px;overflow-wrap:anywhere}h2{font-size:17px;margin:28px 0 6px}
+h3{font-size:14px;margin:14px 0 4px;overflow-wrap:anywhere}
 code,.mono,td{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 table{border-collapse:collapse;width:100%;margin:4px 0 12px}
-th,td{border-bottom:1px solid #e0e0e0;padding:3px 6px;text-align:left;vertical-align:top}
+th,td{border-bottom:1px solid #e0e0e0;padding:3px 6px;text-align:left;vertical-align:top;
+overflow-wrap:break-word}
+table.hops td:first-child,table.hops td:nth-child(2),table.paths td:first-child,
+table.paths td:nth-child(2){white-space:nowrap}
 th{background:#f1f3f4;font-family:system-ui,sans-serif}
 .delivered{color:#188038;font-weight:bold}.dropped{color:#d93025;font-weight:bold}
 .unknown,.partial{color:#b06000;font-weight:bold}
 tr.stop td{background:#fce8e6}tr.unk td{background:#fef7e0}
 .muted{color:#5f6368}.changed{color:#1a73e8}.warn{color:#b06000}
-details>summary{cursor:pointer}details pre{white-space:pre-wrap;margin:4px 0;word-break:break-all}
+.answer{font-weight:bold}.detail{color:#5f6368;font-size:12px}
+details>summary{cursor:pointer}details pre,pre{white-space:pre-wrap;margin:4px 0;
+overflow-wrap:anywhere}
 .diagram-box{overflow-x:auto;border:1px solid #e0e0e0;border-radius:8px;padding:6px;margin:8px 0}
-dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:8px 0}dt{color:#5f6368}
+svg.diagram,svg.diagram-narrow{display:block;max-width:100%;height:auto}
+svg.diagram-narrow{display:none}
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:2px 12px;margin:8px 0}
+dt{color:#5f6368}dd{margin:0;overflow-wrap:anywhere}
+.legend{font-size:12px;color:#5f6368;margin:10px 0;display:flex;flex-wrap:wrap;gap:4px 14px}
+.legend .item{white-space:nowrap}.legend .swatch{display:inline-block;width:12px;height:12px;
+border:1px solid #9aa0a6;border-radius:3px;margin-right:4px;vertical-align:-2px}
+.legend .stopbox{border:2px solid #d93025;background:#fff}.legend .arrow{color:#1a73e8;
+font-weight:bold;margin-right:4px}.legend .dec{color:#1a73e8;font-weight:bold;margin-right:4px}
+@media (max-width:700px){
+body{margin:10px}
+svg.diagram{display:none}svg.diagram-narrow{display:block}
+table.paths tr,table.hops tr{display:block;border-bottom:1px solid #e0e0e0;padding:4px 0}
+table.paths th,table.hops th{display:none}
+table.paths td,table.hops td{display:block;border:0;padding:1px 4px;white-space:normal;
+overflow-wrap:anywhere}
+table.hops td:first-child::before{content:"hop "}
+}
 """
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -49,8 +71,10 @@ def render_html(trace: Trace, about: About | None = None) -> str:
              f"<title>traceflow: {_t(walk.query_line(trace.query))}</title>",
              f"<style>{CSS}</style></head><body>"]
     parts.append(_summary(trace, about))
+    if trace.paths:
+        parts.append(legend())
     for index, path in enumerate(trace.paths, 1):
-        parts.append(_path(trace, path, index))
+        parts.append(_path(trace, path, index, about))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -83,7 +107,7 @@ def _summary(trace: Trace, about: About | None) -> str:
         stop = walk.stop_hop(path, index)
         where = (f'<a href="#hop-{stop.ref}">{stop.ref}</a> {_t(stop.hop.node)} '
                  f"{_t(walk.location(stop.hop))}") if stop else ""
-        why = _t(walk.stop_reason(path, stop)) if stop else ""
+        why = _why(path, stop, about) if stop else ""
         out.append(f'<tr><td><a href="#path-{index}">{index}</a></td>'
                    f"<td>{_t(path.endpoint or 'none')}</td><td>{walk.percent(path.weight)}</td>"
                    f"<td>{_verdict(path.verdict)}</td><td>{where}</td><td>{why}</td></tr>")
@@ -96,7 +120,17 @@ def _summary(trace: Trace, about: About | None) -> str:
     return "\n".join(out)
 
 
-def _path(trace: Trace, path: Path, index: int) -> str:
+def _why(path: Path, stop, about: About | None) -> str:
+    """The human answer first (the policy and what it allows), then the datapath's detail."""
+    detail = _t(walk.stop_detail(path, stop))
+    answer = _t(walk.answer(path, about))
+    if not answer or answer == detail:
+        return f'<div class="answer">{detail}</div>'
+    return (f'<div class="answer">{answer}</div>'
+            f'<div class="detail">datapath: {detail}</div>')
+
+
+def _path(trace: Trace, path: Path, index: int, about: About | None = None) -> str:
     out = [f'<section class="path" id="path-{index}"><h2>Path {index}/{len(trace.paths)}: '
            f"{_t(path.endpoint or 'none')} ({walk.percent(path.weight)}) "
            f"{_verdict(path.verdict)}</h2>"]
@@ -106,14 +140,16 @@ def _path(trace: Trace, path: Path, index: int) -> str:
     if stop is not None:
         out.append(f'<p class="{Verdict(path.verdict).value}">{Verdict(path.verdict).value.upper()}'
                    f' at hop <a href="#hop-{stop.ref}">{stop.ref}</a> {_t(stop.hop.node)} '
-                   f"{_t(walk.location(stop.hop))}: {_t(walk.stop_reason(path, stop))}</p>")
+                   f"{_t(walk.location(stop.hop))}:</p>{_why(path, stop, about)}")
         if path.drop is not None and path.drop.rule:
             out.append(f'<pre class="mono">{_t(path.drop.rule)}</pre>')
-    out.append(f'<div class="diagram-box">{path_svg(path_graph(path, index))}</div>')
+    graph = path_graph(path, index)
+    out.append(f'<div class="diagram-box">{path_svg(graph, about)}'
+               f'{path_svg(graph, about, narrow=True)}</div>')
     hops = walk.numbered(path, index)
     for li, leg in enumerate(path.legs):
         out.append(f"<h3>{_t(leg.direction)} ({_verdict(leg.verdict)}): "
-                   f"{_t(leg.description)}</h3>")
+                   f"{_t(walk.leg_heading(path, index, li))}</h3>")
         if not leg.hops:
             out.append('<p class="muted">(no hops)</p>')
             continue

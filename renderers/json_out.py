@@ -113,6 +113,10 @@ def hop_to_dict(hop: Hop) -> dict:
     })
     if hop.detail is not None:       # set on every hop a walk makes (traceflow.trace.typed_detail)
         out["detail"] = hop.detail
+    if hop.device is not None:       # the device the packet is on (v1.3)
+        out["device"] = hop.device
+    if hop.varies:                   # headers set to a value picked at run time (v1.3)
+        out["varies"] = list(hop.varies)
     if hop.program is not None or hop.map is not None or hop.entry is not None:
         out.update({"program": hop.program, "map": hop.map, "entry": hop.entry})
     return out

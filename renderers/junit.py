@@ -22,7 +22,18 @@ def _clean(text: str) -> str:
     return _BAD_XML.sub("?", text)
 
 
-def render_junit(report, now: datetime.datetime | None = None) -> str:
+def _answers(r, about) -> list[str]:
+    """The human answer of each failing path (the NetworkPolicy and what it allows ...)."""
+    from renderers import walk
+    out = []
+    for path in getattr(r, "failing", None) or []:
+        answer = walk.answer(path, about) if path is not None else ""
+        if answer and answer not in out:
+            out.append(answer)
+    return out
+
+
+def render_junit(report, now: datetime.datetime | None = None, about=None) -> str:
     now = now or datetime.datetime.now(datetime.timezone.utc)
     failed = len(report.failed)
     suite = ET.Element("testsuite", {
@@ -46,12 +57,16 @@ def render_junit(report, now: datetime.datetime | None = None) -> str:
             "time": f"{r.seconds:.3f}",
         })
         if not r.passed:
-            failure = ET.SubElement(case, "failure", {"message": _clean(r.message),
+            answers = _answers(r, about)
+            # the answer first (what a person acts on), then the datapath's detail
+            message = "; ".join([*answers, r.message]) if answers else r.message
+            failure = ET.SubElement(case, "failure", {"message": _clean(message),
                                                       "type": f"expected {r.expectation.expect}"})
             failure.text = _clean("\n".join([
                 f"expectation: {r.expectation.name} ({report.suite.file}:{r.expectation.line})",
                 f"source: {r.source}", f"destination: {r.destination}",
-                f"observed: {r.observed}", *(f"  {d}" for d in r.details)]) + "\n")
+                f"observed: {r.observed}", *(f"why: {a}" for a in answers),
+                *(f"  {d}" for d in r.details)]) + "\n")
     out = ET.SubElement(suite, "system-out")
     out.text = _clean(f"{len(report.results) - failed}/{len(report.results)} expectations hold "
                       f"on {report.bundle}\n")

@@ -7,14 +7,12 @@ Text goes through Rich (colour on a terminal, plain when piped); JSON documents 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 from renderers.json_out import trace_to_dict
 
-
-def escape(text: str) -> str:
-    """Rich's markup escape, Rich loaded for text only (-o json does not load it)."""
-    from rich.markup import escape as rich_escape
-    return rich_escape(text)
+# Rich (and the renderers that use it) are imported by the text views only: -o json does
+# not load it.
 
 
 # ---- check ---------------------------------------------------------------------------------
@@ -49,25 +47,65 @@ def _dispositions(trace) -> list:
             for p in trace.paths]
 
 
-def render_check_text(report, console: Console) -> None:
+def _themed(render):
+    """Run ``render`` with the ``tf.*`` styles the console lacks (any console will do)."""
+    def run(report, console: Console, *args, **kwargs):
+        from renderers.theme import missing_styles
+        theme = missing_styles(console)
+        with console.use_theme(theme) if theme else nullcontext():
+            return render(report, console, *args, **kwargs)
+    run.__doc__, run.__name__ = render.__doc__, render.__name__
+    return run
+
+
+def _out(console: Console):
+    from renderers.text import _Out
+    return _Out(console)
+
+
+def _e(text) -> str:
+    from renderers.textfit import escape as escape_text
+    return escape_text("" if text is None else str(text))
+
+
+@_themed
+def render_check_text(report, console: Console, about=None) -> None:
+    """A summary line, then one entry per result: ``ok``/``FAIL``, the expectation, who to
+    whom and what was seen; a failure adds the suite's file:line and, for each failing path,
+    the human answer (the policy and what it allows) then the datapath's detail. Every line
+    is fitted to the terminal: long ones wrap under their label, never mid-word."""
+    from renderers import walk
+    out = _out(console)
     n, bad = len(report.results), len(report.failed)
-    style = "bold red" if bad else "bold green"
-    console.print(f"[{style}]{'FAIL' if bad else 'PASS'}[/]: {n - bad}/{n} hold — suite "
-                  f"{escape(report.suite.title)} on {escape(report.bundle)} "
-                  f"({report.traced} distinct traces, {report.seconds:.2f} s)")
+    out.parts_wrapped([("FAIL" if bad else "PASS", "tf.dropped" if bad else "tf.delivered"),
+                       (f": {n - bad} of {n} hold — suite {_e(report.suite.title)} on "
+                        f"{_e(report.bundle)} ({report.traced} distinct traces, "
+                        f"{report.seconds:.2f} s)", None)], 6)
     scopes = {r.scope for r in report.results}
     if "service-translation" in scopes:
-        console.print("[yellow]note[/]: host-only bundle: verdicts cover the Service "
-                      "translation on the client's node, not the pod-to-pod forwarding")
+        out.wrapped("note: ", "host-only bundle (no CNI datapath files): verdicts cover the "
+                    "Service translation on the client's node, not the pod-to-pod forwarding",
+                    head_style="tf.warning")
     for r in report.results:
-        mark = "[green]ok  [/]" if r.passed else "[red]FAIL[/]"
-        console.print(f"{mark} {escape(r.expectation.name)} [dim]\\[{escape(r.source)} -> "
-                      f"{escape(r.destination)}][/] expect {r.expectation.expect}: "
-                      f"{escape(r.observed)}")
-        if not r.passed:
-            console.print(f"     [dim]{escape(report.suite.file)}:{r.expectation.line}[/]")
-            for d in r.details:
-                console.print(f"     - {escape(d)}")
+        mark = ("ok   ", "tf.delivered") if r.passed else ("FAIL ", "tf.dropped")
+        out.parts_wrapped([mark, (_e(r.expectation.name), "tf.title"),
+                           (f"  {_e(r.source)} -> {_e(r.destination)}", "tf.muted"),
+                           (f"  expect {r.expectation.expect}: {_e(r.observed)}", None)], 7)
+        if r.passed:
+            continue
+        out.wrapped("       at: ", f"{_e(report.suite.file)}:{r.expectation.line}",
+                    "tf.source")
+        failing = list(getattr(r, "failing", None) or [])
+        failing += [None] * (len(r.details) - len(failing))
+        for path, detail in zip(failing, r.details):
+            if path is None:
+                out.wrapped("       - ", _e(detail))
+                continue
+            answer = _e(walk.answer(path, about))
+            via = f"via {_e(path.endpoint)}: " if path.endpoint else ""
+            out.wrapped("       - ", f"{via}{answer or _e(detail)}", "tf.answer")
+            if answer:
+                out.wrapped("         datapath: ", _e(detail))
 
 
 # ---- audit -----------------------------------------------------------------------------------
@@ -75,44 +113,75 @@ def audit_to_dict(report) -> dict:
     return report.to_dict()
 
 
-def render_audit_text(report, console: Console) -> None:
+@_themed
+def render_audit_text(report, console: Console, about=None) -> None:
+    """The counts first (and how many questions each trace answered), then drift findings
+    with their evidence, then the pairs that were not delivered grouped by how they ended: the
+    human answer (the policy and what it allows), the datapath's reason, a few pairs (they
+    stream past: ``report.groups`` keeps a count and the first ones of each group). Fitted to
+    the terminal, wrapped under each label."""
+    from renderers import walk
+    out = _out(console)
     d = report.head()           # the pairs stay in their spool: grouped below, not listed
     s = d["summary"]
     bad = s["pairs_not_delivered"] + s["findings"]
-    style = "bold yellow" if bad else "bold green"
-    console.print(f"[{style}]audit[/] {escape(d['bundle'])}: {s['service_ports']} service ports x "
-                  f"{s['client_groups']} client groups = {s['pairs']} pairs "
-                  f"({s['distinct_traces']} traces, {s['seconds']:.2f} s)")
+    out.parts_wrapped([("audit", "tf.unknown" if bad else "tf.delivered"),
+                       (f" {_e(d['bundle'])}: {s['pairs']} pairs ({s['service_ports']} service "
+                        f"ports x {s['client_groups']} client groups), "
+                        f"{s['distinct_traces']} traces, {s['seconds']:.2f} s", None)], 2)
+    if not s["service_ports"]:
+        out.wrapped("  note: ", "the bundle has no Service with a cluster IP "
+                    "(k8s/services.yaml): there are no pairs to audit; trace one connection "
+                    "with `traceflow trace SOURCE DESTINATION --bundle ...`",
+                    head_style="tf.warning")
     if s.get("pod_questions"):
-        console.print(f"  {s['pod_questions']} pod questions answered by {s['distinct_traces']} "
-                      f"traces: each stands for {s['questions_per_trace']} on average"
-                      + (f", up to {s['most_shared'][0]['stands_for']}" if s["most_shared"] else ""))
-    console.print(f"  delivered {s['pairs_delivered']}, not delivered {s['pairs_not_delivered']} "
-                  f"(dropped {s['by_verdict'].get('dropped', 0)}, partial "
-                  f"{s['by_verdict'].get('partial', 0)}, unknown {s['by_verdict'].get('unknown', 0)})")
-    console.print(f"  drift findings: {s['findings']}"
-                  + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())) + ")"
-                     if s["by_kind"] else ""))
+        out.wrapped("  ", f"{s['pod_questions']} pod questions answered by "
+                    f"{s['distinct_traces']} traces: each stands for "
+                    f"{s['questions_per_trace']} on average"
+                    + (f", up to {s['most_shared'][0]['stands_for']}" if s["most_shared"]
+                       else ""))
+    by = s["by_verdict"]
+    out.wrapped("  ", f"delivered {s['pairs_delivered']}, not delivered "
+                f"{s['pairs_not_delivered']} (dropped {by.get('dropped', 0)}, partial "
+                f"{by.get('partial', 0)}, unknown {by.get('unknown', 0)})")
+    out.wrapped("  ", f"drift findings: {s['findings']}"
+                + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())) + ")"
+                   if s["by_kind"] else ""))
     for note in d["notes"]:
-        console.print(f"  [dim]note: {escape(note)}[/]")
+        out.wrapped("  note: ", _e(note))
     if d["findings"]:
-        console.print("\n[bold]Drift[/]")
+        out.blank()
+        out.line(("Drift", "tf.title"))
         for f in d["findings"]:
-            console.print(f"[yellow]{escape(f['kind'])}[/] {escape(f['subject'])}: "
-                          f"{escape(f['message'])}")
+            out.parts_wrapped([(_e(f["kind"]), "tf.warning"),
+                               (f" {_e(f['subject'])}: {_e(f['message'])}", None)], 4)
             for e in f.get("evidence", []):
-                console.print(f"    {escape(e)}")
+                out.wrapped("    ", _e(e), "tf.source")
     groups = report.groups      # (disposition, reason) -> [count, first pairs]
-    if groups:
-        console.print("\n[bold]Pairs not delivered[/] (grouped by disposition and reason)")
-        for (disposition, reason), (count, pairs) in sorted(groups.items(),
-                                                            key=lambda kv: -kv[1][0]):
-            label = f"{disposition}: " if disposition else ""
-            console.print(f"[red]{count}[/] x {escape(label + reason)}")
-            for p in pairs:
-                console.print(f"    {escape(p.client)} -> {escape(p.service)} [{p.verdict}]")
-            if count > len(pairs):
-                console.print(f"    ... and {count - len(pairs)} more (-o json lists all)")
+    if not groups:
+        return
+    out.blank()
+    out.line(("Pairs not delivered", "tf.title"),
+             (" (grouped by how they ended)", "tf.muted"))
+    words = about.policies if about is not None else None
+    for (disposition, reason), (count, pairs) in sorted(groups.items(),
+                                                        key=lambda kv: -kv[1][0]):
+        first = pairs[0]
+        if disposition == "dropped-policy" and first.policies:
+            answer = walk.policy_answer(first.policies, words)
+        else:
+            answer = walk.DISPOSITION_ANSWERS.get(disposition, "")
+        label = f"{disposition}: " if disposition else ""
+        out.parts_wrapped([(f"{count} x ", "tf.dropped"),
+                           (_e(label + (answer or reason)), "tf.answer")], 4)
+        if answer:
+            out.wrapped("    datapath: ", _e(reason))
+        for p in pairs:
+            out.parts_wrapped([(f"    {_e(p.client)} -> {_e(p.service)} [{p.verdict}]",
+                                "tf.muted")], 8)
+        if count > len(pairs):
+            out.wrapped("    ", f"... and {count - len(pairs)} more (-o json lists all)",
+                        "tf.muted")
 
 
 # ---- diff ------------------------------------------------------------------------------------
@@ -120,71 +189,86 @@ GROUPS_SHOWN = 12           # groups of changed questions listed (then "N more")
 RAW_SHOWN = 12              # raw-change groups listed
 
 
+@_themed
 def render_diff_text(report, console: Console, paths: bool = False) -> None:
-    """The summary, the changed questions grouped (traceflow.questions.diff: by how they
-    changed and where the walks first diverge), the raw changes counted per node and
-    component; ``paths``: every changed question and raw change as well."""
+    """The counts, the changed questions grouped (traceflow.questions.diff: by how they
+    changed and where the walks first diverge, the rule on each side with file:line), the raw
+    changes counted per node and component, used ones first; ``paths``: every changed
+    question (with the diff of the two walks) and raw change as well. Fitted to the
+    terminal."""
+    out = _out(console)
     d = report.to_dict()
     s = d["summary"]
-    console.print(f"[bold]diff[/] {escape(d['before'])} -> {escape(d['after'])}: "
-                  f"{s['questions']} questions, {s['changed']} changed "
-                  f"({s['verdict_changed']} verdict, "
-                  + (f"{s['disposition_changed']} disposition, "
-                     if s.get("disposition_changed") else "")
-                  + f"{s['path_changed']} path only); "
-                  f"{s['raw_changes']} raw changes ({s['raw_used']} on a traced path)")
+    out.parts_wrapped([("diff", "tf.title"),
+                       (f" {_e(d['before'])} -> {_e(d['after'])}: {s['questions']} questions, "
+                        f"{s['changed']} changed ({s['verdict_changed']} verdict, "
+                        + (f"{s['disposition_changed']} disposition, "
+                           if s.get("disposition_changed") else "")
+                        + f"{s['path_changed']} path only); {s['raw_changes']} raw changes "
+                        f"({s['raw_used']} on a traced path)", None)], 2)
     groups = d["groups"]
     for g in groups[:GROUPS_SHOWN]:
-        colour = "red" if g["kind"] == "verdict" else "yellow"
-        nodes = f" on {', '.join(g['nodes'][:4])}" + (" ..." if len(g["nodes"]) > 4 else "") \
-            if g["nodes"] else ""
-        console.print(f"\n[{colour}]{g['count']}[/] x {escape(g['cause'])}{escape(nodes)}")
+        nodes = (f" on {', '.join(g['nodes'][:4])}" + (" ..." if len(g["nodes"]) > 4 else "")
+                 if g["nodes"] else "")
+        out.blank()
+        out.parts_wrapped([(f"{g['count']} x ", "tf.dropped" if g["kind"] == "verdict"
+                            else "tf.warning"),
+                           (_e(g["cause"] + nodes), None)], 4)
         dv = g.get("divergence")
         if dv:
             for side in ("before", "after"):
                 h = dv[side]
-                console.print(f"  {side:6} {escape(h['at'] or '-')}: "
-                              f"{escape(h['rule'] or h['effect'] or '-')}")
+                out.wrapped(f"  {side:6} ", f"{_e(h['at'] or '-')}: "
+                            f"{_e(h['rule'] or h['effect'] or '-')}")
         if g["kind"] != "path" or paths:
             for q in g["examples"]:
-                console.print(f"    {escape(q)}")
+                out.wrapped("    ", _e(q), "tf.muted")
             if g["more"] and not paths:
-                console.print(f"    ... and {g['more']} more (--paths lists them)")
+                out.wrapped("    ", f"... and {g['more']} more (--paths lists them)", "tf.muted")
     if len(groups) > GROUPS_SHOWN:
         rest = sum(g["count"] for g in groups[GROUPS_SHOWN:])
-        console.print(f"\n... {len(groups) - GROUPS_SHOWN} more groups ({rest} questions; "
-                      "--paths or -o json lists them)")
+        out.blank()
+        out.wrapped("", f"... {len(groups) - GROUPS_SHOWN} more groups ({rest} questions; "
+                    "--paths or -o json lists them)", "tf.muted")
     if d["raw_groups"]:
-        console.print("\n[bold]Raw changes[/] (used by a traced path first)")
+        out.blank()
+        out.line(("Raw changes", "tf.title"), (" (used by a traced path first)", "tf.muted"))
         for r in d["raw_groups"][:RAW_SHOWN]:
-            used = "[red]used[/]" if r["used"] else "[dim]unused[/]"
-            console.print(f"{used} {escape(r['node'])} {escape(r['component'])}: "
-                          f"+{r['added']} -{r['removed']}")
+            out.parts_wrapped([("used" if r["used"] else "unused",
+                                "tf.dropped" if r["used"] else "tf.muted"),
+                               (f" {_e(r['node'])} {_e(r['component'])}: +{r['added']} "
+                                f"-{r['removed']}", None)], 4)
         if len(d["raw_groups"]) > RAW_SHOWN:
-            console.print(f"... {len(d['raw_groups']) - RAW_SHOWN} more (--paths lists them)")
+            out.wrapped("", f"... {len(d['raw_groups']) - RAW_SHOWN} more (--paths lists "
+                        "them)", "tf.muted")
     if not paths:
         return
     for c in d["changed"]:
-        console.print(f"\n[yellow]{escape(c['question'])}[/]: {c['before_verdict']} -> "
-                      f"{c['after_verdict']}")
+        out.blank()
+        out.parts_wrapped([(_e(c["question"]), "tf.warning"),
+                           (f": {c['before_verdict']} -> {c['after_verdict']}", None)], 2)
         dv = c.get("divergence")
         if dv:
-            console.print(f"  first divergence: {escape(dv['where'])}")
+            out.wrapped("  first divergence: ", _e(dv["where"]))
             for side in ("before", "after"):
                 h = dv[side]
-                console.print(f"  {side:6} {escape(h['at'] or '-')}: {escape(h['rule'] or h['effect'] or '-')}")
+                out.wrapped(f"  {side:6} ", f"{_e(h['at'] or '-')}: "
+                            f"{_e(h['rule'] or h['effect'] or '-')}")
             for side, chosen in (dv.get("choices") or {}).items():
-                console.print(f"  {side:6} branch: {escape('; '.join(chosen) or '-')}")
+                out.wrapped(f"  {side:6} branch: ", _e("; ".join(chosen) or "-"))
             for line in dv.get("diff", []):
-                colour = "red" if line.startswith("-") else "green" if line.startswith("+") else "dim"
-                console.print(f"    [{colour}]{escape(line)}[/]")
+                style = ("tf.dropped" if line.startswith("-") else
+                         "tf.delivered" if line.startswith("+") else "tf.muted")
+                out.wrapped("    ", _e(line), style)
         for note in c.get("paths", []):
-            console.print(f"  - {escape(note)}")
+            out.wrapped("  - ", _e(note))
     if d["raw"]:
-        console.print("\n[bold]Raw changes[/]")
+        out.blank()
+        out.line(("Raw changes", "tf.title"))
         for r in d["raw"]:
-            used = "[red]used[/]" if r["used"] else "[dim]unused[/]"
-            console.print(f"{used} {r['change']} {escape(r['where'])}: {escape(r['text'])}")
+            out.parts_wrapped([("used" if r["used"] else "unused",
+                                "tf.dropped" if r["used"] else "tf.muted"),
+                               (f" {r['change']} {_e(r['where'])}: {_e(r['text'])}", None)], 4)
 
 
 def dumps(doc: dict) -> str:

@@ -43,12 +43,52 @@ def make_console(file=None, force_terminal: bool | None = None,
                    highlight=False)
 
 
-def render_table(trace: Trace, console: Console, ascii_only: bool = False) -> None:
+# a token longer than this folds at any width (a long OVS match list): not counted as needed
+_LONGEST_KEPT = 48
+# borders and padding of the six columns: 7 rules + 2 spaces of padding per column
+_BORDERS = 7 + 6 * 2
+
+
+def _longest_token(texts) -> int:
+    return max((min(len(w), _LONGEST_KEPT) for t in texts for w in str(t).split()), default=1)
+
+
+def column_minimums(trace: Trace) -> dict[str, int]:
+    """The width each column needs so that no header, address or word of it is broken."""
+    hops = [h for p in trace.paths for leg in p.legs for h in leg.hops]
+    packets = [line for h in hops for first in (True, False)
+               for line in packet_cell(h, first).plain.splitlines()]
+    return {
+        "#": max(2, len(str(max((len(leg.hops) for p in trace.paths for leg in p.legs),
+                                default=1)))),
+        "node": min(14, max([len("node")] + [len(h.node) for h in hops])),
+        "component / table": min(29, max([len("component")] +
+                                         [len(component_label(h).plain) for h in hops])),
+        "matched rule": max(len("matched rule"), _longest_token(
+            [h.rule or "" for h in hops] + [f"{h.source.file}:{h.source.line}" for h in hops
+                                            if h.source is not None])),
+        "what it did": max(len("what it did"), _longest_token(
+            [h.effect for h in hops] + [n for h in hops for n in h.notes])),
+        "packet after": max([len("packet after")] + [len(x) for x in packets]),
+    }
+
+
+def wide_width(trace: Trace) -> int:
+    """The narrowest terminal the full table fits without breaking a header, an address or a
+    word (``--wide`` below it falls back to ``-v``)."""
+    trace = escaped(trace)
+    return sum(column_minimums(trace).values()) + _BORDERS
+
+
+def render_table(trace: Trace, console: Console, ascii_only: bool = False,
+                 keep_words: bool = False) -> None:
     """Print ``trace`` on ``console``: header, per path its legs and verdict, then a summary.
 
-    ``ascii_only`` draws the borders with ``+-|`` (for a pipe or a CI log). Control characters
-    in the trace's text are shown escaped."""
+    ``ascii_only`` draws the borders with ``+-|`` (for a pipe or a CI log). ``keep_words``
+    gives each column at least the width its longest word needs (the console must be
+    ``wide_width`` wide). Control characters in the trace's text are shown escaped."""
     trace = escaped(trace)
+    minimums = column_minimums(trace) if keep_words else None
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         console.print(_header(trace))
@@ -62,7 +102,7 @@ def render_table(trace: Trace, console: Console, ascii_only: bool = False) -> No
                 console.print(Text(f"  via {choice}", style="tf.choice"))
             for leg in path.legs:
                 console.print()
-                _print_leg(console, leg, box.ASCII if ascii_only else box.SQUARE)
+                _print_leg(console, leg, box.ASCII if ascii_only else box.SQUARE, minimums)
             console.print(_verdict_panel(path, box.ASCII if ascii_only else box.ROUNDED))
         console.print()
         console.print(_summary(trace))
@@ -124,7 +164,8 @@ def _summary(trace: Trace) -> Text:
 
 # --- legs -----------------------------------------------------------------------------------
 
-def _print_leg(console: Console, leg: Leg, borders: box.Box = box.SQUARE) -> None:
+def _print_leg(console: Console, leg: Leg, borders: box.Box = box.SQUARE,
+               minimums: dict | None = None) -> None:
     title = Text(leg.direction, style="tf.title")
     if leg.description:
         title.append(f": {leg.description}")
@@ -144,6 +185,10 @@ def _print_leg(console: Console, leg: Leg, borders: box.Box = box.SQUARE) -> Non
     table.add_column("matched rule", overflow="fold", ratio=5)
     table.add_column("what it did", overflow="fold", ratio=5)
     table.add_column("packet after", overflow="fold", ratio=3)
+    for column in table.columns if minimums else ():
+        column.min_width = minimums.get(str(column.header))
+        if column.max_width is not None and column.min_width:
+            column.max_width = max(column.max_width, column.min_width)
     for number, hop in enumerate(leg.hops, 1):
         table.add_row(Text(str(number)), Text(hop.node), component_label(hop), rule_cell(hop),
                       effect_cell(hop), packet_cell(hop, first=number == 1),

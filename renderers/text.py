@@ -56,6 +56,29 @@ class _Out:
             text.append(chunk, style=style)
             self.console.print(text, soft_wrap=True)
 
+    def parts_wrapped(self, parts, indent: int) -> None:
+        """One line of ``(text, style)`` parts; what does not fit continues on lines indented
+        by ``indent``, broken between words (styles kept), never cut."""
+        text = Text()
+        for part, style in parts:
+            text.append(part, style=style)
+        plain = text.plain
+        if cell_len(plain) <= self.width:
+            self.console.print(text, soft_wrap=True)
+            return
+        # each wrapped line is a prefix of what is left (wrap breaks between words, or inside
+        # a word too long for a line): its offsets carry the parts' styles over
+        pos = len(plain) - len(plain.lstrip(" "))
+        width, pad = self.width - pos, plain[:pos]
+        while pos < len(plain):
+            chunk = wrap(plain[pos:], width)[0] or plain[pos:pos + max(1, width)]
+            piece = Text(pad)
+            piece.append_text(text[pos:pos + len(chunk)])
+            self.console.print(piece, soft_wrap=True)
+            pos += len(chunk)
+            pos += len(plain[pos:]) - len(plain[pos:].lstrip(" "))
+            width, pad = self.width - indent, " " * indent
+
     def blank(self) -> None:
         self.console.print()
 
@@ -66,14 +89,49 @@ def render_text(trace: Trace, console: Console, about: About | None = None,
     theme = missing_styles(console)
     with console.use_theme(theme) if theme else nullcontext():
         out = _Out(console)
+        if not verbose and (trace.query or {}).get("kind") == "route-get" \
+                and _route_answer(trace, out, about):
+            return
         render_summary(trace, out, about, hint=not verbose, full=verbose)
         for index, path in enumerate(trace.paths, 1):
             out.blank()
             _path_heading(out, trace, path, index, verbose)
             if verbose:
-                _verbose_path(out, path, index)
+                _verbose_path(out, path, index, about)
             else:
                 _compact_path(out, trace, path, index)
+
+
+def note(console: Console, text: str) -> None:
+    """A ``note:`` line ahead of the output (e.g. the view asked for is not the one shown)."""
+    theme = missing_styles(console)
+    with console.use_theme(theme) if theme else nullcontext():
+        _Out(console).wrapped("note: ", text, head_style="tf.warning")
+
+
+def _route_answer(trace: Trace, out: _Out, about: About | None) -> bool:
+    """``route-get``: the answer in one line first, as ``ip route get`` gives it, then where it
+    comes from; the rules consulted and the rest with ``-v``. False when it is no one-route
+    answer (the full view then)."""
+    if len(trace.paths) != 1 or len(trace.paths[0].legs) != 1 \
+            or len(trace.paths[0].legs[0].hops) != 1:
+        return False
+    path = trace.paths[0]
+    hop = path.legs[0].hops[0]
+    v = Verdict(path.verdict)
+    parts = [(escape(hop.effect), "tf.answer" if v is Verdict.DELIVERED else VERDICT_STYLES[v])]
+    if v is not Verdict.DELIVERED:
+        parts.insert(0, (f"{v.value.upper()}: ", VERDICT_STYLES[v]))
+    out.parts_wrapped(parts, 2)
+    where = [f"on {escape(hop.node)}"]
+    if hop.source is not None:
+        where.append(f"the route at {escape(hop.source.file)}:{hop.source.line}")
+    if about is not None and about.path:
+        where.append(f"bundle {escape(about.path)}")
+    out.wrapped("  ", ", ".join(where), "tf.muted", head_style=None)
+    out.wrapped("  more: ", "-v the rules consulted in order and the bundle; -o json",
+                "tf.muted")
+    return True
 
 
 # --- summary --------------------------------------------------------------------------------
@@ -84,6 +142,8 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
     q = trace.query or {}
     kind = f"{escape(q['kind'])}: " if q.get("kind") else ""
     out.wrapped(f"trace {kind}", escape(walk.query_line(q)), "tf.header", head_style="tf.header")
+    for head, text in walk.capture_lines(q):         # a trace from a captured packet
+        out.wrapped(head, escape(text))
     if about is not None:
         if about.path:
             out.wrapped("bundle: ", escape(about.path))
@@ -107,12 +167,18 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
     n = len(trace.paths)
     delivered = [p for p in trace.paths if Verdict(p.verdict) is Verdict.DELIVERED]
     share = sum(float(p.weight) for p in delivered)
-    out.line(("verdict: ", "tf.title"), (verdict.value.upper(), VERDICT_STYLES[verdict]),
-             (f"  {len(delivered)} of {n} path{'' if n == 1 else 's'} delivered "
-              f"({walk.percent(share)} of new connections)", None))
+    out.parts_wrapped([("verdict: ", "tf.title"), (verdict.value.upper(),
+                                                   VERDICT_STYLES[verdict]),
+                       (f"  {len(delivered)} of {n} path{'' if n == 1 else 's'} delivered "
+                        f"({walk.percent(share)} of new connections)", None)], 9)
     ends = [escape(p.endpoint or "none") for p in trace.paths]
-    ew = min(max((cell_len(e) for e in ends), default=4), max(12, out.width // 3))
     nw = len(str(n))
+    # a name is never cut when the line can hold it beside its weight and outcome word
+    words = max((cell_len(walk.outcome_word(p)) for p in trace.paths), default=7)
+    room = out.width - (2 + nw + 2 + 2 + 5 + 2 + words)
+    ew = min(max((cell_len(e) for e in ends), default=4), max(12, room))
+    indent = nw + 4
+    said: dict = {}
     for index, (path, end) in enumerate(zip(trace.paths, ends), 1):
         v = Verdict(path.verdict)
         stop = walk.stop_hop(path, index)
@@ -125,28 +191,23 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
         if stop is not None:
             parts.append((f" at {stop.ref} {escape(stop.hop.node)} "
                           f"{escape(walk.location(stop.hop))}", None))
-        out.line(*parts)
+        out.parts_wrapped(parts, indent + 2)
         if v is not Verdict.DELIVERED:
-            why = escape(walk.stop_reason(path, stop))
-            if full:
-                out.wrapped(" " * (nw + 4) + "why: ", why)
-            else:
-                out.line((" " * (nw + 4) + "why: ", "tf.muted"), (why, None))
+            _why(out, path, stop, about, indent, said, index)
     split = walk.divergence(trace)
     if split is not None:
         shared, where = split
-        out.line(("  paths share ", "tf.muted"),
-                 (f"hops 1-{shared}" if shared > 1 else "hop 1", None),
-                 (", then diverge at hop ", "tf.muted"),
-                 (f"{shared + 1}: {escape(where.node)} {escape(walk.location(where))}", None))
+        out.parts_wrapped([("  paths share ", "tf.muted"),
+                           (f"hops 1-{shared}" if shared > 1 else "hop 1", None),
+                           (", then diverge at hop ", "tf.muted"),
+                           (f"{shared + 1}: {escape(where.node)} "
+                            f"{escape(walk.location(where))}", None)], 4)
     if trace.warnings:
         out.line((f"warnings ({len(trace.warnings)}):", "tf.warning"))
         for warning in trace.warnings:
-            text = escape(" ".join(str(warning).split()))
-            if full:
-                out.wrapped("  ! ", text, head_style="tf.warning")
-            else:
-                out.line(("  ! ", "tf.warning"), (text, None))
+            # never cut: a warning may be what the answer rests on (what was assumed)
+            out.wrapped("  ! ", escape(" ".join(str(warning).split())),
+                        head_style="tf.warning")
     if hint and trace.paths:
         stops = [walk.stop_hop(p, i) for i, p in enumerate(trace.paths, 1)]
         firsts = walk.numbered(trace.paths[0], 1)[:1]
@@ -154,6 +215,26 @@ def render_summary(trace: Trace, out: _Out, about: About | None, hint: bool = Tr
         hop = f"--hop {example.ref} one hop's full story; " if example else ""
         out.wrapped("more: ", f"-v every rule, file:line and note; {hop}--wide the full "
                               "table; -o html a report with a diagram", "tf.muted")
+
+
+def _why(out: _Out, path: Path, stop, about: About | None, indent: int, said: dict,
+         index: int) -> None:
+    """``why:`` the human answer (the policy and what it allows, or what the disposition
+    means), then ``datapath:`` the detail of the drop, both wrapped, never cut; a path with
+    the same answer and detail as an earlier one says so in one line."""
+    detail = escape(walk.stop_detail(path, stop))
+    why = escape(walk.answer(path, about)) or detail
+    pad = " " * indent
+    earlier = said.get(why)
+    if earlier is not None:
+        more = f"; its detail: --hop {stop.ref}" if stop is not None else ""
+        out.wrapped(pad + "why: ", f"as path {earlier}, "
+                    f"{escape(walk.answer(path, about, short=True)) or why}{more}", "tf.answer")
+        return
+    said[why] = index
+    out.wrapped(pad + "why: ", why, "tf.answer")
+    if detail and detail != why:
+        out.wrapped(pad + "datapath: ", detail)
 
 
 # --- compact --------------------------------------------------------------------------------
@@ -177,9 +258,10 @@ def _compact_path(out: _Out, trace: Trace, path: Path, index: int) -> None:
     stop_ref = stop.ref if stop else None
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
-        out.line(("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
-                 (v.value, VERDICT_STYLES[v]), (")", None),
-                 (f": {escape(leg.description)}" if leg.description else "", "tf.title"))
+        heading = walk.leg_heading(path, index, li)
+        out.parts_wrapped([("-- ", "tf.muted"), (leg.direction, "tf.title"), (" (", None),
+                           (v.value, VERDICT_STYLES[v]), (")", None),
+                           (f": {escape(heading)}" if heading else "", "tf.title")], 3)
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
             continue
@@ -248,12 +330,13 @@ def _path_heading(out: _Out, trace: Trace, path: Path, index: int, verbose: bool
 
 # --- verbose --------------------------------------------------------------------------------
 
-def _verbose_path(out: _Out, path: Path, index: int) -> None:
+def _verbose_path(out: _Out, path: Path, index: int, about: About | None = None) -> None:
     hops = walk.numbered(path, index)
     for li, leg in enumerate(path.legs):
         v = Verdict(leg.verdict)
-        out.wrapped(f"-- {leg.direction} ({v.value})" + (": " if leg.description else ""),
-                    escape(leg.description), "tf.title")
+        heading = walk.leg_heading(path, index, li)
+        out.wrapped(f"-- {leg.direction} ({v.value})" + (": " if heading else ""),
+                    escape(heading), "tf.title")
         if not leg.hops:
             out.line(("   (no hops)", "tf.muted"))
         first = True
@@ -261,7 +344,7 @@ def _verbose_path(out: _Out, path: Path, index: int) -> None:
             if h.leg == li:
                 hop_details(out, h, first)
                 first = False
-    _verdict_lines(out, path, index)
+    _verdict_lines(out, path, index, about)
 
 
 def hop_details(out: _Out, h: Numbered, full_packet: bool) -> None:
@@ -305,7 +388,7 @@ def _matched(m) -> str:
     return str(m)
 
 
-def _verdict_lines(out: _Out, path: Path, index: int) -> None:
+def _verdict_lines(out: _Out, path: Path, index: int, about: About | None = None) -> None:
     v = Verdict(path.verdict)
     style = VERDICT_STYLES[v]
     if v is Verdict.DELIVERED:
@@ -325,6 +408,9 @@ def _verdict_lines(out: _Out, path: Path, index: int) -> None:
         f"{escape(stop.hop.node)} {escape(walk.location(stop.hop))}" if stop else "")
     at = f" (hop {stop.ref})" if stop else ""
     reason = escape(walk.stop_reason(path, stop))
+    why = escape(walk.answer(path, about))
+    if why and why != reason:
+        reason = f"{why}; datapath: {reason}"
     out.wrapped(f"{v.value.upper()} at " if where else f"{v.value.upper()}: ",
                 f"{where}{at}: {reason}" if where else reason, None, head_style=style)
     if drop is not None and drop.rule:

@@ -17,6 +17,7 @@ STYLES: dict[str, str] = {
     "tf.header": "bold",
     "tf.title": "bold",
     "tf.muted": "dim",
+    "tf.answer": "bold",            # the human answer of a path that did not arrive
     "tf.warning": "yellow",
     "tf.delivered": "bold green",
     "tf.dropped": "bold red",

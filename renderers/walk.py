@@ -28,6 +28,9 @@ class About:
     cni_version: str | None = None
     kube_proxy: str | None = None
     kube_proxy_version: str | None = None
+    # "namespace/name" -> what the NetworkPolicy allows, in words (traceflow.questions.
+    # policywords), for the policies a dropped path names: the answer leads with them
+    policies: dict | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict | None, path: str | None = None,
@@ -252,6 +255,8 @@ def query_line(query: dict) -> str:
     if q.get("dst_ip") and str(q.get("dst_ip")) not in str(q.get("destination")):
         text += f" ({q['dst_ip']})"
     proto, port = q.get("protocol"), q.get("dst_port")
+    if port is not None and f"tp_dst={port}" in str(q.get("destination")):
+        port = None                # an ovs-trace flow says it already
     if proto or port is not None:
         text += " " + "/".join(str(x) for x in (proto, port) if x not in (None, ""))
     if q.get("src_port") is not None:
@@ -259,11 +264,38 @@ def query_line(query: dict) -> str:
     if q.get("via"):
         text += f", entering at {q['via']}"
     shown = {"kind", "source", "destination", "protocol", "dst_port", "dst_ip", "src_port",
-             "source_endpoint", "destination_endpoint", "via"}
+             "source_endpoint", "destination_endpoint", "via", "capture"}
     extra = [f"{k}={v}" for k, v in q.items() if k not in shown and v is not None]
     if extra:
         text += "  " + " ".join(extra)
     return text
+
+
+def capture_lines(query: dict) -> list:
+    """(head, text) lines saying what a trace took from a captured packet (query.capture)."""
+    c = (query or {}).get("capture")
+    if not isinstance(c, dict):
+        return []
+
+    def place(at) -> str:
+        if not isinstance(at, dict):
+            return ""
+        if at.get("pod"):
+            return f"{at['pod']} eth0"
+        way = {"in": " (received)", "out": " (sent)"}.get(at.get("direction") or "", "")
+        return f"{at.get('node')} {at.get('device')}{way}"
+    seen = place(c.get("seen_at"))
+    out = [("capture: ", f"{c.get('frame')}" + (f", seen at {seen}" if seen else ""))]
+    if c.get("taken"):
+        out.append(("  taken: ", "; ".join(str(t) for t in c["taken"])))
+    out.append(("  ", str(c.get("why") or "")))
+    start = place(c.get("starts_at"))
+    if start:
+        out.append(("  ", f"the walk starts where it was captured: {start}"))
+    hop = c.get("hop")
+    out.append(("  ", f"the captured packet is hop {hop}" if hop else
+                "the captured packet is not found as such in the trace (see the warnings)"))
+    return out
 
 
 def disposition(path: Path) -> str | None:
@@ -291,6 +323,53 @@ def left_cluster_text(path: Path) -> str:
             f"out of {ex.node} {ex.device}")
 
 
+# the human answer for a path that did not arrive, by its typed disposition; the datapath's
+# detail (the drop's reason) follows it
+DISPOSITION_ANSWERS = {
+    "dropped-policy": "denied by the CNI's network policy",
+    "dropped-rule": "dropped by a flow or filter rule that is no NetworkPolicy",
+    "no-route": "no route to the destination",
+    "no-neighbour": "the next hop's neighbour entry is FAILED or INCOMPLETE",
+    "no-backend": "the Service has no backend to send to",
+    "rejected": "refused with an ICMP error or a TCP reset",
+    "table-miss": "no OVS flow matched",
+    "loop": "the packet goes round in a loop",
+    "unknown": "the trace met something it does not model",
+}
+
+
+def path_disposition(path: Path) -> str | None:
+    """How the path ended (a Disposition value): the path's, else its drop's."""
+    d = disposition(path)
+    if d is None and path.drop is not None and path.drop.disposition is not None:
+        d = str(getattr(path.drop.disposition, "value", path.drop.disposition))
+    return d
+
+
+def policy_answer(names, words: dict | None, short: bool = False) -> str:
+    """``denied by NetworkPolicy shop/web: allows only role=frontend on TCP/8080`` (``short``:
+    the names alone). A policy the bundle has no Kubernetes object for is named as it is."""
+    words = words or {}
+    parts = []
+    for name in names:
+        name = str(name)
+        if name in words:
+            parts.append(f"NetworkPolicy {name}" + ("" if short else f": {words[name]}"))
+        else:
+            parts.append(f"policy {name}")
+    return "denied by " + "; and by ".join(parts)
+
+
+def answer(path: Path, about: "About | None" = None, short: bool = False) -> str:
+    """The human answer for a path that did not arrive: for a policy drop the policies and
+    what they allow, else what its disposition means. From typed data only."""
+    d = path_disposition(path)
+    names = tuple(path.drop.policies or ()) if path.drop is not None else ()
+    if d == "dropped-policy" and names:
+        return policy_answer(names, about.policies if about is not None else None, short)
+    return DISPOSITION_ANSWERS.get(d, "")     # no typed end (a hand-built trace): no answer
+
+
 def stop_reason(path: Path, stop: Numbered | None) -> str:
     """Why a path did not arrive, in a few words."""
     if path.drop is not None and path.drop.reason:
@@ -298,6 +377,34 @@ def stop_reason(path: Path, stop: Numbered | None) -> str:
     if stop is not None:
         return str(stop.hop.effect)
     return "the trace met something it cannot model"
+
+
+def stop_detail(path: Path, stop: Numbered | None) -> str:
+    """The drop's reason with the bundle file:line of the rule it stopped at (when the reason
+    does not say it already)."""
+    reason = stop_reason(path, stop)
+    src = stop.hop.source if stop is not None else None
+    if src is not None and f"{src.file}:{src.line}" not in reason:
+        reason += f" ({src.file}:{src.line})"
+    return reason
+
+
+def leg_heading(path: Path, path_index: int, leg_index: int) -> str:
+    """A leg's description, and where its destination was first translated (a Service's
+    backend chosen: by kube-proxy's DNAT, or before the packet left the pod by a socket-level
+    balancer), so the heading names the address the packet really went to."""
+    leg = path.legs[leg_index]
+    text = leg.description or ""
+    for h in numbered(path, path_index):
+        if h.leg != leg_index:
+            continue
+        change = h.hop.changed.get("nw_dst")
+        if isinstance(change, (tuple, list)) and len(change) == 2 and change[1]:
+            port = h.hop.changed.get("tp_dst")
+            port = port[1] if isinstance(port, (tuple, list)) and len(port) == 2 else (
+                (headers(h.hop.packet) or {}).get("tp_dst"))
+            return f"{text}, to {endpoint(change[1], port)} from hop {h.ref}"
+    return text
 
 
 def leg_title(leg: Leg) -> str:

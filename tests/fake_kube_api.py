@@ -79,7 +79,12 @@ NODE_IMAGE = {
     "ipset": {"list": ("ipset.txt", None)},
     "nft": {"list ruleset": ("nft.txt", None)},
     "ipvsadm": {"-Ln": ("ipvs.txt", None)},
+    "bridge": {"fdb show": ("bridge-fdb.txt", None)},
+    "sysctl": {"-e net.ipv4.ip_forward net.ipv4.conf net.bridge": ("sysctl.txt", None)},
 }
+# the labels of the CNI agent pods whose image is the node's (hostNetwork agents)
+AGENT_LABELS = (("component", "antrea-agent"), ("k8s-app", "cilium"),
+                ("k8s-app", "calico-node"), ("app", "flannel"), ("k8s-app", "aws-node"))
 POD_IMAGE = {
     "ip": {
         "route show": ("ip-route.txt", None),
@@ -344,7 +349,7 @@ class FakeKubeAPI:
         node = pod["spec"].get("nodeName")
         if labels.get("k8s-app") == "cilium" and node in self.custom_images:
             return self._custom_image(node)
-        if labels.get("component") == "antrea-agent" or labels.get("k8s-app") == "cilium":
+        if any(labels.get(k) == v for k, v in AGENT_LABELS):
             return self._image(f"node-{node}", NODE_IMAGE, self.node_files.get(node, {}),
                                self.removed_binaries.get(node, set()))
         files = self.pod_files.get((namespace, pod["metadata"]["name"]), {})
@@ -687,6 +692,9 @@ def cilium_outputs(version: str, cli: str, tcx: bool) -> dict[str, dict[str, byt
         "bpf tunnel list -o json": b"{}\n",
         "bpf ipmasq list": _real("cilium/kwx4957-week3_cilium-dbg-bpf-ipmasq-list.txt"),
         "bpf ipmasq list -o json": b"[]\n",
+        # no egress gateway policy: `No entries found.` goes to stderr, stdout stays empty
+        "bpf egress list": b"",
+        "bpf egress list -o json": b"[]\n",
     }
     if cli == "cilium-dbg":      # statedb tables: 1.17+ (cilium-dbg era)
         c.update({

@@ -11,9 +11,17 @@ global to one vswitchd, hence one instance per node.
 ``PrivateOvs.trace_many`` runs ``ofproto/trace`` over the daemon's unixctl socket (JSON-RPC),
 pipelining requests on one connection: about 0.1 ms a trace, against ~5 ms for a fork of
 ``ovs-appctl``. ``parse_trace`` turns the text into an ``OvsTrace``: table hits per
-recirculation stage, the OpenFlow output actions (controller included), the select-group
-buckets taken, and the flow as each stage starts and ends. ``PrivateOvs.start_node`` loads a
-bundle node as a whole (named tables, meters, groups before flows).
+recirculation stage, the OpenFlow output actions (controller included: also the packet-in of
+an expired TTL, which the trace shows only as ">> IPv4 decrement TTL exception"; and the
+member a ``bundle`` action sends to, which the trace names only in its datapath actions),
+the select-group buckets taken, and the flow as each stage starts and ends.
+``PrivateOvs.start_node`` loads a bundle node as a whole (named tables, meters, groups before
+flows).
+
+Flows with OpenFlow 1.1+ instructions (write_actions, clear_actions, write_metadata,
+goto_table) load with ``-O OpenFlow15``: ``ovs-ofctl add-flows`` in its default OpenFlow 1.0
+silently drops them (checked on OVS 3.1). Flows that only OpenFlow 1.0 can carry then load
+one by one in it.
 
 Start-up is ~0.05 s; ``close()`` (or leaving the ``with`` block) always stops both daemons,
 by the pids in the instance's own pidfiles, and removes the directory.
@@ -129,6 +137,8 @@ class PrivateOvs:
         self.ctl = workdir / "vswitchd.ctl"
         self._sock: socket.socket | None = None
         self._next_id = 0
+        self._odp: dict | None = None
+        self._unsettled = True          # an ovs-ofctl command ran since the last trace
 
     # ---- life cycle ------------------------------------------------------------------
     @classmethod
@@ -159,14 +169,61 @@ class PrivateOvs:
                 (ovs.dir / "groups.txt").write_text(groups_for_add_groups(groups))
                 ovs.ofctl("-O", "OpenFlow15", "add-groups", cls.BRIDGE, str(ovs.dir / "groups.txt"))
             (ovs.dir / "flows.txt").write_text(flows_for_add_flows(flows))
-            # Antrea's named pipeline needs OpenFlow 1.5 (meter:); others load as they always
-            # did (some NXM-only matches, e.g. conj_id, refuse the OXM flow format).
-            version = ["-O", "OpenFlow15"] if table_names or meters else []
-            ovs.ofctl(*version, "add-flows", cls.BRIDGE, str(ovs.dir / "flows.txt"))
+            # Antrea's named pipeline needs OpenFlow 1.5 (meter:), so do instructions; others
+            # load as they always did (some NXM-only matches, e.g. conj_id, refuse the OXM
+            # flow format).
+            needs15 = table_names or meters or _INSTRUCTIONS.search(flows)
+            version = ["-O", "OpenFlow15"] if needs15 else []
+            try:
+                ovs.ofctl(*version, "add-flows", cls.BRIDGE, str(ovs.dir / "flows.txt"))
+            except OvsCommandError:
+                if not _INSTRUCTIONS.search(flows):
+                    raise
+                ovs._add_flows_one_by_one(flows)
         except BaseException:
             ovs.close()
             raise
         return ovs
+
+    def _add_flows_one_by_one(self, flows: str) -> None:
+        """Each flow in OpenFlow 1.5, or else in the default OpenFlow 1.0 (an OpenFlow
+        1.0-only action, e.g. mod_vlan_vid, next to flows with instructions)."""
+        for line in flows_for_add_flows(flows).splitlines():
+            if not line.strip():
+                continue
+            try:
+                self.ofctl("-O", "OpenFlow15", "add-flow", self.BRIDGE, line)
+            except OvsCommandError:
+                self.ofctl("add-flow", self.BRIDGE, line)
+
+    def set_port_down(self, name: str, down: bool = True) -> None:
+        """``ovs-ofctl mod-port`` a port down (or up). ofproto-dpif notices the link in
+        port_run and hands it to the translation (a bundle's member_enabled_cb) in a later
+        main loop iteration, while mod-port returns at once: the next trace settles first."""
+        self.ofctl("mod-port", self.BRIDGE, name, "down" if down else "up")
+
+    def _settle(self) -> None:
+        """Let ovs-vswitchd's main loop go round a few times after an ovs-ofctl command: its
+        OpenFlow 1.0 connection counts as a controller until the daemon sees it closed (a
+        table-0 miss then "calls for a packet-in": connmgr_wants_packet_in_on_miss), and a
+        port's new state reaches the translation an iteration or two later. Each unixctl
+        request is answered in an iteration of its own."""
+        if self._unsettled:
+            for _ in range(4):
+                self._call_many([[]], method="version")
+            self._unsettled = False
+
+    def appctl(self, *args: str) -> str:
+        return self._run(_which("ovs-appctl"), "-t", str(self.ctl), *args)
+
+    def odp_ports(self) -> dict[int, int | str]:
+        """Datapath port number -> OpenFlow port (LOCAL by name), from dpif/show."""
+        if self._odp is None:
+            self._odp = {}
+            for name, ofp, odp in re.findall(r"^\s+(\S+) (\d+)/(\d+):",
+                                            self.appctl("dpif/show"), re.MULTILINE):
+                self._odp[int(odp)] = "LOCAL" if int(ofp) == 65534 else int(ofp)
+        return self._odp
 
     def _run(self, *args: str) -> str:
         proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True,
@@ -233,6 +290,7 @@ class PrivateOvs:
         args = list(args)
         i = next(i for i, a in enumerate(args) if a == self.BRIDGE)
         args[i] = f"unix:{self.dir}/{self.BRIDGE}.mgmt"
+        self._unsettled = True
         return self._run(_which("ovs-ofctl"), *args)
 
     def close(self) -> None:
@@ -257,11 +315,13 @@ class PrivateOvs:
 
     def trace_many(self, requests: list[tuple[str, list[str]]], window: int = 256) -> list[OvsTrace]:
         """ofproto/trace for each (flow spec, ct-next states), pipelined on one connection."""
+        self._settle()
         texts: list[str] = []
         for i in range(0, len(requests), window):
             texts.extend(self._call_many([self._trace_params(f, ct) for f, ct in
                                           requests[i:i + window]]))
-        return [parse_trace(t) for t in texts]
+        return [parse_trace(t, self.odp_ports() if _BUNDLE_ACTION in t else None)
+                for t in texts]
 
     def _trace_params(self, flow: str, ct_next: list[str]) -> list[str]:
         params = [self.BRIDGE, flow]
@@ -269,14 +329,14 @@ class PrivateOvs:
             params += ["--ct-next", state]
         return params
 
-    def _call_many(self, param_lists: list[list[str]]) -> list[str]:
+    def _call_many(self, param_lists: list[list[str]], method: str = "ofproto/trace") -> list[str]:
         if self._sock is None:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(60)
             self._sock.connect(str(self.ctl))
         first = self._next_id
         self._next_id += len(param_lists)
-        payload = "".join(json.dumps({"id": first + i, "method": "ofproto/trace", "params": p})
+        payload = "".join(json.dumps({"id": first + i, "method": method, "params": p})
                           for i, p in enumerate(param_lists))
         self._sock.sendall(payload.encode())
         replies: dict[int, str] = {}
@@ -390,18 +450,28 @@ _SPECIAL = ("NORMAL", "LOCAL", "CONTROLLER", "IN_PORT", "FLOOD", "ALL")
 # controller(reason=...,id=...) and output to the CONTROLLER port (CONTROLLER:65535)
 _TO_CONTROLLER = ("controller(", "CONTROLLER:")
 _GROUP = re.compile(r"^group:(\d+)$")
+# the packet-in of dec_ttl on TTL 0/1 (compose_dec_ttl): one per controller id of the action
+_TTL_EXCEPTION = (">> IPv4 decrement TTL exception", ">> IPv6 decrement TTL exception")
+_DEC_TTL_IDS = re.compile(r"^dec_ttl(?:\(([^)]*)\))?$")
+_BUNDLE_ACTION = "bundle("          # bundle(...): the chosen member is in the datapath actions
+_INSTRUCTIONS = re.compile(r"\b(?:write_actions|clear_actions|write_metadata|goto_table)\b")
+
+
+class _BundleOutput:
+    """An output of a ``bundle`` action, to be read from the stage's datapath actions."""
 _BUCKET = re.compile(r"^-> (?:using bucket (\d+)|no live bucket)$")
 
 
-def parse_trace(text: str) -> OvsTrace:
-    """Parse ``ofproto/trace`` output into stages (hits, outputs, first and final flows)."""
+def parse_trace(text: str, odp_ports: dict | None = None) -> OvsTrace:
+    """Parse ``ofproto/trace`` output into stages (hits, outputs, first and final flows).
+    ``odp_ports`` (datapath port -> OpenFlow port) reads the ports ``bundle`` actions chose."""
     stages: list[OvsStage] = []
     header = ""
     for chunk in _split_sections(text):
         if chunk.lstrip().startswith("recirc("):
             header = chunk.strip()
             continue
-        stages.append(_parse_stage(chunk, header))
+        stages.append(_parse_stage(chunk, header, odp_ports))
         header = ""
     return OvsTrace(text, stages)
 
@@ -418,7 +488,7 @@ def _split_sections(text: str) -> list[str]:
     return [s for s in sections if s.strip()]
 
 
-def _parse_stage(chunk: str, header: str) -> OvsStage:
+def _parse_stage(chunk: str, header: str, odp_ports: dict | None = None) -> OvsStage:
     lines = chunk.splitlines()
     flow_text = next(l[len("Flow: "):] for l in lines if l.startswith("Flow: "))
     final_text = next(l[len("Final flow: "):] for l in lines if l.startswith("Final flow: "))
@@ -443,7 +513,11 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
               and not stage.final.get("tun_dst")):
             stage.outputs.pop()       # only right after an OpenFlow output (not NORMAL's flood)
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:
-            stage.outputs[-1] = int(_OUTPUT_PORT.match(line).group(1))
+            port = int(_OUTPUT_PORT.match(line).group(1))
+            if port == 0xFFFF:       # OFPP_NONE (a bundle_load with no member up): nothing
+                stage.outputs.pop()
+            else:
+                stage.outputs[-1] = port
         elif line in _SPECIAL:
             stage.outputs.append(in_port if line == "IN_PORT" else line)
         elif line.startswith(_TO_CONTROLLER):
@@ -453,9 +527,71 @@ def _parse_stage(chunk: str, header: str) -> OvsStage:
             stage.buckets.append((group, None if bucket is None else int(bucket)))
         elif line.startswith(_CANCELLED) and stage.outputs:
             stage.outputs.pop()
+        elif line.startswith(_TTL_EXCEPTION) and _DEC_TTL_IDS.match(previous):
+            ids = _DEC_TTL_IDS.match(previous).group(1)
+            stage.outputs.extend(["CONTROLLER"] * (len(ids.split(",")) if ids else 1))
+        elif line.startswith(_BUNDLE_ACTION):
+            stage.outputs.append(_BundleOutput())
         group = int(_GROUP.match(line).group(1)) if _GROUP.match(line) else None
         previous = line
+    if any(l.startswith("Translation failed (") for l in lines):
+        stage.outputs = []      # the packet is dropped: nothing composed is sent
+    if any(isinstance(o, _BundleOutput) for o in stage.outputs):
+        datapath = next(l for l in lines if l.startswith("Datapath actions: "))
+        stage.outputs = _resolve_bundles(stage.outputs, datapath, odp_ports or {})
     return stage
+
+
+def _resolve_bundles(outputs: list, datapath: str, odp_ports: dict) -> list:
+    """Fill in the ports of ``bundle`` outputs from the datapath actions, which list every
+    output in order (datapath ports, ``userspace(...controller...)`` for the controller).
+    A bundle that sent nothing (no member up; the input port is said by a message) is
+    dropped. Raises ValueError when the two lists cannot be lined up (a NORMAL or tunnel
+    output)."""
+    sent = []
+    for action in _top_level(datapath[len("Datapath actions: "):]):
+        if action.isdigit():
+            sent.append(odp_ports.get(int(action), f"odp:{action}"))
+        elif action.startswith("userspace(") and "controller(" in action:
+            sent.append("CONTROLLER")
+    # can[i][j]: outputs[i:] line up with sent[j:] (a bundle output takes one or none)
+    n, m = len(outputs), len(sent)
+    can = [[False] * (m + 1) for _ in range(n + 1)]
+    can[n][m] = True
+    for i in range(n - 1, -1, -1):
+        for j in range(m, -1, -1):
+            if isinstance(outputs[i], _BundleOutput):
+                can[i][j] = can[i + 1][j] or (j < m and can[i + 1][j + 1])
+            else:
+                can[i][j] = j < m and sent[j] == outputs[i] and can[i + 1][j + 1]
+    if not can[0][0]:
+        raise ValueError(f"cannot line up OpenFlow outputs {outputs} with {datapath}")
+    resolved, j = [], 0
+    for i, out in enumerate(outputs):
+        if isinstance(out, _BundleOutput):
+            # it sent, unless only "nothing" lines up (when both do, it sent: a bundle
+            # sends nothing silently only when no member is up)
+            if j < m and can[i + 1][j + 1]:
+                resolved.append(sent[j])
+                j += 1
+            continue
+        resolved.append(out)
+        j += 1
+    return resolved
+
+
+def _top_level(text: str) -> list[str]:
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    out.append(text[start:].strip())
+    return [a for a in out if a]
 
 
 def _hit(table: int, rest: str) -> OvsHit:
@@ -482,7 +618,15 @@ def parse_flow_fields(text: str) -> dict:
             continue
         fld = F.lookup(key)
         try:
-            if key == "ct_state":
+            if key in ("dl_vlan", "dl_vlan1"):   # a VLAN header: "dl_vlan=5,dl_vlan_pcp=0"
+                tci = "vlan_tci1" if key.endswith("1") else "vlan_tci"
+                out[tci] = out.get(tci, 0) | F.VLAN_CFI | int(value)
+            elif key in ("dl_vlan_pcp", "dl_vlan_pcp1"):
+                tci = "vlan_tci1" if key.endswith("1") else "vlan_tci"
+                out[tci] = out.get(tci, 0) | F.VLAN_CFI | int(value) << 13
+            elif key == "tcp_flags":
+                out[key] = F.parse_value(F.FIELDS["tcp_flags"], value)[0] if value != "0" else 0
+            elif key == "ct_state":
                 out[key] = sum(F.CT_STATE_BITS[b] for b in value.split("|") if b)
             elif fld is None:
                 out[key] = value

@@ -174,8 +174,11 @@ def test_v1_session_affinity_learn_then_dnat():
 # ============================================================================ v2 (named tables)
 
 V2_LOCAL, V2_REMOTE = "default/web-7975b6c6c-8ltqd", "default/web-7975b6c6c-w9rfz"
+# proxyAll: PreRoutingClassifier resubmits NodePortMark (whose table-miss flow goes on to
+# SessionAffinity), then SessionAffinity again, then ServiceLB (the document's flows)
 V2_FRONT = ["PipelineRootClassifier", "Classifier", "SpoofGuard", "UnSNAT", "ConntrackZone",
-            "ConntrackState", "PreRoutingClassifier", "SessionAffinity", "ServiceLB",
+            "ConntrackState", "PreRoutingClassifier", "NodePortMark", "SessionAffinity",
+            "SessionAffinity", "ServiceLB",
             "EndpointDNAT", "AntreaPolicyEgressRule", "EgressRule", "EgressDefaultRule",
             "EgressMetric", "L3Forwarding", "L3DecTTL", "SNATMark", "SNAT", "L2ForwardingCalc",
             "TrafficControl", "IngressSecurityClassifier"]
@@ -202,8 +205,9 @@ def test_v2_two_weighted_paths_both_delivered(v2_doc):
 def test_v2_local_endpoint_tables(v2_doc):
     request, reply = path_to(v2_doc, V2_LOCAL)["legs"]
     assert names(request, "node1") == V2_FRONT + V2_INGRESS
-    # numbered as ovs-tables.txt says: PipelineRootClassifier 0 ... Output 29
-    assert tables(request, "node1")[:4] == [0, 3, 4, 5] and tables(request, "node1")[-1] == 29
+    # numbered as ovs-tables.txt says: PipelineRootClassifier 0 ... Output 30 (31 tables with
+    # proxyAll's NodePortMark)
+    assert tables(request, "node1")[:4] == [0, 3, 4, 5] and tables(request, "node1")[-1] == 30
     assert names(reply, "node1") == V2_REPLY + V2_REPLY_INGRESS
     est = hop(reply, "node1", "AntreaPolicyEgressRule")
     assert est["priority"] == 64990 and "ct_state=-new+est" in est["rule"]
@@ -363,7 +367,7 @@ def test_every_table_has_its_default_flow():
         no_miss = {t for t, ls in by_table.items() if not any(" priority=0 " in l for l in ls)}
         assert no_miss == {"30", "35"}, node     # TableMissActionNone in pipeline.go v1.4
         names = re.findall(r'table \d+ \("(\w+)"\)', (V2 / "nodes" / node / "ovs-tables.txt").read_text())
-        assert len(names) == 30
+        assert len(names) == 31
         v2_tables = {_table_of(l) for l in _flow_lines(V2, node)}
         assert v2_tables == set(names)
         for t in names:

@@ -36,7 +36,8 @@ def edit(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("bundle", ["antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2",
                                     "kube-proxy-iptables", "cilium-kpr-native", "cilium-eni",
-                                    "cilium-vxlan-policy"])
+                                    "cilium-vxlan-policy", "flannel-vxlan", "calico-vxlan",
+                                    "aws-vpc-cni", "azure-cni"])
 def test_unmodified_examples_have_no_drift(bundle):
     code, doc = audit(EXAMPLES / bundle)
     assert code == 0
@@ -106,7 +107,8 @@ def test_cilium_pairs_are_traced_end_to_end():
     programs: the policy denial of shop/batch is found, not a host-only approximation."""
     code, doc = audit(EXAMPLES / "cilium-vxlan-policy")
     assert code == 0 and not any("host-only" in n for n in doc.get("notes", []))
-    batch = next(p for p in doc["pairs"] if "role=batch" in p["client"])
+    batch = next(p for p in doc["pairs"] if "role=batch" in p["client"]
+                 and p["service"].startswith("shop/web:"))
     assert batch["verdict"] == "dropped" and "DROP_POLICY" in batch["reason"]
 
 

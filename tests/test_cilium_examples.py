@@ -94,3 +94,27 @@ def test_the_files_of_each_node_agree(name):
         for pod in snap.cluster.pods:
             if pod.node == node_name and not pod.host_network and pod.ip:
                 assert pod.ip in cn.lxc, (node_name, pod.key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_example_suite(name, tmp_path):
+    """Each Cilium example has a check suite (issue 24): the deliberately failing expectations
+    fail, every other holds, and the JUnit report has one case each."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from traceflow.cli.app import app
+    suite = EXAMPLES / name / "checks.yaml"
+    junit = tmp_path / "report.xml"
+    res = CliRunner().invoke(app, ["check", str(suite), "--bundle", str(EXAMPLES / name), "-o",
+                                   "json", "--junit", str(junit)])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.output)
+    names = [e["name"] for e in yaml.safe_load(suite.read_text())["expectations"]]
+    deliberate = {n for n in names if n.startswith("deliberately failing")}
+    assert deliberate
+    assert {r["name"] for r in doc["results"] if not r["passed"]} == deliberate
+    assert {r["name"] for r in doc["results"]} == set(names)
+    from xml.etree import ElementTree as ET
+    assert len(ET.parse(junit).getroot().findall("testcase")) == len(names)

@@ -75,7 +75,7 @@ def test_completions_are_generated_from_the_cli():
                 "completion"):
         assert cmd in top
     assert "--endpoint" in completion.candidates(["pod-to-svc", "--e"])
-    assert completion.candidates(["pod-to-svc", "-o", ""]) == ["table", "json", "yaml", "html", "dot"]
+    assert completion.candidates(["pod-to-svc", "-o", ""]) == ["table", "json", "yaml", "html", "dot", "pcap"]
 
 
 def test_bash_completion_script_is_valid_bash():

@@ -151,9 +151,16 @@ def test_port_number_shared_by_two_protocols_is_never_guessed():
 def test_protocol_the_service_does_not_have():
     msg = refused("pod-to-svc", "frontend", "backendsvc", "--protocol", "udp", "--bundle", SEED)
     assert "service default/backendsvc has no UDP port (it has 80/TCP)" in msg
-    msg = refused("pod-to-svc", "frontend", "kube-system/kube-dns", "--port", "9153",
-                  "--protocol", "udp", "--bundle", SEED)
-    assert "has no port 9153 over UDP" in msg and "53/UDP (dns), 53/TCP (dns-tcp), 9153/TCP (metrics)" in msg
+    # a port number the Service serves over another protocol is traced, not refused (issue 22
+    # item 4; the old expectation, a usage error, was wrong): the datapath finds no Service
+    # entry for that protocol and the packet goes on as ordinary traffic, said as a warning
+    _, doc = trace_json("pod-to-svc", "frontend", "kube-system/kube-dns", "--port", "9153",
+                        "--protocol", "udp")
+    assert doc["query"]["protocol"] == "UDP" and doc["query"]["dst_port"] == 9153
+    (note,) = [w for w in doc["warnings"] if "has no port 9153 over UDP" in w]
+    assert "53/UDP (dns), 53/TCP (dns-tcp), 9153/TCP (metrics)" in note and "no DNAT" in note
+    assert not any("nw_dst" in (h.get("changed") or {}) for p in doc["paths"]
+                   for l in p["legs"] if l["direction"] == "request" for h in l["hops"])
 
 
 def test_port_the_service_does_not_have_lists_its_ports():

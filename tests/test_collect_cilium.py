@@ -31,7 +31,7 @@ CILIUM_TEXT = ["cilium-status", "cilium-bpf-lb-list", "cilium-service-list",
                "cilium-bpf-lb-maglev-list", "cilium-bpf-ipcache-list", "cilium-endpoint-list",
                "cilium-bpf-endpoint-list", "cilium-bpf-policy-get", "cilium-identity-list",
                "cilium-bpf-ct-list-global", "cilium-bpf-nat-list", "cilium-bpf-tunnel-list",
-               "cilium-bpf-ipmasq-list"]
+               "cilium-bpf-ipmasq-list", "cilium-bpf-egress-list"]
 CILIUM_DB = ["cilium-db-frontends", "cilium-db-backends", "cilium-db-services"]
 HOST = ["iptables-save.txt", "ip-rule.txt", "ip-route.txt", "ip-neigh.txt", "ip-addr.txt",
         "ip-link.txt", "tc.txt", "bpftool-net.txt"]

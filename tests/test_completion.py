@@ -83,7 +83,7 @@ def test_services_namespaces_nodes_deployments_endpoints(bin_dir):
         ["deploy/antrea-controller", "deploy/antrea-octant", "deploy/coredns"]
     assert bash_complete(bin_dir, f"{b} frontend backendsvc --endpoint ") == ["backend1", "backend2"]
     assert bash_complete(bin_dir, f"traceflow route-get -b {SEED} w") == ["worker1", "worker2"]
-    assert bash_complete(bin_dir, f"{b} frontend backendsvc -o ") == ["table", "json", "yaml", "html", "dot"]
+    assert bash_complete(bin_dir, f"{b} frontend backendsvc -o ") == ["table", "json", "yaml", "html", "dot", "pcap"]
 
 
 def test_commands_options_and_files(bin_dir, tmp_path):

@@ -220,3 +220,108 @@ def _keep(shot: Path) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(folder) / shot.name)
+
+
+def _html(args: list[str], out: Path) -> Path:
+    r = runner.invoke(app, [*args, "-o", "html"])
+    assert r.exit_code in (0, 1), r.output
+    out.write_text(r.stdout, encoding="utf-8")
+    return out
+
+
+def _size(browser, width: int) -> None:
+    browser.set_window_size(width, 1000)
+    assert browser.execute_script("return document.documentElement.clientWidth") <= width
+
+
+def _no_sideways_scroll(browser) -> None:
+    over = browser.execute_script("""
+        const vw = document.documentElement.clientWidth, out = [];
+        for (const el of document.querySelectorAll('body *')) {
+            const r = el.getBoundingClientRect();
+            if (r.width && r.right > vw + 1 && el.offsetParent !== null
+                && !el.closest('.diagram-box svg.diagram'))
+                out.push(el.tagName + ' ' + Math.round(r.right));
+        }
+        return [document.documentElement.scrollWidth, vw, out.slice(0, 5)];""")
+    assert over[0] <= over[1], over
+
+
+def _shot(browser, tmp_path: Path, name: str) -> None:
+    shot = tmp_path / name
+    browser.save_screenshot(str(shot))
+    assert png_is_not_blank(shot.read_bytes())
+    _keep(shot)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_policy_drop_report_at_desktop_and_phone_widths(browser, tmp_path, width):
+    bundle = Path(example_path()).parent / "cilium-vxlan-policy"
+    page = _html(["pod-to-svc", "shop/batch", "shop/web", "--bundle", str(bundle)],
+                 tmp_path / "policy.html")
+    _size(browser, width)
+    load(browser, page)
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")] == []
+    _no_sideways_scroll(browser)
+    # the why column leads with the policy and what it allows
+    why = browser.find_element("css selector", "table.paths").text
+    assert "denied by NetworkPolicy shop/web-from-frontend: allows only role=frontend on " \
+           "TCP/8080" in " ".join(why.split())
+    wide = browser.find_elements("css selector", "svg.diagram")
+    narrow = browser.find_elements("css selector", "svg.diagram-narrow")
+    shown = narrow if width < 700 else wide
+    assert len(shown) == 2 and all(s.is_displayed() for s in shown)
+    assert not any(s.is_displayed() for s in (wide if width < 700 else narrow))
+    kind = "svg.diagram-narrow" if width < 700 else "svg.diagram"
+    # decisions on the boxes: the backend chosen at connect(), the tunnel, the policy
+    said = [e.text for e in browser.find_elements("css selector", f"{kind} text.decision")]
+    assert "DNAT to 10.0.1.52:8080 (1.4)" in said and "DNAT to 10.0.2.45:8080 (2.4)" in said
+    assert "tunnel to 192.168.1.12 (2.7)" in said
+    assert "denied by NetworkPolicy shop/web-from-frontend" in " ".join(said)   # wrapped
+    stopped = browser.find_elements("css selector", f"{kind} g.station.stopped")
+    assert len(stopped) == 2
+    # every hop is drawn in the view shown, the pod's own ARP inside the pod's box
+    refs = [e.get_attribute("data-hop") for e in
+            browser.find_elements("css selector", f"{kind} text.hop")]
+    assert refs[:2] == ["1.1", "1.2"]
+    pod_box = browser.find_elements("css selector", f"{kind} g.place-pod")[0]
+    assert [e.get_attribute("data-hop") for e in
+            pod_box.find_elements("css selector", "text.hop")] == ["1.1", "1.2"]
+    # the tunnel is not drawn in the error colour
+    for g in browser.find_elements("css selector", f"{kind} g.place-tunnel, {kind} "
+                                                   "g.place-underlay"):
+        assert g.find_element("css selector", "rect").get_attribute("fill") not in (
+            "#fce8e6", "#d93025")
+    assert browser.find_element("id", "legend").is_displayed()
+    browser.execute_script("arguments[0].scrollIntoView()", shown[1])
+    _shot(browser, tmp_path, f"policy-{width}.png")
+    _size(browser, 1400)
+
+
+def test_single_node_diagram_uses_the_width(browser, tmp_path):
+    page = _html(["pod-to-pod", "frontend", "backend1", "--bundle", str(example_path())],
+                 tmp_path / "single.html")
+    _size(browser, 1280)
+    load(browser, page)
+    _no_sideways_scroll(browser)
+    box = browser.find_element("css selector", ".diagram-box")
+    lane = browser.find_element("css selector", "svg.diagram g.lane rect")
+    assert lane.rect["width"] >= 0.85 * box.rect["width"], (lane.rect, box.rect)
+    svg = browser.find_element("css selector", "svg.diagram")
+    # the leg titles and every text fit inside the drawing: nothing clipped
+    clipped = browser.execute_script("""
+        const svg = arguments[0], w = svg.viewBox.baseVal.width, out = [];
+        for (const t of svg.querySelectorAll('text')) {
+            const b = t.getBBox();
+            if (b.x < 0 || b.x + b.width > w) out.push(t.textContent);
+        }
+        return out;""", svg)
+    assert clipped == []
+    titles = [e.text for e in svg.find_elements("css selector", "text.legtitle")]
+    assert any("default/frontend -> default/backend1: 10.222.1.48:54321 -> 10.222.1.47:80"
+               in t for t in titles), titles
+    # hops say what they decided, not only where they were
+    hop = svg.find_element("css selector", "text.hop[data-hop='1.12']")
+    assert "output to the port in reg1 = 48" in hop.text
+    _shot(browser, tmp_path, "single-1280.png")
+    _size(browser, 1400)

@@ -263,6 +263,24 @@ def test_dot_output(demo_doc):
     assert 'label="node worker1"' in dot and 'label="node worker2"' in dot
 
 
+@pytest.mark.skipif(not __import__("shutil").which("dot"), reason="needs Graphviz's dot "
+                    "(apt install graphviz)")
+def test_dot_lays_every_path_top_down():
+    """Graphviz itself lays the diagram out: every edge of every path points down (a path
+    that comes back to a node must not be drawn bottom-up)."""
+    dot = run_piped(["demo", "-o", "dot"]).stdout
+    plain = subprocess.run(["dot", "-Tplain"], input=dot, capture_output=True, text=True,
+                           timeout=60, check=True).stdout
+    y = {f[1]: float(f[3]) for f in (line.split() for line in plain.splitlines())
+         if f and f[0] == "node"}
+    edges = [(f[1], f[2]) for f in (line.split() for line in plain.splitlines())
+             if f and f[0] == "edge"]
+    assert len(edges) >= 20
+    for a, b in edges:              # plain output: y grows upwards
+        assert y[a] > y[b], (a, b, y[a], y[b])
+    assert re.search(r"DNAT to 10\.222\.2\.34:80 \(2\.\d+\)", dot)   # decisions on the boxes
+
+
 # --- fitting --------------------------------------------------------------------------------
 
 SAMPLE = ("10.222.1.47 on antrea-gw0 is f2:32:d8:07:e2:a6 (REACHABLE) via 10.222.2.0/24 "
@@ -325,8 +343,11 @@ def test_a_dropped_path_on_the_first_screen(tmp_path):
     assert "verdict: PARTIAL  1 of 2 paths delivered (50% of new connections)" in head
     assert re.search(r"^  2  default/backend2\s+50%  dropped at 2\.40 worker2 ovs 100 "
                      r"IngressDefaultR", head, re.M)
-    assert re.search(r"^     why: dropped by the ingress default-deny flow of table 100", head,
-                     re.M)
+    # issue 24: the answer first (the policy and what it allows), then the datapath's detail
+    assert re.search(r"^     why: denied by NetworkPolicy default/backendpolicy: allows no "
+                     r"ingress", head, re.M)
+    assert re.search(r"^     datapath: dropped by the ingress default-deny flow of table 100",
+                     head, re.M)
     assert "--hop 2.40" in head
     assert any(re.match(r"^!\s*40 worker2\s+ovs 100 IngressDefault\S*\s+drop$", line)
                for line in lines)

@@ -147,6 +147,42 @@ def test_antrea_ipv6(antrea):
     assert antrea.lookup("::1").kind == "local"
 
 
+def test_multicast_and_broadcast_from_own_address_keep_its_device(antrea):
+    """`ip route get 224.0.0.5 from 127.0.0.1` answers dev lo, a broadcast from 10.79.1.20
+    dev ens160 (the device that has the address; checked on the kernel by
+    tests/test_routing_kernel.py): also when the node's addresses are given as a bare list,
+    as a bundle's node model gives them (until issue 22: "sent on None", or for 127.0.0.1 a
+    loopback error)."""
+    local = ["127.0.0.1", "10.79.1.20", "10.222.1.1"]
+    for router in (antrea, Router(antrea.rules, antrea.tables, antrea.interfaces.values(), local),
+                   Router(antrea.rules, antrea.tables, None, local)):
+        lo = router.lookup("224.0.0.5", src="127.0.0.1")
+        assert (lo.kind, lo.dev, lo.error) == ("multicast", "lo", None)
+        brd = router.lookup("255.255.255.255", src="10.79.1.20")
+        assert (brd.kind, brd.dev) == ("broadcast", "ens160")
+        assert "sent on ens160" in brd.reason
+    # an address listed as the node's but owned by no device the bundle shows: unknown
+    bare = Router(antrea.rules, antrea.tables, None, ["192.0.2.9"])
+    assert bare.lookup("224.0.0.5", src="192.0.2.9").kind == "unknown"
+
+
+def test_ipv6_source_for_the_unspecified_address_is_link_local():
+    """`ip -6 route get ::`: the scope of :: is invalid, every address fits it and the
+    narrowest wins (RFC 6724 rule 2): the device's link-local address, not the global one
+    listed first (the kernel's answer on this node: tests/test_routing_kernel.py)."""
+    addr = ANTREA_ADDR.replace(
+        "    inet6 fe80::250:56ff:fe9a:1/64 scope link\n",
+        "    inet6 fd00:10::20/64 scope global\n       valid_lft forever preferred_lft forever\n"
+        "    inet6 fe80::250:56ff:fe9a:1/64 scope link\n")
+    routes = ANTREA_ROUTES + "default via fd00:10::1 dev ens160 metric 1024 pref medium\n"
+    router = Router(parse_ip_rules(DEFAULT_IP_RULES, "ip-rule.txt"),
+                    parse_ip_routes(routes, "ip-route.txt"), parse_ip_addr(addr, "ip-addr.txt"))
+    decision = router.lookup("::")
+    assert (decision.kind, decision.dev, decision.prefsrc) == \
+        ("unicast", "ens160", "fe80::250:56ff:fe9a:1")
+    assert router.lookup("2001:db8::1").prefsrc == "fd00:10::20"     # a global destination
+
+
 def test_no_route_without_default():
     tables = parse_ip_routes("10.79.1.0/24 dev ens160 proto kernel scope link src 10.79.1.20\n",
                              "ip-route.txt")

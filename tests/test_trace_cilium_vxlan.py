@@ -33,7 +33,9 @@ def test_frontend_reaches_both_backends_with_the_backend_chosen_at_connect():
     assert "Socket LB:              Enabled" in sock[0]["effect"]
     assert sock[0]["source"] == {"file": "nodes/worker1/cilium-bpf-lb-list.txt", "line": 4}
     (xlate,) = [h for h in sock if h["map"] == "cilium_lb4_backends"]
-    assert xlate["entry"] == "10.96.120.15:80 (1)     10.0.2.45:8080 (7) (1)"
+    # (the key column is as wide as the widest key plus 3, as cilium-dbg's tabwriter pads it:
+    # the example's NodePort keys widened it)
+    assert xlate["entry"] == "10.96.120.15:80 (1)        10.0.2.45:8080 (7) (1)"
     assert xlate["changed"]["nw_dst"] == ["10.96.120.15", "10.0.2.45"]
     assert xlate["changed"]["tp_dst"] == [80, 8080]
     first = [h for h in remote if h.get("program") == "from-container"][0]
@@ -209,6 +211,8 @@ def test_maglev_shares_come_from_the_lookup_table(bundle):
 
 def test_maglev_table_without_backend_ids_says_so(bundle):
     _maglev(bundle)
+    for n in ("worker1", "worker2"):
+        (bundle / f"nodes/{n}/cilium-bpf-lb-list-frontends.txt").unlink()
     code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
     assert [p["weight"] for p in doc["paths"]] == [0.5, 0.5]
     (lookup,) = [h for h in hops(path_to(doc, "shop/web-0")) if h.get("map") == "cilium_lb4_services_v2"]
@@ -243,10 +247,21 @@ items:
         assert "other-namespace" not in p["drop"]["reason"]
 
 
+def _count(bundle, node: str, count: int):
+    """Set the slot count of 10.96.120.15:80 in `bpf lb list --frontends` (slot 0's
+    ``0 N[0]``): the slots a new connection can take are 1..count."""
+    f = bundle / f"nodes/{node}/cilium-bpf-lb-list-frontends.txt"
+    text = f.read_text()
+    old = "0 2[0] (7) [0x0 0x0]"
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, f"0 {count}[0] (7) [0x0 0x0]"))
+
+
 def test_a_slot_whose_backend_is_gone_is_a_dropped_branch(bundle):
     for n in ("worker1", "worker2"):
         f = bundle / f"nodes/{n}/cilium-bpf-lb-list.txt"
-        f.write_text(f.read_text() + "10.96.120.15:80 (3)     backend 13 not found\n")
+        f.write_text(f.read_text() + "10.96.120.15:80 (3)        backend 13 not found\n")
+        _count(bundle, n, 3)
     code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
     assert code == 1 and doc["verdict"] == "partial"
     assert sorted(p["weight"] for p in doc["paths"]) == [round(1 / 3, 6)] * 3
@@ -261,6 +276,7 @@ def test_a_service_without_backends_fails_connect_under_socket_lb(bundle):
         f = bundle / f"nodes/{n}/cilium-bpf-lb-list.txt"
         f.write_text("".join(l for l in f.read_text().splitlines(True)
                              if not (l.startswith("10.96.120.15:80 (1)") or l.startswith("10.96.120.15:80 (2)"))))
+        _count(bundle, n, 0)
     code, doc = trace(bundle, "pod-to-svc", "shop/frontend", "shop/web")
     (p,) = doc["paths"]
     assert p["verdict"] == "dropped" and p["drop"]["table"] == "cil_sock4_connect"

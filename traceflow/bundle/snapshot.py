@@ -47,6 +47,9 @@ class Conventions(Protocol):
     def describe_mac(self, mac: str | None) -> str | None:
         """A special MAC of the CNI's, explained; None for any other."""
 
+    # optional: def pod_ports(self, node) -> Mapping: a node's local pods on its OVS bridge,
+    # pod IP -> (OVS port name, MAC) (ovs-trace fills a pod port's packet from it)
+
 
 def manifest_cni(manifest: dict) -> tuple[str, Any]:
     """(cni in lower case, "" when absent; cni_version) as the manifest says."""
@@ -213,6 +216,14 @@ class NodeModel:
         if node and node.internal_ip:
             addrs.add(node.internal_ip)
         return addrs
+
+    @cached_property
+    def interface_addresses(self) -> dict[str, set[str]] | None:
+        """Interface -> its IPv4 addresses (addrtype --limit-iface-in); None without
+        ip-addr.txt."""
+        if self._file("ip-addr.txt") is None:
+            return None
+        return {i.name: {a.address for a in i.ipv4()} for i in self.interfaces}
 
     def interface(self, name: str):
         return next((i for i in self.interfaces if i.name == name), None)

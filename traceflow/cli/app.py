@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from traceflow import __version__
-from traceflow.cli import completion
+from traceflow.cli import capture, completion
 from traceflow.model.errors import CollectionError, ExitCode, InputError
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ class Output(str, enum.Enum):
     yaml = "yaml"
     html = "html"
     dot = "dot"
+    pcap = "pcap"          # pcapng on stdout, one packet per changing hop (traceflow.cli.capture)
 
 
 class Protocol(str, enum.Enum):
@@ -117,7 +118,23 @@ _traced: dict = {}
 def _snapshot(bundle, end_to_end: bool = True):
     from traceflow.cni import open_snapshot
     _traced.update(manifest=bundle.manifest, origin=getattr(bundle, "origin", None))
-    return open_snapshot(bundle, require_supported=end_to_end)
+    snap = open_snapshot(bundle, require_supported=end_to_end)
+    _traced["snapshot"] = snap
+    return snap
+
+
+def _about(traces, context: Optional[str] = None):
+    """What the human views say about the bundle, and what each policy a drop names allows."""
+    from renderers.walk import About
+    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    snap = _traced.get("snapshot")
+    if snap is not None:
+        from traceflow.questions.policywords import policy_words
+        try:
+            about.policies = policy_words(snap.cluster, traces)
+        except InputError:      # a policy object the trace never needed is unreadable
+            about.policies = {}
+    return about
 
 
 class _Live:
@@ -218,6 +235,8 @@ def _closed_pipe() -> None:
 
 def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
            wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    if output is Output.pcap:
+        return capture.write_pcap(trace, _traced, context)
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
@@ -226,8 +245,7 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
         from renderers.yaml_out import render_yaml
         typer.echo(render_yaml(trace), nl=False)
         return
-    from renderers.walk import About
-    about = About.from_manifest(_traced.get("manifest"), _traced.get("origin"), context)
+    about = _about([trace], context)
     if output is Output.html:
         from renderers.html_out import render_html
         typer.echo(render_html(trace, about), nl=False)
@@ -244,13 +262,37 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
             _fail(InputError(f"no hop {hop!r} in this trace: give PATH.HOP as the hop list "
                              "numbers it (e.g. 1.3)", "--hop"))
     elif wide:
-        from renderers.table import render_table
-        from renderers.text import render_text_summary
+        from renderers.table import render_table, wide_width
+        from renderers.text import render_text, render_text_summary
+        need = wide_width(trace)
+        if console.width < need:
+            # a table narrower than its words breaks headers, addresses and MACs mid-word:
+            # every fact of -v instead, said first
+            from renderers.text import note
+            note(console, f"--wide needs {need} columns and this output has {console.width}: "
+                          f"showing -v (every fact, wrapped) instead; widen the terminal or "
+                          f"give --width {need} for the table")
+            render_text(trace, console, about, verbose=True)
+            return
         render_text_summary(trace, console, about)
-        render_table(trace, console, ascii_only=not console.is_terminal)
+        render_table(trace, console, ascii_only=not console.is_terminal, keep_words=True)
     else:
         from renderers.text import render_text
         render_text(trace, console, about, verbose=verbose)
+
+
+def _say_host_only(trace, snap, source, bundle) -> None:
+    """A pod's trace on a host-only bundle: say first what the bundle answers instead."""
+    from traceflow.model.trace import Verdict
+    if trace.verdict is Verdict.DELIVERED or source is None:
+        return
+    from traceflow.questions.support import host_only_hint
+    q = trace.query or {}
+    hint = host_only_hint(snap, source, q.get("dst_ip") or (
+        (q.get("destination_endpoint") or {}).get("address")), q.get("dst_port"),
+        q.get("protocol"), str(bundle) if bundle is not None else "PATH")
+    if hint and hint not in trace.warnings:
+        trace.warnings.insert(0, hint)
 
 
 def _exit_for(trace, live: "_Live | None" = None) -> None:
@@ -281,12 +323,13 @@ def _internal(err: Exception) -> None:
     _fail(internal_error_message(err), ExitCode.INTERNAL)
 
 
-@app.command("trace")
+@capture.command(app, "trace", ("SOURCE", "DESTINATION"))
 def trace_cmd(
-    source: str = typer.Argument(..., help="Who sends: a pod (NAME, NAMESPACE/NAME, deploy/NAME, "
-                                           "its IP), node/NAME (the node's own stack) or an "
-                                           "address outside the cluster (203.0.113.7)."),
-    destination: str = typer.Argument(..., help="Where to: a pod, svc/NAME (or a Service's "
+    source: Optional[str] = typer.Argument(None, help="Who sends: a pod (NAME, NAMESPACE/NAME, "
+                                           "deploy/NAME, its IP), node/NAME (the node's own "
+                                           "stack) or an address outside the cluster."),
+    destination: Optional[str] = typer.Argument(None, help="Where to: a pod, svc/NAME (or a "
+                                                "Service's "
                                                 "name or cluster IP), node/NAME[:PORT], "
                                                 "NODE_IP:NODEPORT, a LoadBalancer or externalIP "
                                                 "[:PORT], a pod's hostPort (NODE_IP:HOSTPORT), "
@@ -336,17 +379,19 @@ def trace_cmd(
         q = resolve.trace_query(snap, source, destination, namespace, port,
                                 protocol.value if protocol is not None else None, src_port,
                                 via, endpoint, not no_reply)
-        return Solver(snap).trace(q)
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, getattr(q.src, "pod", None), bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
 
 
-@app.command("pod-to-svc")
+@capture.command(app, "pod-to-svc", ("SOURCE", "SERVICE"))
 def pod_to_svc(
-    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
-                                           "deploy/NAME)."),
-    service: str = typer.Argument(..., help="Service (name or namespace/name)."),
+    source: Optional[str] = typer.Argument(None, help="Client pod (name, namespace/name; "
+                                           "live: also deploy/NAME)."),
+    service: Optional[str] = typer.Argument(None, help="Service (name or namespace/name)."),
     namespace: str = NamespaceOpt,
     port: Optional[str] = typer.Option(None, "--port", "-p", help="Service port (number or name)."),
     protocol: Optional[Protocol] = typer.Option(None, "--protocol",
@@ -398,19 +443,23 @@ def pod_to_svc(
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
+        from traceflow.questions.ports import unserved
+        note = unserved(svc, sp)
         q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
-                  pin, not no_reply)
-        return Solver(snap).trace(q)
+                  pin, not no_reply, assumptions=(note,) if note else ())
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, pod, bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
 
 
-@app.command("pod-to-pod")
+@capture.command(app, "pod-to-pod", ("SOURCE", "DESTINATION"))
 def pod_to_pod(
-    source: str = typer.Argument(..., help="Client pod (name, namespace/name; live: also "
-                                           "deploy/NAME)."),
-    destination: str = typer.Argument(..., help="Server pod (name or namespace/name)."),
+    source: Optional[str] = typer.Argument(None, help="Client pod (name, namespace/name; "
+                                           "live: also deploy/NAME)."),
+    destination: Optional[str] = typer.Argument(None, help="Server pod (namespace/name)."),
     namespace: str = NamespaceOpt,
     port: str = typer.Option("80", "--port", "-p", help="Destination port (number, or the name "
                                                           "of one of the pod's container ports)."),
@@ -461,7 +510,9 @@ def pod_to_pod(
         from traceflow.walk.endpoints import Endpoint
         q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
                   src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
-        return Solver(snap).trace(q)
+        got = Solver(snap).trace(q)
+        _say_host_only(got, snap, src, bundle)
+        return got
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -538,9 +589,12 @@ def collect_cmd(
     def build():
         node_list = [n.strip() for n in (nodes or "").split(",") if n.strip()]
         if destination is not None and source is None and selector is None:
-            raise InputError("a destination needs a source pod (or -l)", "SOURCE")
+            raise InputError("a destination needs its source: write `traceflow collect SOURCE "
+                             "DESTINATION -o PATH`, or pick the source pod with -l KEY=VALUE",
+                             "SOURCE")
         if parallel < 1:
-            raise InputError("--parallel must be at least 1", "--parallel")
+            raise InputError(f"--parallel {parallel}: give 1 or more (the nodes collected at "
+                             "once; default 10)", "--parallel")
         from traceflow.cli.help import require_cluster_access
         require_cluster_access(kubeconfig)
         b = collect(CollectOptions(
@@ -564,6 +618,11 @@ def collect_cmd(
         raise typer.Exit(int(ExitCode.COLLECTION))
 
 
+class ExecScope(str, enum.Enum):
+    pods = "pods"
+    namespace = "namespace"
+
+
 @app.command("rbac")
 def rbac_cmd(
     bundle: Optional[Path] = typer.Option(None, "--bundle", "-b", help="Take the CNI agent pods "
@@ -577,9 +636,16 @@ def rbac_cmd(
         None, "--app-exec", help="Also grant exec on these application pods (NS/POD,...), for "
         "`--app-exec` collection; with --bundle, `bundle` takes the pods whose pod-side files "
         "it holds."),
+    exec_scope: ExecScope = typer.Option(
+        ExecScope.pods, "--exec-scope", help="pods: exec on the current agent pods by name "
+        "(regenerate after a rollout); namespace: on every pod of the agents' namespace "
+        "(survives rollouts, a wider grant: for CI jobs)."),
 ):
-    """Print least-privilege RBAC for collection: read-only access, and exec on exactly the
-    current CNI agent pods (`traceflow rbac | kubectl apply -f -`)."""
+    """Print least-privilege RBAC for live collection (`traceflow rbac | kubectl apply -f -`).
+
+    Read-only access, and exec on exactly the current CNI agent pods (run it again after the
+    agents are rolled out, or give --exec-scope namespace). Exit 0, 2 bad options, 3 no
+    cluster."""
     def build():
         from collectors import rbac as R
         if user and group:
@@ -592,6 +658,9 @@ def rbac_cmd(
             where = f"bundle {bundle}"
         else:
             from collectors.kube import Kube
+            from traceflow.cli.help import require_cluster_access
+            require_cluster_access(kubeconfig, "take the agent pods from a bundle's manifest "
+                                               "instead: traceflow rbac --bundle PATH")
             kube = Kube(str(kubeconfig) if kubeconfig else None, context)
             try:
                 cni, pods = R.agents_from_cluster(
@@ -599,11 +668,13 @@ def rbac_cmd(
             finally:
                 kube.close()
             where = f"cluster {kube.cluster}"
-        if not pods:
+        by_name = exec_scope is ExecScope.pods
+        if not pods and by_name:
             raise CollectionError(f"no CNI agent pods found in the {where} ({R.AGENT_PODS}): "
                                   "nothing to grant exec on")
         docs = ([] if user or group else R.service_account_documents())
-        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj)
+        docs += R.reader_documents(subj) + R.exec_documents(cni or "unknown", pods, subj,
+                                                            by_name=by_name)
         if app_exec:
             app_pods = [p.strip() for p in app_exec.split(",") if p.strip()]
             if app_pods == ["bundle"] and bundle is not None:
@@ -611,10 +682,16 @@ def rbac_cmd(
                 app_pods = R.app_pods_from_bundle(Bundle.open(bundle))
             bad = [p for p in app_pods if p.count("/") != 1]
             if bad or not app_pods:
-                raise InputError(f"expected NAMESPACE/POD,... (got {app_exec!r})", "--app-exec")
+                raise InputError(f"{app_exec!r}: give NAMESPACE/POD,... (e.g. "
+                                 "default/frontend,default/backend1), or `bundle` with --bundle",
+                                 "--app-exec")
             docs += R.app_exec_documents(app_pods, subj)
-        return R.render(docs, f"# traceflow RBAC for {where} ({cni}): exec on these agent pods "
-                              "only; regenerate after the agents are restarted\n")
+        header = (f"# traceflow RBAC for {where} ({cni}): exec on these agent pods only; "
+                  "regenerate after the agents are restarted\n" if by_name else
+                  f"# traceflow RBAC for {where} ({cni}): exec on every pod of "
+                  f"{R.AGENT_NAMESPACE} (survives agent rollouts; wider than the agent pods "
+                  "alone: --exec-scope pods grants those by name)\n")
+        return R.render(docs, header)
     typer.echo(_run(build), nl=False)
 
 
@@ -626,8 +703,10 @@ class Shell(str, enum.Enum):
 
 @app.command("completion")
 def completion_cmd(shell: Shell = typer.Argument(..., help="bash, zsh or fish.")):
-    """Print the shell completion script (pods, Services, namespaces, nodes from the bundle or
-    cluster), e.g. `source <(traceflow completion bash)`."""
+    """Print the shell completion script: `source <(traceflow completion bash)`.
+
+    It completes commands and options, and the pods, Services, namespaces and nodes of the
+    bundle on the command line (or TRACEFLOW_BUNDLE, else the current cluster)."""
     typer.echo(completion.GENERATORS[shell.value](), nl=False)
 
 
@@ -637,109 +716,14 @@ def example_path_cmd():
     typer.echo(str(example_path()))
 
 
-@app.command("ovs-trace")
-def ovs_trace(
-    node: str = typer.Argument(..., help="Node whose OVS bridge to trace."),
-    flow: str = typer.Argument(..., help="Packet as for `ovs-appctl ofproto/trace`, e.g. "
-                                         "'in_port=frontend-a3ba2f,tcp,nw_src=10.222.1.48,"
-                                         "nw_dst=10.104.65.133,tp_dst=80'."),
-    table: int = typer.Option(0, "--table", help="Table to start in."),
-    ct_next: Optional[list[str]] = typer.Option(
-        None, "--ct-next", help="Conntrack state for the next ct() recirculation, e.g. "
-        "trk,est (repeat for each; then trk,new), as ofproto/trace --ct-next."),
-    bundle: Optional[Path] = BundleOpt,
-    output: Output = OutputOpt,
-    width: Optional[int] = WidthOpt,
-    verbose: bool = VerboseOpt,
-    wide: bool = WideOpt,
-    hop: Optional[str] = HopOpt,
-):
-    """Offline `ofproto/trace`: one node's OVS pipeline for one packet, every group bucket."""
-    def build():
-        from traceflow.questions.components import ovs_component_trace
-        return ovs_component_trace(_open_snapshot(bundle, end_to_end=False), node, flow, table,
-                                   ct_next)
-    trace = _run(build)
-    _emit(trace, output, width, verbose, wide, hop)
-    _exit_for(trace)
-
-
-@app.command("nf-trace")
-def nf_trace(
-    node: str = typer.Argument(..., help="Node whose iptables rules to use."),
-    src: str = typer.Option(..., "--src", help="Source IP."),
-    dst: str = typer.Option(..., "--dst", help="Destination IP."),
-    dport: Optional[int] = typer.Option(None, "--dport", min=1, max=65535,
-                                        help="Destination port."),
-    sport: int = typer.Option(54321, "--sport", min=1, max=65535, help="Source port."),
-    protocol: Protocol = ProtocolOpt,
-    hook: str = typer.Option("PREROUTING", "--hook",
-                             help="PREROUTING, INPUT, FORWARD, OUTPUT or POSTROUTING."),
-    iif: Optional[str] = typer.Option(None, "--iif", help="Input interface."),
-    oif: Optional[str] = typer.Option(None, "--oif", help="Output interface."),
-    mark: str = typer.Option("0", "--mark", help="Packet mark (fwmark): 16, 0x10 or 0o20."),
-    bundle: Optional[Path] = BundleOpt,
-    output: Output = OutputOpt,
-    width: Optional[int] = WidthOpt,
-    verbose: bool = VerboseOpt,
-    wide: bool = WideOpt,
-    hop: Optional[str] = HopOpt,
-):
-    """A netfilter trace of one packet at one hook: every chain and rule it meets."""
-    def build():
-        from traceflow.questions.components import nf_component_trace
-        from traceflow.questions.resolve import mark as parse_mark
-        _ip_option(src, "--src")
-        _ip_option(dst, "--dst")
-        snap = _open_snapshot(bundle, end_to_end=False)
-        return nf_component_trace(snap, node, hook.upper(), src, dst, protocol.value, sport,
-                                  dport, iif, oif, parse_mark(mark))
-    trace = _run(build)
-    _emit(trace, output, width, verbose, wide, hop)
-    _exit_for(trace)
-
-
-@app.command("route-get")
-def route_get(
-    node: str = typer.Argument(..., help="Node whose rules and routes to use."),
-    dst: str = typer.Argument(..., help="Destination IP."),
-    src: Optional[str] = typer.Option(None, "--from", help="Source IP."),
-    iif: Optional[str] = typer.Option(None, "--iif", help="Input interface (forwarded packet)."),
-    mark: str = typer.Option("0", "--mark", help="fwmark: 16, 0x10 or 0o20."),
-    bundle: Optional[Path] = BundleOpt,
-    output: Output = OutputOpt,
-    width: Optional[int] = WidthOpt,
-    verbose: bool = VerboseOpt,
-    wide: bool = WideOpt,
-    hop: Optional[str] = HopOpt,
-):
-    """Like `ip route get`: the rule, table and route the node's kernel would use."""
-    def build():
-        from traceflow.questions.components import route_component_trace
-        from traceflow.questions.resolve import mark as parse_mark
-        _ip_option(dst, "DST")
-        if src is not None:
-            _ip_option(src, "--from")
-        snap = _open_snapshot(bundle, end_to_end=False)
-        return route_component_trace(snap, node, dst, src, iif, parse_mark(mark))
-    trace = _run(build)
-    _emit(trace, output, width, verbose, wide, hop)
-    _exit_for(trace)
-
-
-def _ip_option(value: str, option: str) -> str:
-    """An IP address given on the command line, or an error naming the option."""
-    import ipaddress
-    try:
-        return str(ipaddress.ip_address(value.strip()))
-    except ValueError:
-        raise InputError(f"{value!r} is not an IPv4 or IPv6 address", option) from None
-
-
 def _register_questions() -> None:
-    """check / audit / diff live in traceflow.questions (many traces over one bundle)."""
-    from traceflow.cli.questions import register
-    register(app, sys.modules[__name__])
+    """The component commands (ovs-trace, nf-trace, route-get), check / audit / diff and
+    compare-capture live in their own modules, registered in this order (the order --help lists
+    them in)."""
+    from traceflow.cli import components, questions
+    components.register(app, sys.modules[__name__])
+    questions.register(app, sys.modules[__name__])
+    capture.register(app, sys.modules[__name__])     # compare-capture; captured packets
 
 
 _register_questions()
@@ -761,7 +745,13 @@ def run() -> None:
     """Console-script entry point."""
     if sys.argv[1:2] == ["__complete"]:     # the shell completion scripts' entry (fast path)
         sys.exit(completion.complete_main(sys.argv[2:]))
-    from traceflow.cli.help import pipe_closed_since, prog_name, quiet_closed_pipe, stdout_identity
+    from traceflow.cli.help import (not_a_command, pipe_closed_since, prog_name,
+                                    quiet_closed_pipe, stdout_identity)
+    hint = not_a_command(sys.argv[1:], {c.name for c in app.registered_commands},
+                         prog_name(sys.argv[0]))
+    if hint:
+        typer.echo(f"traceflow: error: {hint}", err=True)
+        sys.exit(int(ExitCode.BAD_INPUT))
     start = stdout_identity()
     try:
         app(prog_name=prog_name(sys.argv[0]))

@@ -107,10 +107,12 @@ class _BundleNames(_Names):
     names where the objects were located (the bundle index), parsing none of them; only
     ``deploy/`` needs the pods themselves (their owners)."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, node_dirs=None):
         self._cluster = cluster
         self.nodes = [n.name for n in cluster.nodes]
         self.node_ips = {n.name: n.internal_ip for n in cluster.nodes if n.internal_ip}
+        # the nodes whose files the bundle holds (nodes/NAME/): all a component command takes
+        self.node_dirs = list(node_dirs) if node_dirs is not None else None
 
     def node_ports(self) -> list:
         return sorted({p.node_port for s in self._cluster.services for p in s.ports
@@ -135,7 +137,8 @@ class _BundleNames(_Names):
 def _from_bundle(path: str) -> _Names:
     from traceflow.bundle.reader import Bundle
     from traceflow.bundle.index import load_cluster
-    return _BundleNames(load_cluster(Bundle.open(path)))
+    opened = Bundle.open(path)
+    return _BundleNames(load_cluster(opened), opened.node_names())
 
 
 def _from_cluster(kubeconfig: str | None, context: str | None) -> _Names:
@@ -208,6 +211,9 @@ def _kind_candidates(kind: str, cur: str, opts: dict, command: str) -> list:
     if kind == "namespace":
         return namespaces
     if kind == "node":
+        dirs = getattr(names, "node_dirs", None)
+        if dirs is not None and command in ("ovs-trace", "nf-trace", "route-get"):
+            return sorted(dirs)         # a node without files is refused by these commands
         return sorted(names.nodes)
     if kind in ("source", "destination"):
         return _end_candidates(kind, cur, names, ns, opts, command)

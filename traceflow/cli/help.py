@@ -46,14 +46,14 @@ def given_on_command_line(name: str) -> bool:
     return _parameter_source(name) not in (None, "DEFAULT", "DEFAULT_MAP")
 
 
-def require_cluster_access(kubeconfig) -> None:
+def require_cluster_access(kubeconfig, offline: str = BUNDLE_HINT) -> None:
     """Live collection needs a kubeconfig or an in-cluster service account; without either,
-    say how to trace offline instead of failing in the Kubernetes client (exit code 3, as for
-    any collection failure)."""
+    say how to work offline instead (``offline``) rather than failing in the Kubernetes client
+    (exit code 3, as for any collection failure)."""
     if kubeconfig is not None:
         if not Path(kubeconfig).is_file():
             raise CollectionError(f"cannot load Kubernetes credentials: kubeconfig {kubeconfig} "
-                                  f"does not exist; or {BUNDLE_HINT}")
+                                  f"does not exist; or {offline}")
         return
     env = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     if any(Path(p).expanduser().is_file() for p in env):
@@ -66,7 +66,19 @@ def require_cluster_access(kubeconfig) -> None:
     where = f"$KUBECONFIG ({os.environ['KUBECONFIG']}) names no existing file" if env else \
         "no --kubeconfig, no $KUBECONFIG, no ~/.kube/config, not inside a pod"
     raise CollectionError(f"cannot load Kubernetes credentials ({where}), so there is no cluster "
-                          f"to collect from: {BUNDLE_HINT}")
+                          f"to collect from: {offline}")
+
+
+def not_a_command(args: list, commands: set, prog: str = "traceflow") -> str | None:
+    """``traceflow frontend backendsvc``: two ends without a command. What to type instead
+    (a typo of a command is left to the usual "did you mean" of the parser)."""
+    import difflib
+    if len(args) < 2 or args[0].startswith("-") or args[0] in commands or \
+            args[1].startswith("-") or difflib.get_close_matches(args[0], commands, n=1):
+        return None
+    src, dst = args[0], args[1]
+    return (f"{src!r} is not a command: to trace from {src} to {dst}, write `{prog} trace "
+            f"{src} {dst}` (or pod-to-svc / pod-to-pod); `{prog} -h` lists the commands")
 
 
 def prog_name(argv0: str) -> str:

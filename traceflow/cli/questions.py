@@ -74,21 +74,24 @@ def register(app: typer.Typer, cli) -> None:
                                           ssh_config, insecure_accept_host_keys, errors)
             else:
                 snap, name = _load(bundle), str(bundle)
+            opened.append(snap)
             return run_check(s, Tracer(snap), name)
+        opened: list = []
         report = cli._run(build)
+        about = _about(opened, [r.trace for r in report.results])
         if junit is not None:
             from renderers.junit import render_junit
             try:
-                junit.write_text(render_junit(report), encoding="utf-8")
+                junit.write_text(render_junit(report, about=about), encoding="utf-8")
             except OSError as err:
-                cli._fail(InputError(f"cannot write the JUnit report: {err.strerror or err}",
-                                     str(junit)))
+                cli._fail(InputError(f"cannot write the JUnit report: {err.strerror or err}: "
+                                     "give --junit a path in a writable folder", str(junit)))
         if output is Format.json:
             from renderers.questions import check_to_dict, dumps
             typer.echo(dumps(check_to_dict(report, traces)))
         else:
             from renderers.questions import render_check_text
-            render_check_text(report, _console(width))
+            render_check_text(report, _console(width), about)
         if errors:
             typer.echo(f"traceflow: error: {cli._collection_summary(errors)}", err=True)
             raise typer.Exit(int(ExitCode.COLLECTION))
@@ -99,6 +102,10 @@ def register(app: typer.Typer, cli) -> None:
         bundle: Optional[Path] = cli.BundleOpt,
         all_pods: bool = typer.Option(False, "--all-pods", help="Every pod is its own client "
                                       "(default: pods grouped by namespace and labels)."),
+        fail_on: Optional[str] = typer.Option(
+            None, "--fail-on", help="Also exit 1 when a pair ends so: comma-separated verdicts "
+            "(dropped, unknown, partial) or dispositions (dropped-policy, no-route, rejected, "
+            "...), e.g. dropped,unknown."),
         output: AuditFormat = typer.Option(AuditFormat.table, "--output", "-o",
                                            help="Output format (jsonl: one line per pair as "
                                            "it is answered, for machines)."),
@@ -116,14 +123,18 @@ def register(app: typer.Typer, cli) -> None:
                                                     help="Stop, with the estimate, an audit "
                                                     "that would take longer."),
     ):
-        """Every Service port from every client group, and intent-vs-datapath drift: policies
-        the flows decide otherwise, balanced backends that differ from EndpointSlices, missing
-        peer routes/tunnel flows, pods whose route/ARP disagrees with the gateway.
+        """Trace every Service port from every client group, and find intent-vs-datapath drift.
 
-        Clients the datapath cannot tell apart share one trace (said per pair: traced_as).
-        Exit 0 when nothing drifted, 1 when a drift finding is reported (pairs that are not
-        delivered are listed with the reason but do not fail the audit)."""
+        Drift: policies the flows decide otherwise, balanced backends that differ from
+        EndpointSlices, missing peer routes/tunnel flows, pods whose route/ARP disagrees with
+        the gateway.
+
+        Exit 0 when nothing drifted, 1 when a drift finding is reported or a pair ends in an
+        outcome --fail-on names (without it, pairs that are not delivered are listed with the
+        reason but do not fail the audit)."""
         import sys
+        outcomes = _fail_on(fail_on)
+        opened: list = []
         sink = None
         if output is AuditFormat.jsonl:
             from traceflow.questions.audit import jsonl_writer
@@ -140,19 +151,26 @@ def register(app: typer.Typer, cli) -> None:
                 raise InputError("audit needs --bundle PATH (collect one with `traceflow "
                                  "collect --all-nodes -o bundle.tar.gz`)", "--bundle")
             chosen = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
-            return run_audit(_load(bundle), str(bundle), all_pods=all_pods,
+            snap = _load(bundle)
+            opened.append(snap)
+            return run_audit(snap, str(bundle), all_pods=all_pods,
                              jobs=jobs or os.cpu_count() or 1, nodes=chosen,
                              max_pairs=max_pairs, max_seconds=max_seconds,
                              sink=sink.pair if sink else None, announce=say)
         report = cli._run(build)
+        failing = _failing_pairs(report, outcomes)
         if sink is not None:
             sink.close(report)
         elif output is AuditFormat.json:
             report.write_json(sys.stdout)
         else:
             from renderers.questions import render_audit_text
-            render_audit_text(report, _console(width))
-        raise typer.Exit(int(ExitCode.NOT_DELIVERED if report.problems else ExitCode.OK))
+            render_audit_text(report, _console(width), _about(opened, [], report))
+            if failing:
+                typer.echo(f"audit: {failing} pair(s) ended in an outcome --fail-on "
+                           f"names ({', '.join(sorted(outcomes))})")
+        raise typer.Exit(int(ExitCode.NOT_DELIVERED if report.problems or failing
+                             else ExitCode.OK))
 
     @app.command("diff")
     def diff(
@@ -167,9 +185,11 @@ def register(app: typer.Typer, cli) -> None:
         paths: bool = typer.Option(False, "--paths", help="List every changed question and "
                                    "raw change (default: grouped, with counts)."),
     ):
-        """Which questions changed verdict or path between two bundles, grouped by how they
-        changed and the first hop where the walks diverge (file:line on each side), and the
-        raw changes counted per node and component, those a traced path used first.
+        """Compare two bundles: the questions whose verdict or path changed, and why.
+
+        Grouped by how they changed and the first hop where the walks diverge (file:line on
+        each side), verdict changes first; then the raw changes counted per node and component,
+        those a traced path used first. --paths lists every one.
 
         Exit 0 when nothing changed, 1 when something did."""
         def build():
@@ -191,11 +211,74 @@ def register(app: typer.Typer, cli) -> None:
                              else ExitCode.OK))
 
 
+def _about(opened: list, traces: list, audit=None):
+    """What the human views say about what each policy a drop names allows."""
+    from renderers.walk import About
+    about = About()
+    if not opened:
+        return about
+    from traceflow.questions.policywords import policy_words
+    names = audit.policy_names() if audit is not None else []
+    try:
+        about.policies = policy_words(opened[0].cluster, traces, names)
+    except InputError:        # a policy object nobody needed is unreadable: names alone
+        about.policies = {}
+    return about
+
+
+# what --fail-on takes: the verdicts a pair can have, and every disposition
+_VERDICT_WORDS = ("dropped", "unknown", "partial")
+
+
+def _fail_on(text: Optional[str]) -> set:
+    if text is None:
+        return set()
+    from traceflow.model.trace import Disposition
+    known = set(_VERDICT_WORDS) | {d.value for d in Disposition}
+    words = {w.strip() for w in text.split(",") if w.strip()}
+    bad = sorted(words - known)
+    if bad or not words:
+        raise_bad = InputError(
+            f"--fail-on {text!r}: {', '.join(map(repr, bad)) or 'nothing'} is not an outcome; "
+            f"give verdicts ({', '.join(_VERDICT_WORDS)}) or dispositions "
+            f"({', '.join(sorted(d.value for d in Disposition))}), comma-separated, e.g. "
+            "--fail-on dropped,unknown", "--fail-on")
+        typer.echo(f"traceflow: error: {raise_bad}", err=True)
+        raise typer.Exit(int(ExitCode.BAD_INPUT))
+    return words
+
+
+# the verdict each disposition belongs to (docs/trace-json-v1.md: the dispositions table)
+_DISPOSITION_VERDICT = {"loop": "unknown", "unknown": "unknown", "left-cluster": "delivered",
+                        "delivered-pod": "delivered", "delivered-host": "delivered"}
+
+
+def _failing_pairs(report, outcomes: set) -> int:
+    """How many pairs have a verdict, or a disposition of their first undelivered path (and
+    the verdict that disposition means), that is one of ``outcomes`` (counted as they
+    streamed: AuditReport.endings)."""
+    if not outcomes:
+        return 0
+    out = 0
+    for (verdict, disposition), n in report.endings.items():
+        said = {verdict}
+        if disposition:
+            said |= {disposition, _DISPOSITION_VERDICT.get(disposition, "dropped")}
+        if said & outcomes:
+            out += n
+    return out
+
+
 def _collect_all(context, kubeconfig, save_bundle, timeout, deadline, ssh_config, insecure,
                  errors: list):
     """Live: collect every node (a suite may touch any), then trace offline."""
     from collectors.live import CollectOptions, collect, write_bundle
+    from traceflow.cli.help import require_cluster_access
     from traceflow.cni import open_snapshot
+    # no cluster: say how to check a bundle instead
+    require_cluster_access(kubeconfig, "check a bundle instead: traceflow check SUITE.yaml "
+                                       "--bundle PATH (the bundled example: --bundle "
+                                       "\"$(traceflow example-path)\")")
     b = collect(CollectOptions(kubeconfig=str(kubeconfig) if kubeconfig else None,
                                context=context, all_nodes=True,
                                ssh_config=str(ssh_config) if ssh_config else None,

@@ -15,6 +15,9 @@ The manifest's ``cni`` picks the package; its modules are imported only when a b
 CNI is read. Nothing outside ``traceflow/cni/<name>/`` imports a CNI's package but this module:
 the snapshot, the walk, the questions and the CLI ask here.
 
+The kernel datapath CNIs (Flannel, Calico, the AWS VPC CNI, Azure CNI) share one Datapath,
+``traceflow.walk.kernel.KernelDatapath``; their packages give its conventions.
+
 Bundles whose manifest names no CNI, or one traceflow does not model, get Antrea's conventions
 (``DEFAULT``) without its register meanings, as they always have: the component commands
 (``ovs-trace``, ``nf-trace``, ``route-get``) read them; end-to-end traces refuse them
@@ -25,25 +28,24 @@ from __future__ import annotations
 
 from traceflow.model.errors import InputError
 
-SUPPORTED = ("antrea", "cilium")
+SUPPORTED = ("antrea", "cilium", "flannel", "calico", "aws-vpc-cni", "azure-cni")
 DEFAULT = "antrea"
+# manifest `cni:` value -> its package under traceflow/cni/ (a Python name)
+_PACKAGES = {"aws-vpc-cni": "awsvpc", "azure-cni": "azure"}
 # the bundled example `traceflow demo` traces (traceflow/examples/<DEMO_BUNDLE>)
 DEMO_BUNDLE = "antrea-encap-kube-proxy"
 
 
 def _package(cni: str):
     """The package of a supported CNI (imported on first use)."""
-    if cni == "antrea":
-        from traceflow.cni import antrea
-        return antrea
-    if cni == "cilium":
-        from traceflow.cni import cilium
-        return cilium
-    raise KeyError(cni)
+    if cni not in SUPPORTED:
+        raise KeyError(cni)
+    import importlib
+    return importlib.import_module(f"traceflow.cni.{_PACKAGES.get(cni, cni)}")
 
 
 def display_names() -> str:
-    """The CNIs traceflow traces, as messages name them: "Antrea and Cilium"."""
+    """The CNIs traceflow traces, as messages name them: "Antrea, Cilium, ... and Azure CNI"."""
     names = [_package(c).DISPLAY_NAME for c in SUPPORTED]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 

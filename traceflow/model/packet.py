@@ -64,6 +64,10 @@ class Packet:
         if self.tunnel:
             out["tun_src"] = self.tunnel.src
             out["tun_dst"] = self.tunnel.dst
+            # the outer header's kind, VNI (key) and UDP port (None: not UDP, e.g. IPIP)
+            out["tun_kind"] = self.tunnel.kind
+            out["tun_id"] = self.tunnel.vni
+            out["tun_dport"] = self.tunnel.dport or None
         return out
 
     def diff(self, before: "Packet") -> dict:

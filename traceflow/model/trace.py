@@ -46,12 +46,13 @@ class Disposition(str, enum.Enum):
 # what a hop's ``detail`` names: the typed fact it carries (docs/trace-json-v1.md)
 HOP_DETAILS = ("ovs-flow", "ovs-group", "netfilter-rule", "ipvs", "route", "neighbour",
                "conntrack", "nat", "bpf-map", "bpf-program", "tunnel", "underlay", "pod",
-               "host", "entry", "exit")
+               "host", "entry", "exit", "capture", "bridge-fdb")
 # the detail of a hop whose maker did not name one: by the component that made it
 _DETAIL_BY_COMPONENT = {"ovs": "ovs-flow", "iptables": "netfilter-rule", "nft": "netfilter-rule",
                         "ipvs": "ipvs", "route": "route", "neigh": "neighbour",
                         "tunnel": "tunnel", "underlay": "underlay", "pod": "pod",
-                        "host": "host", "tc": "bpf-program"}
+                        "host": "host", "tc": "bpf-program", "capture": "capture",
+                        "bridge": "bridge-fdb"}
 
 
 def typed_detail(hop: "Hop") -> str | None:
@@ -88,6 +89,12 @@ class Hop:
     map: str | None = None          # e.g. "cilium_lb4_services_v2", "cilium_policy_02215"
     entry: str | None = None        # the map entry that decided, verbatim
     detail: str | None = None       # the typed detail it carries (HOP_DETAILS); None: by component
+    # the device the packet is on at this hop, when the walk knows it: an interface of the
+    # node (antrea-gw0, a pod's veth, the uplink), the OVS bridge (br-int), a BPF hook's device
+    device: str | None = None
+    # headers this hop sets to a value the kernel picks at run time (a NAT's --random-fully
+    # source port): the value shown is one of many, a capture may show another
+    varies: tuple = ()
 
 
 @dataclass

@@ -30,13 +30,15 @@ class Pair:
     reason: str = ""
     detail: str = ""
     disposition: str | None = None  # the first undelivered path's (traceflow.trace.Disposition)
+    policies: list = field(default_factory=list)  # dropped-policy: the policies its drop names
     traced_as: list = field(default_factory=list)   # per pod: whose trace answered it
     index: int = 0                  # its place in the matrix
 
     def to_dict(self) -> dict:
         return {"client": self.client, "pods": self.pods, "service": self.service,
                 "verdict": self.verdict, "reason": self.reason, "detail": self.detail,
-                "disposition": self.disposition, "traced_as": self.traced_as}
+                "disposition": self.disposition, "policies": list(self.policies),
+                "traced_as": self.traced_as}
 
 
 PARALLEL_MIN = 2000             # fewer pod questions than this: not worth forking workers
@@ -64,6 +66,7 @@ class AuditReport:
         self.by_verdict: dict = {}
         self.by_disposition: dict = {}
         self.groups: dict = {}          # (disposition, reason) -> [count, [Pair ...]]
+        self.endings: dict = {}         # (verdict, disposition) -> pairs not delivered
         self.stands_for: dict = {}      # (traced pod, service) -> questions it answered
         self._sink = sink
         self._spool = None
@@ -81,6 +84,8 @@ class AuditReport:
             self.by_disposition[pair.disposition] = self.by_disposition.get(pair.disposition,
                                                                             0) + 1
         if pair.verdict != "delivered":
+            ending = (pair.verdict, pair.disposition)
+            self.endings[ending] = self.endings.get(ending, 0) + 1
             slot = self.groups.setdefault((pair.disposition or "", pair.reason), [0, []])
             slot[0] += 1
             if len(slot[1]) < EXAMPLES_PER_GROUP:
@@ -110,6 +115,10 @@ class AuditReport:
         for line in self._spool:
             yield json.loads(line)
         self._spool.seek(0, 2)
+
+    def policy_names(self) -> list[str]:
+        """The policies the drops of the pairs kept as examples name (what the text shows)."""
+        return [n for _, pairs in self.groups.values() for p in pairs for n in p.policies]
 
     def most_shared(self) -> list[dict]:
         top = sorted(self.stands_for.items(), key=lambda kv: (-kv[1], kv[0]))[:MOST_SHARED]
@@ -291,9 +300,9 @@ def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = N
 
 def _emit(report: AuditReport, mx, index: int, positions: list, results: list, combine) -> None:
     label, pods, dst = _pair_at(mx, index)
-    verdict, reason, detail, disposition = combine(results)
+    verdict, reason, detail, disposition, policies = combine(results)
     report.add(Pair(label, [pods[i].key for i in positions], pair_label(dst), verdict, reason,
-                    detail, disposition, [r.traced_as for r in results], index))
+                    detail, disposition, policies, [r.traced_as for r in results], index))
 
 
 def _pair_at(mx, index: int):

@@ -25,6 +25,7 @@ class Result:
     seconds: float = 0.0
     trace: Trace | None = None
     scope: str = "end-to-end"
+    failing: list = field(default_factory=list)   # the failing paths, as ``details`` says them
 
     @property
     def verdict(self) -> str:
@@ -98,7 +99,8 @@ def run_check(suite: Suite, tracer: Tracer, bundle_name: str, progress: bool | N
         report.results.append(Result(exp, pod.key, f"{dst.label} ({dst.ip}:{dst.port}/"
                                                    f"{dst.protocol})", passed, observed, message,
                                      details, time.monotonic() - s, trace,
-                                     trace.query.get("scope", "end-to-end")))
+                                     trace.query.get("scope", "end-to-end"),
+                                     failing_paths(trace, details)))
         bar.step()
     bar.close()
     report.seconds = time.monotonic() - t0
@@ -203,6 +205,15 @@ def _result(ok: bool, observed: str, bad: list, why: str) -> tuple[bool, str, st
     details = [describe_path(p) for p in bad]
     message = f"{why}, got {observed}" + (f": {details[0]}" if details else "")
     return False, observed, message, details
+
+
+def failing_paths(trace: Trace, details: list) -> list:
+    """The path each line of ``details`` describes (None when none), in its order: for views
+    that show the typed end of a failing path."""
+    by_line: dict = {}
+    for p in trace.paths:
+        by_line.setdefault(describe_path(p), p)
+    return [by_line.get(d) for d in details]
 
 
 def describe_path(p: Path) -> str:

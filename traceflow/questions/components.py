@@ -7,6 +7,8 @@ ACCEPT, a usable route), "dropped" means it did not.
 
 from __future__ import annotations
 
+import ipaddress
+
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.ovs import fields as F
@@ -18,9 +20,13 @@ from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verd
 
 
 def _node(snap: Snapshot, node: str):
-    if node not in snap.bundle.node_names():
-        raise InputError(f"node {node!r} is not in the bundle (it has: "
-                         f"{', '.join(snap.bundle.node_names()) or 'none'})", "NODE")
+    names = snap.bundle.node_names()
+    if node not in names:
+        listed = any(n.name == node for n in snap.cluster.nodes)
+        why = (f"node {node!r} is in k8s/nodes.yaml but its files were not collected (no "
+               f"nodes/{node}/)" if listed else f"node {node!r} is not in the bundle")
+        raise InputError(f"{why}: give one of {', '.join(names) or 'none (no nodes/ folder)'}",
+                         "NODE")
     return snap.node(node)
 
 
@@ -30,8 +36,16 @@ def parse_flow_spec(spec: str, bridge) -> dict:
     Read the way ofproto/trace reads it: a field left out is 0 (no TTL, no IPv4 unless a
     protocol word or dl_type says so), ``in_port`` may be a number, a port name, ``LOCAL``
     or the bridge's own name, and ``ct_mark``/``ct_label`` are the existing connection's."""
+    try:
+        return _flow_spec(spec, bridge)
+    except InputError as err:
+        # the flow is the FLOW argument, not a file: say so, and which piece of it
+        raise InputError(f"{err.reason}: {spec}", "FLOW") from None
+
+
+def _flow_spec(spec: str, bridge) -> dict:
     state: dict = {}
-    src = Source("<flow>", 1, spec)
+    src = Source("FLOW", 1, spec)
     for token in [t.strip() for t in spec.split(",") if t.strip()]:
         key, eq, value = token.partition("=")
         if not eq:
@@ -42,14 +56,28 @@ def parse_flow_spec(spec: str, bridge) -> dict:
         if key == "in_port":
             number = bridge.port_number(value.strip('"'))
             if number is None:
-                raise InputError.at(src, f"no port {value!r} on the bridge (see ovs-show.txt)")
+                names = sorted(p.name for p in bridge.ports.values())
+                shown = ", ".join(names[:12]) + (f", ... ({len(names)} ports)"
+                                                 if len(names) > 12 else "")
+                raise InputError.at(src, f"no port {value!r} on the bridge: give in_port= one "
+                                         f"of {shown or 'none (ovs-show.txt lists no port)'}, "
+                                         "or its OpenFlow number (ovs-show.txt)")
             state["in_port"] = number
             continue
-        m = _match(key, value, token, src)
-        if m.field.name != "nw_frag" and m.mask != F.full_mask(m.field) and \
-                m.field.kind != "ct_state":
+        if "/" in value and key in ("nw_src", "nw_dst", "ip_src", "ip_dst", "arp_spa", "arp_tpa"):
+            bits = value.rsplit("/", 1)[1]
+            if bits.isdigit() and int(bits) > 32:
+                raise InputError.at(src, f"{token!r}: an IPv4 prefix length is 0-32")
+        pieces = _match(key, value, token, src)
+        # exact unless written with a mask (a view such as dl_vlan= is a part of vlan_tci,
+        # nw_frag=first two bits of nw_frag: pieces with partial masks, still exact)
+        if pieces and pieces[0].field.kind != "ct_state" and (
+                "/" in value or value[:1] in "+-"
+                or pieces[0].field.name == "tcp_flags"
+                and pieces[0].mask != F.full_mask(pieces[0].field)):
             raise InputError.at(src, f"{token!r}: a packet has exact values, not a mask")
-        state[m.field.name] = m.value
+        for m in pieces:
+            state[m.field.name] = (state.get(m.field.name, 0) & ~m.mask) | m.value
     return state
 
 
@@ -92,6 +120,10 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
     states = parse_ct_states(ct_next or [])
     trace = Trace({"kind": "ovs-trace", "source": node, "destination": spec, "protocol": None,
                    "dst_port": state.get("tp_dst")})
+    given = set(state)
+    filled = _fill_from_pod(snap, model, bridge, state)
+    if filled:
+        trace.warnings.append(filled)
     first = _packet_from_state(state)
     for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
         leg = Leg("request", Verdict.UNKNOWN, [], spec)
@@ -107,25 +139,136 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
             drop = Drop(node, "ovs", str(last.table) if last else None,
                         last.flow.text if last and last.flow else None, run.unknown,
                         Disposition.UNKNOWN)
-        elif run.outputs:
+        elif run.forwarded:
             verdict = Verdict.DELIVERED
         else:
+            # no output, or only the packet-ins of an expired TTL: the packet goes no further
             verdict = Verdict.DROPPED
             hit = run.dropped_by or (run.hits[-1] if run.hits else None)
+            reason = "; ".join(hit.effects) if hit else "no table"
+            miss = _near_miss(bridge, model, run.hits, hit, state) if hit is not None else None
+            if hit is not None and "nw_ttl" not in given and _decrements_ttl(hit):
+                miss = ((miss + "; ") if miss else "") + (
+                    "the flow gives no nw_ttl, so the packet has TTL 0 (as ofproto/trace takes "
+                    "a field left out) and dec_ttl drops it: add nw_ttl=64 to the flow")
+            if miss:
+                reason += f"; {miss}"
+                leg.hops[run.hits.index(hit)].notes.append(miss)
             drop = Drop(node, "ovs", str(hit.table) if hit else None,
-                        hit.flow.text if hit and hit.flow else None,
-                        "; ".join(hit.effects) if hit else "no table",
+                        hit.flow.text if hit and hit.flow else None, reason,
                         Disposition.DROPPED_RULE if hit is not None and hit.flow is not None
                         else Disposition.TABLE_MISS)
         leg.verdict = verdict
-        outputs = ", ".join(f"port {o.port} ({bridge.port_name(o.port) if isinstance(o.port, int) else o.port})"
-                            for o in run.outputs)
+        outputs = ", ".join(f"port {o.port} ({_port_label(bridge, o)})" for o in run.outputs)
         choices = [f"group {g}: bucket {b} ({s:.0%})" for g, b, s in run.choices]
         if outputs:
             choices.append(f"output: {outputs}")
         trace.paths.append(Path(outputs or None, round(run.weight, 6), verdict, drop, [leg],
                                 choices, drop.disposition if drop is not None else None))
     return trace
+
+
+def _port_label(bridge, output) -> str:
+    if output.reason == "invalid_ttl":
+        return "packet-in: TTL expired"
+    return bridge.port_name(output.port) if isinstance(output.port, int) else output.port
+
+
+def _fill_from_pod(snap: Snapshot, model, bridge, state: dict) -> str | None:
+    """A packet entering on a pod's port gets the pod's own MAC (dl_src) and, for IPv4, IP
+    (nw_src) unless the flow gives them: what that pod's packets carry, and what the CNI's
+    anti-spoofing flows check (ofproto/trace would take 0 and drop it there). Said."""
+    if "in_port" not in state or ("dl_src" in state and "nw_src" in state):
+        return None
+    pod_ports = getattr(snap.conventions, "pod_ports", None)
+    if pod_ports is None:
+        return None
+    port = bridge.port_name(state["in_port"])
+    try:
+        ports = pod_ports(model)
+        ip = next((ip for ip, (name, _) in ports.items() if name == port), None)
+    except (Missing, InputError):
+        return None
+    if ip is None:
+        return None
+    mac = ports[ip][1]
+    pod = snap.cluster.pod_by_ip(ip)
+    who = f"{pod.key}'s" if pod is not None else f"the pod {ip}'s"
+    said = []
+    if "dl_src" not in state and mac:
+        state["dl_src"] = int(mac.replace(":", ""), 16)
+        said.append(f"dl_src={mac} (its MAC)")
+    if "nw_src" not in state and state.get("dl_type") == 0x0800:
+        state["nw_src"] = int(ipaddress.IPv4Address(ip))
+        said.append(f"nw_src={ip} (its IP)")
+    if not said:
+        return None
+    return (f"in_port {port} is {who} port: the packet is given {', '.join(said)}, as that "
+            "pod sends it; give these fields in the flow to trace other values")
+
+
+def _decrements_ttl(hit) -> bool:
+    """Whether the flow that ended the run decrements the TTL (dec_ttl: a TTL of 0 or 1 ends
+    the packet there)."""
+    from traceflow.engines.ovs.actions import DecTtl
+    try:
+        return hit.flow is not None and any(isinstance(a, DecTtl) for a in hit.flow.actions)
+    except ValueError:
+        return False
+
+
+def _near_miss(bridge, model, hits: list, hit, start: dict) -> str | None:
+    """For a drop by a table's lowest-priority flow (priority 0: the table's default) or a
+    table miss: the flow of that table the packet came closest to matching, and the fields it
+    did not meet (``the port's SpoofGuard flow at nodes/n1/ovs-flows.txt:17 wants
+    dl_src=be:2c:..., the packet has dl_src=00:00:...``). A flow that matches the packet's
+    in_port comes first (the port's own flow), then the fewest unmet fields."""
+    if hit.flow is not None and hit.flow.priority != 0:
+        return None
+    index = hits.index(hit)
+    before = next((h.state_after for h in reversed(hits[:index])
+                   if h.state_after is not None and h.stage == hit.stage), None)
+    state = before if before is not None else start
+    try:
+        flows = bridge.flows.table(hit.table)
+    except (InputError, KeyError):
+        return None
+    floor = hit.flow.priority if hit.flow is not None else -1
+    best = None
+    for flow in flows:
+        if flow.priority <= floor or flow.conj_id is not None:
+            continue
+        unmet = [m for m in flow.matches if not _meets(bridge, m, state)]
+        if not unmet:
+            continue
+        has_port = any(m.field.name == "in_port" for m in flow.matches)
+        port_ok = has_port and all(m.field.name != "in_port" for m in unmet)
+        key = (not port_ok, len(unmet), -flow.priority, flow.source.line)
+        if best is None or key < best[0]:
+            best = (key, flow, unmet, port_ok)
+    if best is None or (not best[3] and len(best[2]) > 2):
+        return None
+    _, flow, unmet, port_ok = best
+    name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
+    label = f"{name} flow" if name else f"table {hit.table} flow"
+    wants = ", ".join(m.text for m in unmet)
+    has = ", ".join(f"{m.field.name}={_value_of(bridge, m, state)}" for m in unmet)
+    who = "the port's" if port_ok else "the nearest"
+    return (f"near miss: {who} {label} at {flow.source.file}:{flow.source.line} wants {wants}, "
+            f"the packet has {has}")
+
+
+def _meets(bridge, m, state: dict) -> bool:
+    if m.value is None:          # in_port by name
+        return state.get("in_port") == bridge.port_number(m.port_name)
+    return (state.get(m.field.name, 0) & m.mask) == m.value
+
+
+def _value_of(bridge, m, state: dict) -> str:
+    value = state.get(m.field.name, 0)
+    if m.field.name == "in_port":
+        return bridge.port_name(value) if isinstance(value, int) else str(value)
+    return F.format_value(m.field, value)
 
 
 HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
@@ -172,12 +315,19 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
                        sport: int, dport: int | None, iif, oif, mark: int) -> Trace:
     from traceflow.engines.netfilter.engine import NodeContext
     if hook not in HOOKS:
-        raise InputError(f"unknown hook {hook!r}", "--hook")
+        raise InputError(f"unknown hook {hook!r}: give one of {', '.join(HOOKS)}", "--hook")
     model = _node(snap, node)
     rs, component, ipvs = node_packet_filter(snap, model)
+    if dport is None:
+        # a rule that matches a port (every kube-proxy Service rule) cannot be decided for a
+        # packet without one: ask, rather than answer unknown
+        raise InputError(f"which destination port? give --dport N ({proto.upper()} rules "
+                         f"match ports), e.g. `traceflow nf-trace {node} --src {src} --dst "
+                         f"{dst} --dport 80`", "--dport")
     pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
                  tp_dst=dport, mark=mark)
-    ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets, in_iface=iif,
+    ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets,
+                      interface_addresses=model.interface_addresses, in_iface=iif,
                       out_iface=oif, ct_state={"NEW"}, ct_dir="ORIGINAL", connmark=0, node=node)
     trace = Trace({"kind": "nf-trace", "source": src, "destination": dst,
                    "protocol": proto.upper(), "dst_port": dport, "hook": hook, "node": node})
@@ -260,6 +410,13 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
         routes = model.routes
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
+    try:
+        devices = sorted(i.name for i in (model.interfaces or ()))
+    except Missing:                 # no ip-addr/ip-link: the lookup says what it lacks
+        devices = []
+    if iif is not None and devices and iif not in devices:
+        raise InputError(f"no device {iif!r} on {node}: give one of {', '.join(devices)}",
+                         "--iif")
     dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
                        local_addresses=model.local_addresses, interfaces=model.interfaces or None,
                        sysctls=model.sysctls)

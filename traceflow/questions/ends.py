@@ -237,8 +237,16 @@ def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str |
     ip = _ip(host)
     if ip is None:
         if inline is not None:
-            raise InputError(f"{ref}: only an IP, node/NAME or svc/NAME takes :PORT; give a pod's "
-                             "port with --port", "DESTINATION")
+            ns, name = _split(host, namespace)
+            if cluster.find_service(ns, name) is not None:
+                hint = f"{host} is a Service: write svc/{host}:{inline}"
+            elif cluster.find_pod(ns, name) is not None:
+                hint = f"{host} is a pod: write {host} --port {inline}"
+            else:
+                hint = (f"write svc/NAME:{inline} for a Service, node/NAME:{inline} for a node, "
+                        f"or a pod with --port {inline}")
+            raise InputError(f"{ref}: only an IP, node/NAME or svc/NAME takes :PORT; {hint}",
+                             "DESTINATION")
         return _named_dest(cluster, ref, namespace, port, proto, pod_of, service_of)
     inline_n = _port_number(inline, "DESTINATION")
     for p in cluster.pods_at(ip):
@@ -339,8 +347,10 @@ def _service_dest(cluster: Cluster, svc: Service, inline: str | None, port: str 
         import dataclasses
         return dataclasses.replace(ep, note=note), number[0], number[1], [note]
     sp = _frontend_port(svc, inline, port, proto)
+    from traceflow.questions.ports import unserved
+    note = unserved(svc, sp)
     return (Endpoint.of_service(svc, Frontend.CLUSTERIP, svc.cluster_ip, sp.port), sp.port,
-            sp.protocol.upper(), [])
+            sp.protocol.upper(), [note] if note else [])
 
 
 def _frontend_port(svc: Service, inline: str | None, port: str | None, proto: str | None):

@@ -86,7 +86,8 @@ class PodResult:
     """One pod's trace of one pair, reduced to what the pair's answer needs."""
 
     verdict: str
-    bad: tuple | None           # (reason, detail, disposition) of its first undelivered path
+    bad: tuple | None           # (reason, detail, disposition, policies its drop names) of its
+    #                             first undelivered path
     disposition: str | None     # its first path's disposition (a delivered pair says it)
     host_only: bool             # answered for the Service translation only (host-only bundle)
     traced_as: str              # the pod whose trace answered (itself, or its class's)
@@ -105,18 +106,20 @@ def pod_result(trace, pod_key: str) -> PodResult:
             reason = (f"{d.component}{' ' + str(d.table) if d.table else ''}: {d.reason}"
                       if d else str(p.verdict))
             bad = (reason, describe_path(p),
-                   str(p.disposition) if p.disposition is not None else None)
+                   str(p.disposition) if p.disposition is not None else None,
+                   tuple(d.policies) if d is not None else ())
     return PodResult(str(trace.verdict), bad, first, trace.query.get("scope") == SCOPE_SERVICE,
                      trace.query.get("shares_trace_of") or pod_key)
 
 
-def combine(results: list[PodResult]) -> tuple[str, str, str, str | None]:
-    """(verdict, grouping reason, one detailed line, disposition) of one pair over its pods'
-    results: the disposition and reason of its first path that was not delivered."""
+def combine(results: list[PodResult]) -> tuple[str, str, str, str | None, list]:
+    """(verdict, grouping reason, one detailed line, disposition, policies) of one pair over
+    its pods' results: the disposition, reason and the policies its drop names of its first
+    path that was not delivered."""
     verdicts = {r.verdict for r in results}
     if verdicts == {"delivered"}:
         firsts = [r.disposition for r in results if r.disposition is not None]
-        return "delivered", "", "", firsts[0] if firsts else None
+        return "delivered", "", "", firsts[0] if firsts else None, []
     if len(verdicts) == 1:
         verdict = verdicts.pop()
     elif "delivered" in verdicts or "partial" in verdicts:
@@ -125,8 +128,8 @@ def combine(results: list[PodResult]) -> tuple[str, str, str, str | None]:
         verdict = "unknown" if "unknown" in verdicts else "dropped"
     for r in results:
         if r.bad is not None:
-            return verdict, r.bad[0], r.bad[1], r.bad[2]
-    return verdict, verdict, "", None
+            return verdict, r.bad[0], r.bad[1], r.bad[2], list(r.bad[3])
+    return verdict, verdict, "", None, []
 
 
 @dataclass

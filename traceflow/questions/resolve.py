@@ -8,6 +8,8 @@ is, that a name is a Service and not a pod, the ports a Service has.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 from traceflow.bundle.kube import Cluster, Pod, Service, deployment_pods
@@ -19,9 +21,28 @@ from traceflow.questions.ports import check_port, pod_port, service_port  # noqa
 
 # ---- pods ----------------------------------------------------------------------------------
 
+_DOTTED = re.compile(r"(\d+)\.(\d+)\.(\d+)\.(\d+)(/\d+)?(:\d+)?")
+
+
+def address_typo(ref: str, option: str) -> None:
+    """``10.0.0.300``, ``1.1.1.1/24``: what looks like an IPv4 address and is none, said as
+    such (not as a pod that is not found)."""
+    m = _DOTTED.fullmatch(ref.strip())
+    if m is None:
+        return
+    if any(int(x) > 255 for x in m.groups()[:4]):
+        raise InputError(f"{ref!r} is not an IPv4 address: each of its four numbers is 0-255 "
+                         "(e.g. 10.0.0.1)", option)
+    if m.group(5):
+        addr = ".".join(m.groups()[:4])
+        raise InputError(f"{ref!r} is a prefix: give one address ({addr}{m.group(6) or ''})",
+                         option)
+
+
 def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod:
     """The pod ``ref`` names (see the module doc), or an InputError saying what to type."""
     ref = ref.strip()
+    address_typo(ref, role.upper())
     if not ref:
         raise InputError(f"the {role} is empty: give a pod name, namespace/pod, deploy/NAME or an IP",
                          role.upper())
@@ -37,6 +58,7 @@ def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod
         raise InputError(f"{svc.key} is a Service, not a pod: {_svc_hint(cluster, role, svc)}",
                          role.upper())
     ref = _strip(ref, POD_PREFIXES) or ref
+    _kind_after_namespace(ref, role)
     ns, name = _split(ref, namespace)
     found = cluster.find_pod(ns, name)
     if found is not None:
@@ -47,6 +69,17 @@ def pod(cluster: Cluster, ref: str, namespace: str, role: str = "source") -> Pod
     if empty is not None:
         raise InputError(f"pod {ns}/{name} not found: {empty.reason}", empty.file, empty.line)
     raise _located_not_found(cluster, PODS, _pod_not_found(cluster, ns, name, role), ns)
+
+
+def _kind_after_namespace(ref: str, role: str) -> None:
+    """``ns/deploy/x`` (a kind after the namespace) is no kubectl form: say what to type."""
+    parts = ref.split("/")
+    if len(parts) == 3 and parts[1] + "/" in (*DEPLOY_PREFIXES, *SVC_PREFIXES, *POD_PREFIXES):
+        ns, kind, name = parts
+        raise InputError(f"{ref}: the kind comes first and the namespace goes in -n: write "
+                         f"{kind}/{name} -n {ns}" + (f" (or {ns}/{name})" if kind in
+                                                     ("pod", "pods", "po") else ""),
+                         role.upper())
 
 
 def _located_not_found(cluster: Cluster, file: str, msg: str, ns: str) -> InputError:
@@ -164,6 +197,14 @@ def service(cluster: Cluster, ref: str, namespace: str) -> Service:
                              f"SOURCE {p.key}`", "SERVICE")
         raise InputError(f"no Service in the bundle has the cluster IP {ip}", SERVICES)
     ref = _strip(ref, SVC_PREFIXES) or ref
+    _kind_after_namespace(ref, "service")
+    host, colon, after = ref.rpartition(":")
+    if colon and after and "/" not in after and (after.isdigit() or after.isidentifier()):
+        # SERVICE:PORT, or a cluster IP with its port: the port goes in --port here
+        what = host if _ip(host) is None else host
+        raise InputError(f"{ref}: pod-to-svc takes the Service and its port apart: write "
+                         f"{what} --port {after} (or `traceflow trace SOURCE "
+                         f"{'svc/' if _ip(host) is None else ''}{host}:{after}`)", "SERVICE")
     if _strip(ref, POD_PREFIXES) is not None or _strip(ref, DEPLOY_PREFIXES) is not None:
         raise InputError(f"{ref} is not a Service: pod-to-svc needs a Service (name, "
                          "namespace/name or svc/NAME); use pod-to-pod for a pod", "SERVICE")
@@ -306,6 +347,8 @@ def trace_query(snap, source: str, destination: str, namespace: str = "default",
     from traceflow.walk.state import Query
     cluster = snap.cluster
     cidr = getattr(snap, "service_cidr", None)
+    address_typo(source, "SOURCE")
+    address_typo(destination, "DESTINATION")
     src = source_endpoint(cluster, source, namespace, cidr)
     dst, number, proto, notes = destination_endpoint(cluster, destination, namespace, port,
                                                      protocol, cidr)

@@ -75,6 +75,9 @@ class Resolver:
     # ---- sources -------------------------------------------------------------------------
     def sources(self, ref, namespace: str, where: str) -> list[Pod]:
         """Every pod a `from:` names (a selector may name several; none is an error)."""
+        if isinstance(ref, str):
+            from traceflow.questions.resolve import address_typo
+            address_typo(ref, where)
         if isinstance(ref, dict):
             ns = ref.get("namespace", namespace)
             if "selector" in ref:
@@ -140,6 +143,9 @@ class Resolver:
     # ---- destinations ----------------------------------------------------------------------
     def destination(self, ref, namespace: str, port: int | None, protocol: str | None,
                     where: str) -> Destination:
+        if isinstance(ref, str):
+            from traceflow.questions.resolve import address_typo
+            address_typo(ref, where)
         if isinstance(ref, dict):
             ns = ref.get("namespace", namespace)
             p = int(ref["port"]) if str(ref.get("port", "")).isdigit() else ref.get("port")

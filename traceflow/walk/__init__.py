@@ -10,7 +10,8 @@ The walk never imports a CNI: the CNI's Datapath class is handed to it.
 - ``pod``: a pod's own routes and neighbours (the first hop out of eth0).
 - ``ovs_bridge``: an OVS table hit as a hop, a packet as the simulator's fields.
 - ``datapath``: what a CNI provides (``traceflow.cni.antrea.datapath``,
-  ``traceflow.cni.cilium.datapath``): how a packet leaves a pod, the components of its own
+  ``traceflow.cni.cilium.datapath``, and ``kernel``: the kernel datapath Flannel, Calico, the
+  VPC CNI and Azure CNI share, each with its conventions): how a packet leaves a pod, the components of its own
   places (an OVS bridge, BPF programs on hooks), and where a device the host stack sends to
   leads; ``Balanced``, the backends a CNI's load balancer reads back for the audit.
 - ``intent``: the NetworkPolicies as written against what the datapath did (a check the

@@ -22,6 +22,7 @@ from traceflow.model.errors import InputError
 from traceflow.model.packet import PROTO_NUMBERS, Packet
 from traceflow.bundle.snapshot import Missing, Snapshot
 from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verdict
+from traceflow.walk import seen
 from traceflow.walk.endpoints import Kind
 from traceflow.walk.host import HostStack
 from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
@@ -73,7 +74,7 @@ class Walk:
                 paths.append(path)
             elif verdict == Verdict.DELIVERED and q.reply:
                 for rb in self._reply(b, endpoint, q):
-                    paths.append(self._path(rb, endpoint, b))
+                    paths.extend(self._after_reply(rb, endpoint, b, q))
             else:
                 paths.append(self._path(b, endpoint, b))
         if q.endpoint:
@@ -87,6 +88,18 @@ class Walk:
         from traceflow.bundle.collected import annotate   # lists not collected, truncated files
         annotate(self.snap, trace)
         return trace
+
+    def _after_reply(self, rb: Branch, endpoint, request: Branch, q: Query) -> list:
+        """The path of a request and its reply; for a captured packet of an established
+        connection, the captured packet walked after them (traceflow.walk.seen)."""
+        captured = q.captured
+        if captured is None or not captured.established or captured.direction != "request":
+            return [self._path(rb, endpoint, request)]
+        if rb.end is None or rb.end[0] != Verdict.DELIVERED:
+            seen.not_established(rb, q)
+            return [self._path(rb, endpoint, request)]
+        return [self._path(eb, eb.end[2] or endpoint, eb)
+                for eb in seen.established_leg(self, rb, endpoint, q)]
 
     def _path(self, b: Branch, endpoint, request: Branch | None = None) -> Path:
         verdict, drop, _ = b.end
@@ -104,6 +117,9 @@ class Walk:
 
     # ---- the first packet ------------------------------------------------------------------
     def _initial_packet(self, q: Query) -> Packet:
+        captured = seen.first_packet(q)
+        if captured is not None:
+            return captured
         return Packet(nw_src=q.src.address, nw_dst=q.dst_ip,
                       nw_proto=PROTO_NUMBERS[q.protocol.lower()],
                       tp_src=q.src_port, tp_dst=q.dst_port,
@@ -113,6 +129,9 @@ class Walk:
         """The request leg from the query's source: a pod, a node, or outside the cluster
         (one branch per node it may enter, each its share of the clients)."""
         src = q.src
+        if q.captured is not None and q.captured.direction == "request" and \
+                (q.captured.start is not None or q.captured.outer is not None):
+            return seen.start(self, branch, packet, q)      # where the capture was taken
         if src.kind is Kind.POD:
             return self._walk_leg(branch, src.pod, packet, q)
         if src.kind is Kind.NODE:
@@ -139,6 +158,8 @@ class Walk:
             return [self.missing(branch, pod.node or "?", "pod", miss)]
         if start is None:
             return [branch]
+        if branch.leg.direction == "request":
+            seen.keep_captured_macs(self, branch, start, q)
         return self._run(branch, start, q)
 
     def _from_node(self, branch: Branch, node: str, packet: Packet, q: Query) -> list[Branch]:
@@ -173,7 +194,7 @@ class Walk:
                 f"answer back to {packet.nw_dst}, the address the request left with")
         branch.add(Hop(node, "underlay", device, None,
                        f"{whom}; it arrives on {node}'s {device}", packet=packet.headers(),
-                       detail="entry", notes=[note]))
+                       detail="entry", notes=[note], device=device))
         branch.entry = (node, device)
         try:
             start = self.datapath.enter_from_outside(branch, node, device, packet, q)
@@ -231,6 +252,10 @@ class Walk:
                 done.append(b.finish(Verdict.UNKNOWN, Drop(loc.node, component, None, None,
                                                            "forwarding loop", Disposition.LOOP)))
                 continue
+            b.place = self._place(loc)
+            if seen.before_the_capture(self, b, loc, q):
+                done.append(b)
+                continue
             step = self.components.get(type(loc))
             if step is None:   # a datapath handing on to a place nobody models is a bug
                 raise TypeError(f"no component handles {type(loc).__name__}")
@@ -245,6 +270,19 @@ class Walk:
                 else:
                     work.append((nb, nloc))
         return done
+
+    def _place(self, loc) -> str | None:
+        """The device a location's hops are on (Hop.device): the interface the host stack
+        received it on, a hook's device, the OVS bridge."""
+        if isinstance(loc, AtHost):
+            return loc.iif
+        device = getattr(loc, "device", None)
+        if device is None and hasattr(loc, "in_port"):
+            try:
+                device = self.snap.node(loc.node).bridge.local_name
+            except Missing:
+                return None
+        return device
 
     def missing(self, b: Branch, node: str, component: str, miss: Missing) -> Branch:
         b.add(Hop(node, component, None, None, f"cannot continue: {miss}", unknown=True))
@@ -282,7 +320,7 @@ class Walk:
                        f"{server.key if isinstance(server, kube.Pod) else server} answers; "
                        f"assumed: the answer comes back to the host through {device} (the "
                        f"CNI's datapath is not in the bundle)", packet=reply.headers(),
-                       detail="pod", notes=["assumption: host-only bundle"]))
+                       detail="pod", notes=["assumption: host-only bundle"], device=device))
             return self._run(rb, AtHost(node, device, reply), q)
         if how is Disposition.DELIVERED_HOST and not isinstance(server, kube.Pod):
             return self._from_node(rb, str(server).removeprefix("node/"), reply, q)

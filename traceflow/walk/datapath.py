@@ -3,7 +3,8 @@
 A Datapath knows its CNI's places and conventions; the solver core and the host stack know
 only this interface. Antrea's is ``traceflow.cni.antrea.datapath`` (an OVS bridge with a
 gateway and a tunnel port), Cilium's ``traceflow.cni.cilium.datapath`` (BPF programs on
-the hooks of lxc, native and overlay devices).
+the hooks of lxc, native and overlay devices), and ``traceflow.walk.kernel`` the one the
+CNIs whose packets move through the Linux stack share (veth pairs, bridges, VXLAN/IPIP).
 
 Where a leg starts and ends (traceflow.walk.core, by the query's typed ends):
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traceflow.model.errors import Source
+from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 from traceflow.walk.state import AtHost
 
 
@@ -83,6 +85,18 @@ class Datapath:
     def describe_mac(self, mac):
         return None
 
+    def netfilter_drop(self, node: str, component: str, nf, last):
+        """(reason, Disposition, policies) when a drop by netfilter rules is this CNI's
+        NetworkPolicy enforcement (Calico's ``cali-tw-*`` chains), so the trace names the
+        policies; None for any other drop (dropped-rule)."""
+        return None
+
+    def local_input(self, branch, loc, node, pkt):
+        """(branch, next location | None) when a packet delivered to the node itself (after
+        the INPUT hook) belongs to this datapath: a tunnel's outer packet its device
+        decapsulates. None: the host's sockets take it, as for any local packet."""
+        return None
+
     # ---- traffic from and to outside the cluster -------------------------------------------
     def enter_from_outside(self, branch, node_name: str, device: str, packet, q):
         """Where a packet from outside the cluster (a client of a NodePort, LoadBalancer or
@@ -95,6 +109,29 @@ class Datapath:
         ``from-netdev`` on the native device, nodeport_lb4; Antrea with proxyAll: the host
         stack, then OVS through the gateway with its NodePortMark)."""
         return AtHost(node_name, device, packet)
+
+    # ---- a walk that starts where a packet was captured (traceflow.walk.seen) ---------------
+    def start_at(self, branch, node_name: str, device: str, packet, q, sent: bool | None):
+        """Where a packet captured on ``node_name``'s ``device`` goes next: ``sent`` is True
+        when the node's side of the device transmitted it (tcpdump's Out), False when it
+        received it, None when the capture does not say. Return a Location, None when the
+        branch already ended, or NotImplemented when the device is none of this datapath's
+        (the walk then takes the host's view: received, ``enter_from_outside``; sent, on the
+        wire). Taps see a received packet before the device's rx handler or tc ingress, and a
+        sent one after tc egress (net/core/dev.c: ptype_all before sch_handle_ingress and
+        rx_handler; dev_queue_xmit_nit in dev_hard_start_xmit)."""
+        return NotImplemented
+
+    def arrive_by_tunnel(self, branch, node_name: str, packet, q):
+        """A packet that arrives on ``node_name`` in this datapath's tunnel (``packet.tunnel``
+        holds the outer header, from a capture): the next Location, or None when the branch
+        already ended. The default: not modelled, said."""
+        why = (f"a packet arriving on {node_name} in a {packet.tunnel.kind} tunnel is not "
+               f"modelled for {self.name}")
+        branch.add(Hop(node_name, "tunnel", None, None, why, unknown=True))
+        branch.finish(Verdict.UNKNOWN, Drop(node_name, "tunnel", None, None, why,
+                                            Disposition.UNKNOWN))
+        return None
 
     def source_identity(self, pod):
         """(MAC, port number, port name) of ``pod``'s own port in this datapath, when its

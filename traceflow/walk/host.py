@@ -5,6 +5,8 @@ that device leads (back into a CNI's datapath, out of the node) the CNI's Datapa
 
 from __future__ import annotations
 
+import dataclasses
+
 from traceflow.model import reads as _reads
 from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
@@ -13,6 +15,10 @@ from traceflow.model.trace import Disposition, Drop, Exit, Hop, Verdict
 from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
 from traceflow.walk.ct_hop import ct_hop as _ct_hop
+
+
+# link types of devices that carry IP without a link-layer header (`link/ipip`, `link/none`)
+_NO_L2 = ("ipip", "gre", "sit", "none", "tunnel6")
 
 
 class HostStack:
@@ -62,6 +68,7 @@ class HostStack:
         else:
             new_conn = True
         ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                          interface_addresses=node.interface_addresses,
                           in_iface=loc.iif, out_iface=None,
                           ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                           ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=loc.node)
@@ -71,7 +78,12 @@ class HostStack:
             if nb.end:
                 results.append((nb, None))
                 continue
-            results.extend(self._route_and_forward(nb, loc, node, npkt, ctx, new_conn, tup,
+            bctx, bnew = ctx, new_conn
+            if npkt.extra.pop("untracked", False):
+                # raw's NOTRACK: no conntrack entry, so no NAT table at any later hook and
+                # nothing confirmed (nf_conntrack_in skips a template-less untracked skb)
+                bctx, bnew = dataclasses.replace(ctx, ct_state={"UNTRACKED"}), False
+            results.extend(self._route_and_forward(nb, loc, node, npkt, bctx, bnew, tup,
                                                    late_src))
         return results
 
@@ -97,6 +109,8 @@ class HostStack:
                                   f"({nf.weight:.0%} of new connections)")
             if nf.verdict != "ACCEPT":
                 self._nf_end(nb, node, component, nf)
+            if "UNTRACKED" in nf.ct_state:
+                nf.packet.extra["untracked"] = True     # read (and removed) by the caller
             out.append((nb, nf.packet, nf.nat))
         return out
 
@@ -110,13 +124,17 @@ class HostStack:
         if any(word in step.effect.upper() for word in ("DNAT", "SNAT", "MASQUERADE", "MARK")):
             hop.packet = nf.packet.headers()
             hop.changed = nf.packet.diff(before)
+            nat = nf.nat
+            if nat is not None and nat.random_port and nat.kind != "DNAT" and \
+                    nat.kind in step.effect:
+                hop.varies = ("tp_src",)     # the kernel picks it: not predictable
         return hop
 
-    @staticmethod
-    def _nf_end(b: Branch, node: str, component: str, nf) -> Branch:
-        """A branch the hook did not accept: dropped (a DROP rule or policy: dropped-rule),
-        rejected (REJECT, or IPVS answering ICMP for a service without real servers:
-        rejected, as the client sees it), or not decidable (unknown)."""
+    def _nf_end(self, b: Branch, node: str, component: str, nf) -> Branch:
+        """A branch the hook did not accept: dropped (a DROP rule or policy: dropped-rule,
+        unless the CNI's datapath says the rule is its policy enforcement: dropped-policy,
+        naming the policies), rejected (REJECT, or IPVS answering ICMP for a service without
+        real servers: rejected, as the client sees it), or not decidable (unknown)."""
         last = nf.steps[-1] if nf.steps else None
         rule = last.rule.text if last is not None and last.rule is not None else None
         table = last.table if last is not None else None
@@ -126,7 +144,15 @@ class HostStack:
                                                   Disposition.UNKNOWN))
         reason = f"{nf.verdict} in {last.table}/{last.chain}: {last.effect}" if last else nf.verdict
         disposition = Disposition.REJECTED if nf.verdict == "REJECT" else Disposition.DROPPED_RULE
-        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason, disposition))
+        policies = ()
+        named = self.datapath.netfilter_drop(node, component, nf, last) if last else None
+        if named is not None:
+            reason, disposition, policies = named
+            dropping = next(b.leg.last_hops(), None)
+            if dropping is not None:
+                dropping.notes.append(f"why: {reason}")
+        return b.finish(Verdict.DROPPED, Drop(node, component, table, rule, reason, disposition,
+                                              tuple(policies)))
 
     def _route_and_forward(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, ctx,
                            new_conn: bool, orig_tuple, late_src) -> list:
@@ -138,6 +164,7 @@ class HostStack:
         if dec.kind != "unicast":
             return [(self._no_route(b, loc.node, dec), None)]
         ctx.out_iface = dec.dev
+        b.place = dec.dev          # FORWARD, POSTROUTING and the neighbour act for the out device
         # forwarding decrements the TTL before the FORWARD hook (ip_forward); a packet the
         # node sends itself keeps its socket's TTL
         pkt = pkt.copy()
@@ -228,6 +255,12 @@ class HostStack:
             if ib.end:
                 results.append((ib, None))
                 continue
+            # the CNI's datapath may own the packet here: a tunnel's outer packet for this
+            # node is decapsulated by its device (vxlan_rcv, ipip_rcv) after INPUT
+            claimed = self.datapath.local_input(ib, loc, node, ipkt)
+            if claimed is not None:
+                results.append(claimed)
+                continue
             branches = ipvs.evaluate(ipkt) if ipvs is not None else None
             if branches is not None:
                 outcomes.extend(self._ipvs(ib, loc, node, ipkt, ctx, branches))
@@ -267,6 +300,7 @@ class HostStack:
                 outcomes.append((self._no_route(nb, loc.node, odec), nf.packet, odec))
                 continue
             ctx.out_iface = odec.dev
+            nb.place = odec.dev
             sent = nf.packet.copy()
             sent.nw_ttl -= 1      # IPVS forwards a client's packet: TTL - 1 (ip_vs_xmit.c)
             outcomes.extend(self._postrouting(nb, loc.node, node, sent, ctx, odec))
@@ -294,6 +328,13 @@ class HostStack:
             reason = (f"{dec.dev} is a NOARP device ({iface.source.file}:{iface.source.line}): "
                       f"no neighbour lookup for {nexthop}, the frame goes to {dec.dev}'s own "
                       f"address {iface.mac}")
+        elif iface is not None and "NOARP" in iface.flags and iface.link_type in _NO_L2:
+            # a NOARP device without a link-layer address (ipip, gre, wireguard): no neighbour
+            # at all, the device takes the packet as it is (dev->header_ops is NULL)
+            result_mac, text, src, ok = "00:00:00:00:00:00", None, iface.source, True
+            reason = (f"{dec.dev} is a {iface.link_type} device without link-layer addresses "
+                      f"({iface.source.file}:{iface.source.line}): no neighbour lookup for "
+                      f"{nexthop}")
         elif neigh is None:
             result_mac, text, src, ok = None, None, None, None
             reason = f"needs nodes/{loc.node}/ip-neigh.txt to resolve {nexthop} on {dec.dev}"
@@ -315,7 +356,7 @@ class HostStack:
             pkt.dl_dst = result_mac
         b.add(Hop(loc.node, "neigh", dec.dev, text, reason, source=src, packet=pkt.headers(),
                   changed=pkt.diff(before), notes=notes, unknown=ok is None and not result_mac,
-                  detail="neighbour"))
+                  detail="neighbour", device=dec.dev))
         if ok is False:
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "neigh", dec.dev, text,
                                                    f"neighbour unreachable: {reason}",
@@ -379,6 +420,7 @@ class HostStack:
         text = (f"leaves the cluster: {node_name} sends it out of {device} ({towards}) as "
                 f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}")
         b.add(Hop(node_name, "underlay", device, rule, text, packet=pkt.headers(), detail="exit",
+                  device=device,
                   notes=[] if meant else [f"{pkt.nw_dst} is not where this leg was going: what "
                                           "happens beyond the node is not in the bundle"]))
         b.final_packet = pkt

@@ -21,6 +21,7 @@ functions only chain its steps in the kernel's order for a locally sent or recei
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from traceflow.model.errors import InputError
@@ -109,14 +110,20 @@ def send(host, branch, sender: Sender, packet, at_host):
                        f"(an unbound socket; {own})",
                        packet=packet.headers(), changed=packet.diff(before), detail="route"))
     orig = packet.copy()
-    ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets, in_iface=None,
+    ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,
+                      interface_addresses=node.interface_addresses, in_iface=None,
                       out_iface=dec.dev, ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                       ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=node_name)
-    outcomes = []
+    outcomes, untracked = [], set()
     for ob, opkt, _ in host._netfilter(branch, node.netfilter, "OUTPUT", packet, ctx, node_name):
         if ob.end:
             outcomes.append((ob, opkt, dec))
             continue
+        octx = ctx
+        if opkt.extra.pop("untracked", False):
+            # raw OUTPUT's NOTRACK (Antrea: to external IPs): no NAT at POSTROUTING, no entry
+            octx = dataclasses.replace(ctx, ct_state={"UNTRACKED"})
+            untracked.add(id(ob))
         odec = dec
         if opkt.nw_dst == orig.nw_dst and dec.kind == "local":
             # for the node itself, and OUTPUT did not send it elsewhere (kube-proxy DNATs
@@ -131,15 +138,17 @@ def send(host, branch, sender: Sender, packet, at_host):
             if odec.kind != "unicast":
                 outcomes.append((host._no_route(ob, node_name, odec), opkt, odec))
                 continue
-            ctx.out_iface = odec.dev
-        outcomes.extend(host._postrouting(ob, node_name, node, opkt, ctx, odec))
+            octx.out_iface = odec.dev
+        outcomes.extend(host._postrouting(ob, node_name, node, opkt, octx, odec))
     tup = (orig.nw_proto, orig.nw_src, orig.tp_src, orig.nw_dst, orig.tp_dst)
     # one outcome at a time: a file one branch lacks must not end the other branches
     from traceflow.bundle.snapshot import Missing
     results = []
     for outcome in outcomes:
         try:
-            results.extend(host._send_all([outcome], loc, node, new_conn, tup, late_src))
+            results.extend(host._send_all([outcome], loc, node,
+                                          new_conn and id(outcome[0]) not in untracked, tup,
+                                          late_src))
         except Missing as miss:
             results.append((host.walk.missing(outcome[0], node_name, "neigh", miss), None))
     return results
@@ -165,6 +174,11 @@ def local_receiver(cluster, query, node_name: str, pkt, direction: str):
     want = end.pod if end is not None and end.kind is Kind.POD else None
     if want is None and direction == "request" and query.service is not None:
         want = _host_network_backend(cluster, query.service, node_name, pkt.nw_dst)
+        if want is None and _node_backend(cluster, query.service, node_name, pkt.nw_dst):
+            # an endpoint that is the node's own address and no pod (the API server of
+            # `default/kubernetes` on a control-plane node): the node's own stack receives it
+            from traceflow.walk.endpoints import Endpoint
+            return Endpoint.of_node(node_name, pkt.nw_dst)
     if want is None or not want.host_network or want.node != node_name:
         return None
     # a reply comes back to whichever local address the request left from
@@ -179,6 +193,12 @@ def _host_network_backend(cluster, svc, node_name: str, ip: str):
             if pod is not None and pod.host_network and pod.node == node_name:
                 return pod
     return None
+
+
+def _node_backend(cluster, svc, node_name: str, ip: str) -> bool:
+    """Whether the Service has ``ip`` (local to ``node_name``) as an endpoint of no pod."""
+    return any(addr == ip and not pod_key and node in (None, node_name)
+               for addr, pod_key, node in cluster.endpoints_of(svc.key))
 
 
 def _primary_ip(iface) -> str | None:

@@ -45,6 +45,10 @@ def note_disagreements(cluster: kube.Cluster, source: kube.Pod, proto: str, trac
     verdict the policies as written contradict: delivered although a policy denies it, or
     dropped elsewhere although a policy would deny it too."""
     for path in trace.paths:
+        if str(getattr(path.verdict, "value", path.verdict)) == "unknown":
+            # the walk stopped at something it cannot model: the packet as it was there (a
+            # Service address not yet translated ...) says nothing about the policies
+            continue
         pkt = _request_packet(path)
         if pkt is None or not pkt.get("nw_dst"):
             continue

@@ -58,6 +58,11 @@ def from_state(state: dict, template: Packet) -> Packet:
     for key in ("tp_src", "tp_dst", "nw_ttl"):
         if key in state and getattr(template, key) is not None:
             setattr(pkt, key, state[key])
+    if "pkt_mark" in state:
+        # OVS's pkt_mark is the skb mark: a packet output to an internal port (a gateway into
+        # the host) carries the mark a flow set, which the host's rules and fwmark ip rules see
+        # (Antrea's Egress: EgressMark's set_field:0x1/0xff->pkt_mark, matched by iptables)
+        pkt.mark = state["pkt_mark"]
     pkt.extra = {k: v for k, v in pkt.extra.items() if k not in ("tun_src", "tun_dst")}
     return pkt
 

@@ -36,6 +36,8 @@ class Query:
     via: str | None = None          # the node an outside packet enters (--via)
     entry_nodes: tuple = ()         # outside sources: the nodes it may enter, in order
     assumptions: tuple = ()         # what resolving the ends assumed (said as warnings)
+    captured: object = None         # a real packet the question starts from
+    #                                 (traceflow.walk.seen.Captured), or None
 
     def __post_init__(self) -> None:
         if self.src is None and self.source is not None:
@@ -58,7 +60,8 @@ class Query:
                 "dst_ip": self.dst_ip,
                 "source_endpoint": self.src.as_dict() if self.src is not None else None,
                 "destination_endpoint": self.dst.as_dict() if self.dst is not None else None,
-                "via": self.via}
+                "via": self.via,
+                **({"capture": self.captured.as_dict()} if self.captured is not None else {})}
 
 
 # ---- branch state -----------------------------------------------------------------------
@@ -128,6 +131,7 @@ class Branch:
         self.entry: tuple | None = None    # (node, device) an outside packet entered by
         self.handoff: tuple | None = None  # (node, device): handed to a CNI datapath the
         #                                     bundle lacks (host-only), where replies come back
+        self.place: str | None = None      # the device the packet is on (Hop.device by default)
 
     def fork(self) -> "Branch":
         nb = Branch.__new__(Branch)
@@ -139,7 +143,7 @@ class Branch:
         nb.steps, nb.end = self.steps, None
         nb.final_packet, nb.target = self.final_packet, self.target
         nb.disposition, nb.exit, nb.entry = None, None, self.entry
-        nb.handoff = self.handoff
+        nb.handoff, nb.place = self.handoff, self.place
         return nb
 
     @property
@@ -150,6 +154,7 @@ class Branch:
 
     def start_leg(self, direction: str, description: str) -> None:
         self._legs.append(_OpenLeg(direction, Verdict.UNKNOWN, description))
+        self.place = None
 
     def set_verdicts(self, verdict: Verdict, only_unknown: bool = False) -> None:
         for leg in self._legs:
@@ -169,6 +174,8 @@ class Branch:
     def add(self, hop: Hop) -> None:
         if hop.detail is None:
             hop.detail = typed_detail(hop)
+        if hop.device is None:
+            hop.device = self.place
         self.leg.add(hop)
 
     def ct(self, node: str) -> Conntrack:

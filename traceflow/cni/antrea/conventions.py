@@ -158,9 +158,14 @@ class AntreaAnnotator(Annotator):
     write_notes_read_state = False      # describe_write reads the written value alone
 
     def __init__(self, version: str | None, node: str, ports: dict[str, Port],
-                 node_ips: dict[str, str], table_names: dict[int, str] | None = None):
+                 node_ips: dict[str, str], table_names: dict[int, str] | None = None,
+                 egress_mark=None, address_holder=None):
         self.version = parse_version(version)
         self.node = node
+        # mark -> what an Egress pkt_mark means on this node (its iptables SNAT rule), and
+        # ip -> who holds an address that is no Node's InternalIP (an Egress IP): both lazy
+        self.egress_mark = egress_mark
+        self.address_holder = address_holder
         self.ports = {p.number: p for p in ports.values() if p.number is not None}
         self.node_ips = node_ips  # ip -> node name
         self.mac_names = {p.mac: f"{p.name} MAC on {node}" for p in ports.values()
@@ -211,8 +216,17 @@ class AntreaAnnotator(Annotator):
         if field == "tun_dst":
             ip = str(ipaddress.IPv4Address(value))
             node = self.node_ips.get(ip)
+            if node is None and self.address_holder is not None:
+                holder = self.address_holder(ip)
+                if holder:
+                    return f"tun_dst {hex(value)} = {ip} ({holder})"
             return f"tun_dst {hex(value)} = {ip}" + (f" ({node})" if node else
                                                      " (not a known Node)")
+        if field == "pkt_mark" and (start, end) == (0, 7) and layout in ("named", "proxy") \
+                and self.egress_mark is not None:
+            # Egress: EgressMark (v1.15+) / SNAT (v1.4) load the SNAT IP's mark into
+            # pkt_mark[0..7] (pipeline.go snatPktMarkRange); iptables SNATs by it
+            return self.egress_mark(value)
         if field == "reg1" and start == 0 and end == 31:
             port = self.ports.get(value)
             return f"output port {value}" + (f" {port.name}" if port else " (no such port)")
@@ -449,6 +463,9 @@ class AntreaConventions:
     collected_file_effects = {
         "k8s/clusternetworkpolicies.yaml": "Antrea ClusterNetworkPolicies are not in the bundle",
         "k8s/antreanetworkpolicies.yaml": "Antrea-native NetworkPolicies are not in the bundle",
+        "k8s/egresses.yaml": ("Antrea Egresses are not in the bundle: the Egress behind an "
+                              "Egress SNAT mark is not named, and a tunnel to an Egress IP no "
+                              "node's ip-addr.txt shows cannot be followed"),
     }
     # a pod's packet goes into the OVS bridge: without the flows there is no walk
     datapath_files = ("ovs-flows.txt",)
@@ -464,12 +481,28 @@ class AntreaConventions:
         if not self.annotate:
             return Annotator()
         names = {num: name for name, num in node.bridge.table_numbers.items()}
+
+        def egress_mark(mark: int) -> str:
+            from traceflow.cni.antrea.egress import mark_meaning
+            return mark_meaning(node, mark)
+
+        def address_holder(ip: str) -> str | None:
+            from traceflow.cni.antrea.egress import address_holder as holder
+            name, how, _ = holder(node.snapshot, ip)
+            return how if name else None
         return AntreaAnnotator(self.cni_version, node.name, node.bridge.ports,
-                               node.snapshot.cluster.node_ips(), names or None)
+                               node.snapshot.cluster.node_ips(), names or None,
+                               egress_mark, address_holder)
 
     @staticmethod
     def gateway_port(ports: dict[str, Port]) -> str | None:
         return gateway_port_name(ports)
+
+    @staticmethod
+    def pod_ports(node) -> Mapping:
+        """A node's local Pods: Pod IP -> (OVS port name, MAC), from their SpoofGuard flows
+        (``ovs-trace`` fills a Pod port's packet from it)."""
+        return node_pod_ports(node)
 
     @staticmethod
     def tunnel_port(ports: dict[str, Port]) -> str | None:

@@ -10,6 +10,7 @@ import ipaddress
 from traceflow.bundle import kube
 from traceflow.cni.antrea.conventions import node_pod_ports
 from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import InputError
 from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.pipeline import simulate
 from traceflow.engines.ovs.runs import OvsRun, TableHit
@@ -87,7 +88,7 @@ class AntreaDatapath(Datapath):
         branch.add(Hop(pod.node, "pod", "main", rule,
                        f"{pod.key} sends to {packet.nw_dst} via {gw_ip} ({gw_mac}), out of "
                        f"eth0 into OVS port {port.number} ({port_name})",
-                       source=src, packet=packet.headers(),
+                       source=src, packet=packet.headers(), device=port_name,
                        notes=[how, REALISTIC_FIRST_PACKET] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
@@ -137,7 +138,7 @@ class AntreaDatapath(Datapath):
             return [(b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", str(last.table) if last else None,
                                                     last.flow.text if last and last.flow else None,
                                                     run.unknown)), None)]
-        if not run.outputs:
+        if not run.forwarded:      # nothing sent on (a TTL's packet-in goes no further)
             hit = run.dropped_by or last
             reason, disposition, policies = self._ovs_drop(hit, node, loc, q)
             dropping = next((h for h in b.leg.last_hops() if h.component == "ovs"
@@ -148,12 +149,13 @@ class AntreaDatapath(Datapath):
                                                     hit.flow.text if hit.flow else None,
                                                     reason, disposition, policies)), None)]
         results = []
-        for output in run.outputs:
-            nb = b.fork() if len(run.outputs) > 1 else b
+        chooser = _tun_dst_setter(loc, run)
+        for output in run.forwarded:
+            nb = b.fork() if len(run.forwarded) > 1 else b
             pkt = from_state(output.state, loc.packet)
             if pkt.nw_dst != loc.packet.nw_dst:   # DNAT inside OVS (AntreaProxy)
                 nb.choose_target(self.cluster, pkt.nw_dst)
-            results.append(self._leave_ovs(nb, loc, output, pkt, node, q))
+            results.append(self._leave_ovs(nb, loc, output, pkt, node, q, chooser))
         return results
 
     def _ovs_drop(self, hit: TableHit, node: NodeModel, loc: AtOvs, q: Query) -> tuple:
@@ -181,7 +183,8 @@ class AntreaDatapath(Datapath):
         return ((self.cni.drop_reason(name, where, pkt.dl_src, pkt.dl_dst, pkt.nw_src)
                  or f"dropped by the flow in {where}: {flow.text}"), Disposition.DROPPED_RULE, ())
 
-    def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query):
+    def _leave_ovs(self, b: Branch, loc: AtOvs, output, pkt: Packet, node: NodeModel, q: Query,
+                   chooser=None):
         ports = node.bridge.ports
         port = output.port
         if port == "CONTROLLER":
@@ -189,9 +192,7 @@ class AntreaDatapath(Datapath):
             # unreachable (antrea pkg/agent/controller/networkpolicy/reject.go)
             return (b.finish(Verdict.DROPPED, Drop(loc.node, "ovs", None,
                                                    output.via.text if output.via else None,
-                                                   "sent to the agent (controller): the agent "
-                                                   "answers with a TCP reset / ICMP unreachable, "
-                                                   "e.g. a Service without endpoints",
+                                                   self._controller_reason(loc, output, node, q),
                                                    Disposition.REJECTED)), None)
         if port in ("NORMAL", "LOCAL"):
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None,
@@ -199,9 +200,13 @@ class AntreaDatapath(Datapath):
                                                    f"output to {port} is not followed further")), None)
         name = node.bridge.port_name(port)
         if name == self.cni.gateway_port(ports):
+            self._egress_drift(b, loc, pkt, None)
             return (b, AtHost(loc.node, name, pkt))
         if name == self.cni.tunnel_port(ports):
-            return self._tunnel(b, loc, output, pkt)
+            tun_dst = output.state.get("tun_dst", 0)
+            self._egress_drift(b, loc, pkt, str(ipaddress.IPv4Address(tun_dst)) if tun_dst
+                               else None)
+            return self._tunnel(b, loc, output, pkt, chooser)
         # a local pod port?
         pod_ip = node_pod_ports(node).ip_on_port(name)
         pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
@@ -209,42 +214,112 @@ class AntreaDatapath(Datapath):
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "ovs", None, None,
                                                    f"output to port {port} ({name}), which is not "
                                                    "a known pod, gateway or tunnel port")), None)
+        return self._to_pod(b, loc.node, pod, port, name, pkt)
+
+    def _to_pod(self, b: Branch, node: str, pod: kube.Pod, port, name: str, pkt: Packet):
+        """OVS sends the packet out of ``pod``'s port (``name``): its stack takes it."""
         delivered = pkt.nw_dst == pod.ip
-        b.add(Hop(loc.node, "pod", None, None,
+        b.add(Hop(node, "pod", None, None,
                   f"delivered to {pod.key} ({pod.ip}) on port {port} ({name})" if delivered else
                   f"reaches {pod.key} ({pod.ip}) but is addressed to {pkt.nw_dst}",
-                  packet=pkt.headers()))
+                  packet=pkt.headers(), device=name))
         if not delivered:
-            return (b.finish(Verdict.DROPPED, Drop(loc.node, "pod", None, None,
+            return (b.finish(Verdict.DROPPED, Drop(node, "pod", None, None,
                                                    f"{pod.key} receives a packet for {pkt.nw_dst}; "
                                                    "its stack drops it", Disposition.NO_ROUTE)),
                     None)
         b.final_packet = pkt
         return (b.finish(Verdict.DELIVERED, None, pod), None)
 
-    def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet):
+    def _controller_reason(self, loc: AtOvs, output, node: NodeModel, q: Query) -> str:
+        """Why OVS sent the packet to the agent. From EndpointDNAT it is a Service without an
+        endpoint to select (SvcNoEpRegMark, pipeline.go serviceEndpointGroup's bucket for an
+        empty group); for a NodePort/LoadBalancer/externalIP with externalTrafficPolicy:
+        Local, the group is the node's local endpoints only (proxier.go: LocalGroupID)."""
+        generic = ("sent to the agent (controller): the agent answers with a TCP reset / ICMP "
+                   "unreachable, e.g. a Service without endpoints")
+        via = output.via
+        table = node.annotator.table_name(via.table) if via is not None and \
+            isinstance(via.table, int) else None
+        if table not in ("EndpointDNAT", None) or via is None:
+            return generic
+        from traceflow.walk.endpoints import Frontend, Kind
+        dst = q.dst if q is not None else None
+        svc = dst.service if dst is not None and dst.kind is Kind.SERVICE else q.service \
+            if q is not None else None
+        if svc is None:
+            return generic
+        local = (dst is not None and dst.frontend in (Frontend.NODEPORT, Frontend.LOADBALANCER,
+                                                       Frontend.EXTERNALIP)
+                 and svc.external_traffic_policy == "Local")
+        if local:
+            return (f"{svc.key} has externalTrafficPolicy: Local and {loc.node} has no local "
+                    "endpoint: the ServiceLB flow's group for it holds only the 'no Endpoint' "
+                    "bucket (SvcNoEpRegMark), EndpointDNAT sends the packet to the agent "
+                    "(controller), which answers with a TCP reset / ICMP unreachable")
+        return (f"{svc.key} has no endpoint to select: its group holds only the 'no Endpoint' "
+                "bucket (SvcNoEpRegMark), EndpointDNAT sends the packet to the agent "
+                "(controller), which answers with a TCP reset / ICMP unreachable")
+
+    def _egress_drift(self, b: Branch, loc: AtOvs, pkt: Packet, tunnel_ip: str | None) -> None:
+        """A Pod's request to an address outside the cluster leaving OVS: warn when the Egress
+        objects say otherwise than the flows did (traceflow.cni.antrea.egress.drift)."""
+        if b.leg.direction != "request" or not pkt.nw_src or not pkt.nw_dst:
+            return
+        if self.cluster.node_for_pod_ip(pkt.nw_dst) is not None \
+                or self.cluster.node_by_ip(pkt.nw_dst) is not None \
+                or self.cluster.pod_by_ip(pkt.nw_dst) is not None:
+            return             # inside the cluster: no Egress applies
+        if tunnel_ip is not None and self.cluster.node_by_ip(tunnel_ip) is not None:
+            return             # tunnelled to a Node: a remote Pod or endpoint, not Egress
+        pod = self.cluster.pod_by_ip(pkt.nw_src)
+        if pod is None or pod.host_network:
+            return
+        if self.snap.bundle.text("k8s/egresses.yaml") is None:
+            return
+        from traceflow.cni.antrea.egress import drift
+        said = drift(self.snap, loc.node, pod, pkt.mark, tunnel_ip)
+        if said:
+            self.warnings.append(f"{loc.node}: {said}")
+
+    def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet, chooser=None):
         tun_dst = output.state.get("tun_dst", 0)
         dst_ip = str(ipaddress.IPv4Address(tun_dst)) if tun_dst else None
         peer = self.cluster.node_by_ip(dst_ip) if dst_ip else None
         src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
+        held = None
+        if peer is None and dst_ip:
+            # an address that is no Node's InternalIP: Antrea's EgressMark tunnels a Pod's
+            # traffic to its Egress IP itself (pipeline.go snatRuleFlow, SetTunnelDst(snatIP));
+            # the underlay delivers it to the Node that holds that address
+            from traceflow.cni.antrea.egress import address_holder
+            holder, how, _ = address_holder(self.snap, dst_ip)
+            peer = next((n for n in self.cluster.nodes if n.name == holder), None)
+            held = how if peer is not None else None
         if peer is None:
             b.add(Hop(loc.node, "tunnel", None, None,
-                      f"tunnel destination {dst_ip or 'unset'} is not a Node in the bundle",
-                      unknown=True))
+                      f"tunnel destination {dst_ip or 'unset'} is not a Node in the bundle, "
+                      "nor an address any Node of the bundle holds", unknown=True))
             return (b.finish(Verdict.UNKNOWN, Drop(loc.node, "tunnel", None, None,
-                                                   f"tunnel to {dst_ip}: unknown Node")), None)
-        dev = (self.snap.bundle.manifest.get("nodes") or {}).get(loc.node, {}).get("tunnel_dev",
-                                                                                  "the tunnel device")
+                                                   f"tunnel to {dst_ip}: unknown Node (not "
+                                                   "known which Node holds that address)")),
+                    None)
+        dev = self._tunnel_dev(loc.node) or "the tunnel device"
         inner = pkt.copy()
         inner.tunnel = Tunnel("geneve", src_node.internal_ip if src_node else "?", dst_ip)
-        b.add(Hop(loc.node, "tunnel", "geneve", None,
+        # the flow that chose the tunnel destination is the one to blame for it
+        b.add(Hop(loc.node, "tunnel", "geneve", chooser.text if chooser is not None else None,
                   f"encapsulate in Geneve on {dev}: outer {inner.tunnel.src} -> {dst_ip} UDP/6081 "
                   f"to {peer.name}; inner headers unchanged",
                   packet=inner.headers(), changed=inner.diff(pkt),
-                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"]))
+                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"] +
+                  ([held] if held else []),
+                  device=self._uplink(loc.node, inner.tunnel.src),
+                  source=chooser.source if chooser is not None else None))
         b.add(Hop(peer.name, "underlay", None, None,
                   f"{peer.name} receives the Geneve packet from {inner.tunnel.src} and "
-                  f"decapsulates it into its tunnel port", packet=pkt.headers()))
+                  f"decapsulates it into its tunnel port", packet=pkt.headers(),
+                  device=self._tunnel_dev(peer.name)))
         try:
             peer_model = self.snap.node(peer.name)
             tname = self.cni.tunnel_port(peer_model.bridge.ports)
@@ -254,9 +329,80 @@ class AntreaDatapath(Datapath):
             return (b.finish(Verdict.UNKNOWN, Drop(peer.name, "ovs", None, None,
                                                    "no tunnel port in ovs-show.txt")), None)
         arriving = pkt.copy()
+        arriving.mark = 0          # Geneve carries no skb mark: the receiver's pkt_mark is 0
         arriving.extra["tun_src"] = src_node.internal_ip if src_node else None
         arriving.extra["tun_dst"] = dst_ip
         return (b, AtOvs(peer.name, peer_model.bridge.ports[tname].number, arriving))
+
+    def _tunnel_dev(self, node_name: str) -> str | None:
+        """The kernel's tunnel device (genev_sys_6081), as the manifest names it."""
+        return ((self.snap.bundle.manifest.get("nodes") or {}).get(node_name) or {}) \
+            .get("tunnel_dev")
+
+    def _uplink(self, node_name: str, address: str | None) -> str | None:
+        """The device holding ``address`` (the outer source): where the outer header is seen."""
+        try:
+            node = self.snap.node(node_name)
+        except Missing:
+            return None
+        return next((i.name for i in node.interfaces
+                     if any(a.address == address for a in i.ipv4())), None)
+
+    # ---- a walk that starts where a packet was captured ---------------------------------------
+    def start_at(self, branch, node_name, device, packet, q, sent):
+        """Captured on one of the bridge's ports. The gateway: sent by the host it enters OVS
+        on the gateway port, received by the host it is the host stack's. The tunnel device
+        (genev_sys_6081) or port: received, it enters OVS on the tunnel port; sent, its peer
+        is OVS's tun_dst, which the inner packet does not show. A pod's port: received from
+        the pod it enters OVS there; sent to the pod, the pod receives it."""
+        node = self.snap.node(node_name)
+        if self.untraced_gateway(node_name, node) is not None:
+            return NotImplemented
+        ports = node.bridge.ports
+        gw, tun = self.cni.gateway_port(ports), self.cni.tunnel_port(ports)
+        if device == gw:
+            if sent is None:
+                raise InputError(f"cannot tell whether {node_name} sent the packet into OVS on "
+                                 f"{device} or received it from OVS: say --seen-at "
+                                 f"{node_name}:{device}:out (sent) or :in (received)",
+                                 "--seen-at")
+            if sent:
+                return AtOvs(node_name, ports[gw].number, packet)
+            return NotImplemented        # received from OVS: the host stack takes it
+        if device in (tun, self._tunnel_dev(node_name)) and tun is not None:
+            if sent:
+                why = (f"sent into the tunnel on {node_name}'s {device}: the node it goes to is "
+                       "OVS's tun_dst, which a capture of the inner packet does not show "
+                       "(capture on the uplink, where the outer header is, or before OVS)")
+                branch.add(Hop(node_name, "tunnel", None, None, why, unknown=True))
+                branch.finish(Verdict.UNKNOWN, Drop(node_name, "tunnel", None, None, why,
+                                                    Disposition.UNKNOWN))
+                return None
+            return AtOvs(node_name, ports[tun].number, packet)
+        if device not in ports:
+            return NotImplemented
+        pod_ip = node_pod_ports(node).ip_on_port(device)
+        pod = self.cluster.pod_by_ip(pod_ip) if pod_ip else None
+        if sent is None and pod is not None:
+            sent = packet.nw_dst == pod.ip and packet.nw_src != pod.ip
+        if sent and pod is not None:
+            return self._to_pod(branch, node_name, pod, ports[device].number, device, packet)[1]
+        return AtOvs(node_name, ports[device].number, packet)
+
+    def arrive_by_tunnel(self, branch, node_name, packet, q):
+        """The kernel decapsulates (genev_sys_6081) and OVS takes the packet on its tunnel
+        port, the outer addresses as tun_src/tun_dst."""
+        node = self.snap.node(node_name)
+        tname = self.cni.tunnel_port(node.bridge.ports)
+        if tname is None:
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "ovs", None, None,
+                                                "no tunnel port in ovs-show.txt"))
+            return None
+        arriving = packet.copy()
+        arriving.extra["tun_src"] = packet.tunnel.src
+        arriving.extra["tun_dst"] = packet.tunnel.dst
+        arriving.tunnel = None
+        return AtOvs(node_name, node.bridge.ports[tname].number, arriving)
 
     # ---- where the host stack's devices lead ------------------------------------------------
     def host_output(self, b, loc, node, pkt, dec, nexthop):
@@ -265,6 +411,10 @@ class AntreaDatapath(Datapath):
             return None       # no OVS on this node in the bundle: other devices leave the node
         gw = self.cni.gateway_port(node.bridge.ports)
         if dec.dev == gw:
+            if b.target == pkt.nw_dst and self.cluster.pod_by_ip(pkt.nw_dst) is None:
+                # the host's DNAT chose no backend: AntreaProxy's NodePort DNAT goes to the
+                # virtual NodePort IP (169.254.0.252) and OVS's ServiceLB picks the endpoint
+                b.target = None
             new_leg(b, pkt)
             return (b, AtOvs(loc.node, node.bridge.ports[gw].number, pkt))
         return None
@@ -273,20 +423,23 @@ class AntreaDatapath(Datapath):
         return self.cni.describe_mac(mac)
 
     def enter_from_outside(self, branch, node_name, device, packet, q):
-        """Without kube-proxy (AntreaProxy proxyAll), NodePort, LoadBalancer and externalIP
-        traffic from outside is AntreaProxy's: its iptables (ANTREA-NODE-PORT, the
-        ANTREA-NODE-PORT-IP ipset) mark it with NodePortMark and send it through antrea-gw0
-        into OVS, whose ServiceLB flows translate it (pkg/agent/proxy, pkg/agent/route).
-        That is not modelled yet: said, rather than handed to kernel rules that do not hold
-        it. With kube-proxy the kernel's host stack takes it (the default)."""
-        from traceflow.walk.endpoints import Frontend, Kind
-        front = q.dst.frontend if q is not None and q.dst is not None \
-            and q.dst.kind is Kind.SERVICE else None
-        if self.snap.kube_proxy == "none" and branch.leg.direction == "request" and front in (
-                Frontend.NODEPORT, Frontend.LOADBALANCER, Frontend.EXTERNALIP):
+        """A packet from outside arrives on ``device``: the kernel's host stack takes it (the
+        default). Without kube-proxy (AntreaProxy with proxyAll), NodePort, LoadBalancer and
+        externalIP traffic is AntreaProxy's, and its first part is in the host's iptables
+        (pkg/agent/route/route_linux.go restoreIptablesData): ANTREA-PREROUTING DNATs a
+        NodePort (ipset ANTREA-NODEPORT-IP, `dst,dst`) to the virtual NodePort DNAT IP
+        169.254.0.252, which is routed into antrea-gw0; a LoadBalancer or external IP (ipset
+        ANTREA-EXTERNAL-IP) is left untracked (raw NOTRACK) and routed into antrea-gw0; OVS's
+        NodePortMark and ServiceLB flows then select the endpoint. Those rules are read from
+        the node's iptables-save.txt and ipset.txt: a node without them is unknown, naming
+        the file, rather than a host that seems to drop the packet."""
+        from traceflow.cni.antrea.outside import missing_proxy_files
+        missing = missing_proxy_files(self.snap, node_name, branch, q)
+        if missing:
             why = (f"kube-proxy does not run (manifest kube_proxy: none): AntreaProxy (proxyAll) "
-                   f"serves {q.dst.label} from outside (NodePortMark, the gateway, OVS's "
-                   "ServiceLB flows), which traceflow does not model yet")
+                   f"serves {q.dst.label} from outside through the host's iptables "
+                   f"(ANTREA-PREROUTING, ipset ANTREA-NODEPORT-IP / ANTREA-EXTERNAL-IP) and "
+                   f"antrea-gw0: needs {' and '.join(missing)}")
             branch.add(Hop(node_name, "route", None, None, why, unknown=True))
             branch.finish(Verdict.UNKNOWN, Drop(node_name, "route", None, None, why,
                                                 Disposition.UNKNOWN))
@@ -339,3 +492,15 @@ class AntreaDatapath(Datapath):
                                             and node.bridge.port_name(out.port) == port):
                     return mac
         return None
+
+
+def _tun_dst_setter(loc: AtOvs, run: OvsRun):
+    """The flow of ``run`` that last set tun_dst (L3Forwarding's load to NXM_NX_TUN_IPV4_DST):
+    where the tunnel's destination comes from."""
+    known = loc.packet.extra.get("tun_dst")
+    value, flow = int(ipaddress.IPv4Address(known)) if known else None, None
+    for hit in run.hits:
+        after = hit.state_after or {}
+        if "tun_dst" in after and after["tun_dst"] != value:
+            value, flow = after["tun_dst"], hit.flow
+    return flow

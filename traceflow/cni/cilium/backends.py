@@ -25,7 +25,7 @@ class CiliumLbReader:
         cn = self._nodes.get(node.name)
         if cn is None:
             cn = self._nodes[node.name] = CiliumNode(self.snap, node)
-        hit = service_lookup(cn.services, vip, port, proto)
+        hit = service_lookup(cn.services, vip, port, proto, version=cn.version)
         if hit is None:
             return None
         slots = list(hit.candidates)

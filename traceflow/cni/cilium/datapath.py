@@ -19,8 +19,12 @@ import ipaddress
 
 from traceflow.bundle import kube
 from traceflow.engines.cilium import lookup as L
-from traceflow.cni.cilium.node import CT_ZONE, POLICY, SOCK, SOCK_WHERE, CiliumNode
+from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_LOOPBACK, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
+                                       POLICY, SOCK,
+                                       SOCK_WHERE, CiliumNode)
 from traceflow.cni.cilium.lb import ServiceLB
+from traceflow.cni.cilium.masquerade import Egress
+from traceflow.cni.cilium.nodeport import NodePort
 from traceflow.cni.cilium.policy import EndpointPolicy
 from traceflow.model.packet import Packet, Tunnel
 from traceflow.bundle.snapshot import Missing
@@ -30,16 +34,21 @@ from traceflow.walk.pod import conventions_warning, own_first_hop, pod_gateway, 
 from traceflow.walk.state import AtBpf, AtHost, AtUnderlay, Branch, Query, primary_ip, tuple5
 
 TUNNEL_DEVS = ("cilium_vxlan", "cilium_geneve")
+
 # Cilium's drop reasons (bpf/lib/common.h DROP_*) as dispositions
 DROP_DISPOSITIONS = {L.DROP_POLICY: Disposition.DROPPED_POLICY,
                      L.DROP_POLICY_DENY: Disposition.DROPPED_POLICY,
                      L.DROP_POLICY_AUTH_REQUIRED: Disposition.DROPPED_POLICY,
                      L.DROP_NO_SERVICE: Disposition.NO_BACKEND,
-                     L.DROP_NO_FIB: Disposition.NO_ROUTE}
+                     L.DROP_NO_FIB: Disposition.NO_ROUTE,
+                     L.DROP_IS_CLUSTER_IP: Disposition.DROPPED_RULE,
+                     L.DROP_NOT_IN_SRC_RANGE: Disposition.DROPPED_RULE,
+                     L.DROP_NO_EGRESS_GATEWAY: Disposition.DROPPED_RULE,
+                     L.DROP_UNROUTABLE: Disposition.NO_ROUTE}
 VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
 
 
-class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
+class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
     name = "Cilium"
 
     def __init__(self, walk):
@@ -149,7 +158,7 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
     def _bpf(self, b: Branch, loc: AtBpf, q: Query) -> list:
         handler = {SOCK: self._sock_connect, "from-container": self._from_container,
                    POLICY: self._policy, "to-container": self._policy,
-                   "from-netdev": self._from_netdev, "from-host": self._from_netdev,
+                   "from-netdev": self._from_netdev, "from-host": self._from_host,
                    "to-netdev": self._to_netdev, "to-overlay": self._to_overlay,
                    "from-overlay": self._from_overlay}.get(loc.program)
         if handler is None:
@@ -168,22 +177,17 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
         entry, is_reply = ct.lookup(CT_ZONE, tuple5(pkt))
         attached = self._attached(cn, loc.device, "ingress")
         if entry is not None and is_reply:
-            pkt.extra["src_identity"] = self._endpoint_identity(cn, pkt.nw_src)
-            before = pkt.copy()
-            notes = [attached] if attached else []
-            if entry.nat == "dst" and SOCK_WHERE not in entry.where:   # opened on this node
-                pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
-                effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
-                          f"restores the service address {entry.orig[3]}:{entry.orig[4]}; "
-                          "egress policy is not checked for replies")
-            else:
-                effect = ("conntrack: reply of a connection this endpoint accepted (CT_REPLY): "
-                          "egress policy is not checked for replies")
-            b.add(self._hop(loc, effect, map_="cilium_ct4_global", pkt=pkt, before=before,
-                            notes=notes + [f"entry committed by {entry.where}"]))
-            return self._forward(b, loc, pkt, cn, q)
+            return self._from_container_reply(b, loc, pkt, cn, q, entry, attached)
         outs = [(b, pkt, None)]
-        if loc.via != SOCK:
+        s = cn.settings
+        if loc.via != SOCK and s.socket_lb and not s.socket_lb_hostns_only:
+            # bpf_lxc.c (1.17 line 61): with socket LB for every pod (no host-namespace-only
+            # coverage) ENABLE_PER_PACKET_LB is not defined: from-container looks no service up
+            b.add(self._hop(loc, "socket LB covers every pod: from-container does no service "
+                                 "lookup (ENABLE_PER_PACKET_LB is off, bpf_lxc.c line 61); the "
+                                 "destination is used as it is", pkt=pkt,
+                            notes=[attached] if attached else []))
+        elif loc.via != SOCK:
             hit_pkt = pkt
             outs = self._service(b, loc, hit_pkt, q, "from-container",
                                  "tail_handle_ipv4 -> handle_ipv4_from_lxc: lb4_lookup_service "
@@ -197,9 +201,16 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
             if nb.end:
                 results.append((nb, None))
                 continue
-            src_rec = cn.lxc.get(npkt.nw_src)
-            identity = self._endpoint_identity(cn, npkt.nw_src)
+            src_rec = cn.lxc.get(pkt.nw_src)
+            identity = self._endpoint_identity(cn, pkt.nw_src)
             npkt.extra["src_identity"] = identity
+            if npkt.extra.get("hairpin"):
+                # bpf_lxc.c (1.17 line 971): hairpin_flow skips the egress policy
+                nb.add(self._hop(loc, "hairpin (the pod reaches itself through its Service): "
+                                      "egress policy is skipped (bpf_lxc.c hairpin_flow)",
+                                 pkt=npkt))
+                results.extend(self._forward(nb, loc, npkt, cn, q))
+                continue
             allowed = self._policy_check(nb, loc, cn, src_rec, "egress", npkt, identity=None,
                                          peer_ip=npkt.nw_dst)
             if allowed is not None:
@@ -210,6 +221,40 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
                                        where=f"{loc.node} from-container (cilium_ct4_global)")
             results.extend(self._forward(nb, loc, npkt, cn, q))
         return results
+
+    def _from_container_reply(self, b, loc, pkt, cn, q, entry, attached) -> list:
+        """A reply leaving a pod (CT_REPLY: egress policy is skipped, bpf_lxc.c line 1005):
+        reverse NAT of a service connection opened here; a NodePort connection's reply
+        (ct_state->node_port) is handed to nodeport_rev_dnat_ingress_ipv4 by tail call
+        (bpf_lxc.c line 1081), which reverse-NATs it and redirects it to the client."""
+        pkt.extra["src_identity"] = self._endpoint_identity(cn, pkt.nw_src)
+        before = pkt.copy()
+        notes = ([attached] if attached else []) + [f"entry committed by {entry.where}"]
+        if entry.nat and entry.nat.startswith("dst") and SOCK_WHERE not in entry.where:
+            pkt.nw_src, pkt.tp_src = entry.orig[3], entry.orig[4]
+            if entry.mark & CT_NODE_PORT:
+                pkt.extra["snat_done"] = True
+                b.add(self._hop(loc, "conntrack: reply of a NodePort connection (ct_state->"
+                                     "node_port): tail call CILIUM_CALL_IPV4_NODEPORT_REVNAT: "
+                                     f"lb4_rev_nat restores the source {entry.orig[3]}:"
+                                     f"{entry.orig[4]} and fib_redirect sends it to the client",
+                                map_="cilium_ct4_global", pkt=pkt, before=before, notes=notes))
+                return self._fib_redirect(b, loc, pkt, FIB_OUT)
+            effect = (f"conntrack: reply of a service connection (CT_REPLY): lb4_rev_nat "
+                      f"restores the service address {entry.orig[3]}:{entry.orig[4]}")
+            if entry.mark & CT_LOOPBACK:
+                # lb.h __lb4_rev_nat with loopback: the destination was IPV4_LOOPBACK
+                pkt.nw_dst, pkt.tp_dst = entry.orig[1], entry.orig[2]
+                pkt.extra["hairpin"] = True
+                effect += (f" and the destination {before.nw_dst} -> {pkt.nw_dst} (the "
+                           "loopback address back to the pod itself)")
+            effect += "; egress policy is not checked for replies"
+        else:
+            effect = ("conntrack: reply of a connection this endpoint accepted (CT_REPLY): "
+                      "egress policy is not checked for replies")
+        b.add(self._hop(loc, effect, map_="cilium_ct4_global", pkt=pkt, before=before,
+                        notes=notes))
+        return self._forward(b, loc, pkt, cn, q)
 
     def _no_program(self, b, loc, cn, hook):
         """No program attached where one must be: say why instead of guessing."""
@@ -238,6 +283,14 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
                                  f"ipv4_local_delivery tail-calls its policy program",
                             map_="cilium_lxc", rec=dst, pkt=pkt))
             return [(b, AtBpf(loc.node, dev or "?", "tail", POLICY, pkt, via=loc.program))]
+        if pkt.nw_dst in cn.host_ips and not s.endpoint_routes:
+            # bpf_lxc.c (1.17 line 1178): __lookup_ip4_endpoint finds the host endpoint
+            # (ENDPOINT_MASK_HOST_DELIVERY): pass_to_stack, the kernel delivers it locally
+            b.add(self._hop(loc, f"{pkt.nw_dst} is this node's own address (a host entry of "
+                                 "cilium_lxc): pass_to_stack (bpf_lxc.c line 1178), the kernel "
+                                 "delivers it", map_="cilium_lxc", pkt=pkt))
+            self._kernel_caveat(loc.node)
+            return [(b, AtHost(loc.node, loc.device, pkt))]
         if s.routing is None:
             why = ("the routing mode (tunnel or native) is not stated: needs cilium-status.txt "
                    "(`Routing:` / `Tunnel:`) or k8s/cilium-config.yaml (`routing-mode` / `tunnel`)")
@@ -263,13 +316,22 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
             owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
             why = (f"tunnel mode, but the ipcache has no tunnel endpoint for {pkt.nw_dst}"
                    + (f" (entry {entry.prefix}: identity {entry.identity})" if entry else " (no entry)"))
-            b.add(self._hop(loc, why, map_="cilium_ipcache", rec=entry, pkt=pkt, unknown=True))
             if owner is not None:
+                b.add(self._hop(loc, why, map_="cilium_ipcache", rec=entry, pkt=pkt, unknown=True))
                 reason = (f"{why}; it is a Pod address of {owner.name}, which only the tunnel "
                           "reaches: Cilium treats it as outside the cluster and hands it to the "
                           "kernel, which has no overlay route for it")
                 return [self._end(b, loc, Verdict.UNKNOWN, reason, L.DROP_NO_TUNNEL_ENDPOINT, entry)]
-            b.add(self._hop(loc, "not in the overlay: handed to the kernel stack (TC_ACT_OK)",
+            # bpf_lxc.c (1.17 line 1271): encap_and_redirect_lxc returns
+            # DROP_NO_TUNNEL_ENDPOINT -> "Deliver via native device": BPF host routing's
+            # fib_redirect_v4, else the stack
+            b.add(self._hop(loc, f"{why}: encap_and_redirect_lxc returns DROP_NO_TUNNEL_ENDPOINT, "
+                                 "which handle_ipv4_from_lxc takes as 'deliver via the native "
+                                 "device' (bpf_lxc.c line 1271)", map_="cilium_ipcache",
+                            rec=entry, pkt=pkt))
+            if s.host_routing == "bpf" and not s.endpoint_routes:
+                return self._fib_redirect(b, loc, pkt)
+            b.add(self._hop(loc, "no BPF host routing: handed to the kernel stack (TC_ACT_OK)",
                             pkt=pkt))
             self._kernel_caveat(loc.node)
             return [(b, AtHost(loc.node, loc.device, pkt))]
@@ -299,82 +361,27 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
                                  "netfilter rules (Cilium's CILIUM_* chains, iptables masquerade) "
                                  "are not traced where the packet crosses the kernel stack")
 
-    def _fib_redirect(self, b: Branch, loc: AtBpf, pkt: Packet) -> list:
-        """BPF host routing: bpf_fib_lookup (honours ip rules) and redirect to the device,
-        netfilter skipped. The same FIB lookup the host stack does, without its hooks."""
+    def _fib_redirect(self, b: Branch, loc: AtBpf, pkt: Packet, why: str | None = None) -> list:
+        """bpf_fib_lookup (honours ip rules) and redirect to the device, netfilter skipped:
+        BPF host routing's fib_redirect_v4, and the NodePort paths' fib_redirect (bpf/lib/
+        fib.h). The same FIB lookup the host stack does, without its hooks."""
         node = self.snap.node(loc.node)
         host = self.walk.host
-        b.add(self._hop(loc, "BPF host routing: fib_redirect_v4 asks the kernel FIB "
+        b.add(self._hop(loc, why or "BPF host routing: fib_redirect_v4 asks the kernel FIB "
                              "(bpf_fib_lookup) and redirects to the device; netfilter and the "
                              "host stack are skipped", pkt=pkt))
-        dec = host._route(b, loc.node, node, pkt, iif=loc.device)
+        if pkt.nw_src in set(node.local_addresses or ()):
+            # bpf_fib_lookup does a FIB lookup without the input path's source validation:
+            # a source that is this node's own address (a NodePort reply, an SNATed request)
+            # is routed by its destination, as a locally sent packet would be
+            dec = host._route(b, loc.node, node, pkt, iif=None, use_src=False)
+        else:
+            dec = host._route(b, loc.node, node, pkt, iif=loc.device)
         if dec.kind != "unicast":
             b.add(self._hop(loc, f"bpf_fib_lookup fails: {dec.reason}", pkt=pkt))
             return [self._end(b, loc, Verdict.DROPPED, f"no FIB route for {pkt.nw_dst}: "
                                                        f"{dec.reason}", L.DROP_NO_FIB)]
         return [host._neighbour_and_send(b, AtHost(loc.node, loc.device, pkt), node, pkt, dec)]
-
-    # ---- native devices ------------------------------------------------------------------------
-    def _from_netdev(self, b: Branch, loc: AtBpf, q: Query) -> list:
-        cn = self.cilium(loc.node)
-        pkt = loc.packet.copy()
-        entry = L.ipcache_lookup(cn.ipcache, pkt.nw_src)
-        identity = entry.identity if entry is not None else 2
-        pkt.extra["src_identity"] = identity
-        notes = [n for n in (self._attached(cn, loc.device, loc.hook),) if n]
-        b.add(self._hop(loc, f"resolve_srcid_ipv4: source {pkt.nw_src} is "
-                             f"{cn.identity_text(identity)} (ipcache)",
-                        map_="cilium_ipcache", rec=entry, pkt=pkt, notes=notes))
-        dst = cn.lxc.get(pkt.nw_dst)
-        if dst is not None and not cn.settings.endpoint_routes:
-            b.add(self._hop(loc, f"{pkt.nw_dst} is local endpoint {dst.endpoint_id}: "
-                                 "tail_handle_ipv4_from_netdev -> handle_ipv4 -> "
-                                 "ipv4_local_delivery tail-calls its policy program",
-                            map_="cilium_lxc", rec=dst, pkt=pkt))
-            return [(b, AtBpf(loc.node, cn.device_of(dst) or "?", "tail", POLICY, pkt,
-                              via=loc.program))]
-        b.add(self._hop(loc, f"{pkt.nw_dst} is not a local endpoint here (or endpoint routes "
-                             "are on): TC_ACT_OK, the kernel stack takes it", pkt=pkt))
-        self._kernel_caveat(loc.node)
-        return [(b, AtHost(loc.node, loc.device, pkt))]
-
-    def _to_netdev(self, b: Branch, loc: AtBpf, q: Query) -> list:
-        cn = self.cilium(loc.node)
-        pkt = loc.packet.copy()
-        s = cn.settings
-        notes = [n for n in (self._attached(cn, loc.device, "egress"),) if n]
-        if s.masquerade == "bpf" and self._needs_masquerade(cn, pkt):
-            node = self.snap.node(loc.node)
-            before = pkt.copy()
-            pkt.nw_src = primary_ip(node.interface(loc.device)) or pkt.nw_src
-            b.ct(loc.node).commit(CT_ZONE, tuple5(before), tuple5(pkt),
-                                  where=f"{loc.node} to-netdev BPF masquerade (cilium_snat_v4_external)",
-                                  nat="src")
-            b.add(self._hop(loc, f"BPF masquerade (snat_v4_needs_masquerade): source "
-                                 f"{before.nw_src} -> {pkt.nw_src}", map_="cilium_snat_v4_external",
-                            pkt=pkt, before=before, notes=notes))
-        else:
-            why = ("masquerade is iptables' (CILIUM_POST_nat, traced in the kernel stack)"
-                   if s.masquerade == "iptables" else "no masquerade needed for this destination"
-                   if s.masquerade == "bpf" else "masquerading disabled or not stated")
-            b.add(self._hop(loc, f"host egress: no translation ({why}); TC_ACT_OK", pkt=pkt,
-                            notes=notes))
-        return [(b, AtUnderlay(loc.node, loc.device, pkt))]
-
-    def _needs_masquerade(self, cn, pkt) -> bool:
-        """snat_v4_needs_masquerade (bpf/lib/nat.h), reduced: local endpoints' traffic leaving
-        the native-routing CIDR, not to an ipmasq prefix, not to a node of the cluster."""
-        if pkt.nw_src not in cn.lxc:
-            return False
-        dst = ipaddress.ip_address(pkt.nw_dst)
-        cidr = cn.settings.native_routing_cidr
-        if cidr and dst in ipaddress.ip_network(cidr, strict=False):
-            return False
-        for e in cn.maps.ipmasq or ():
-            if dst in ipaddress.ip_network(e.prefix, strict=False):
-                return False
-        return self.cluster.node_by_ip(pkt.nw_dst) is None and \
-            self.cluster.node_for_pod_ip(pkt.nw_dst) is None
 
     # ---- overlay -------------------------------------------------------------------------------
     def _to_overlay(self, b: Branch, loc: AtBpf, q: Query) -> list:
@@ -395,6 +402,15 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
         b.add(self._hop(loc, f"decapsulated on {loc.device}: source "
                              f"{cn.identity_text(vni)} from the tunnel key (VNI)", pkt=pkt,
                         notes=notes))
+        if cn.settings.kpr:
+            # bpf_overlay.c handle_ipv4: the reverse NAT of a NodePort connection this node
+            # SNATed into the tunnel (nodeport_lb4's reply path)
+            nat, is_reply = b.ct_view(loc.node).lookup(NAT_ZONE, tuple5(pkt))
+            if nat is not None and is_reply and not nat.mark & CT_DSR:
+                return self._rev_snat(b, loc, pkt, nat, cn, q)
+        gw = self._overlay_egress_gw(b, loc, pkt, cn)
+        if gw is not None:
+            return gw
         dst = cn.lxc.get(pkt.nw_dst)
         if dst is not None:
             return [(b, AtBpf(loc.node, cn.device_of(dst) or "?", "tail", POLICY, pkt,
@@ -485,29 +501,38 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, Datapath):
     def describe_mac(self, mac):
         return None
 
-    # ---- traffic from outside the cluster -------------------------------------------------------
-    def enter_from_outside(self, branch, node_name, device, packet, q):
-        """With kube-proxy replacement, from-netdev on the native device load-balances
-        NodePort, LoadBalancer and externalIP traffic itself (nodeport_lb4 in
-        bpf/lib/nodeport.h: SNAT or DSR per bpf-lb-mode, Local policy, rev_nodeport_lb4 for
-        the replies): that is not modelled yet, so such a packet is unknown rather than given
-        to the kernel rules Cilium bypasses. Without it the kernel stack (kube-proxy) takes it,
-        after from-netdev where a program is attached."""
+    # ---- a walk that starts where a packet was captured (traceflow.walk.seen) -----------------
+    def start_at(self, branch, node_name, device, packet, q, sent):
+        """Captured on a device carrying Cilium's programs. Received: the device's tc ingress
+        program runs next (from-container on an lxc device, from-netdev on the native
+        device, from-overlay on cilium_vxlan/cilium_geneve), as taps see a received packet
+        before tc ingress (net/core/dev.c, __netif_receive_skb_core). Sent: the packet has
+        already passed tc egress (taps see it in dev_hard_start_xmit); going on from there is
+        not modelled for Cilium yet, said. Other devices are the host's."""
         cn = self.cilium(node_name)
-        s = cn.settings
-        if s.kpr:
-            src = s.source_of("kpr")
-            why = (f"Cilium runs with kube-proxy replacement ({s.kpr_mode or 'on'}"
-                   + (f", {src.file}:{src.line}" if src is not None else "")
-                   + "): a packet from outside is handled by from-netdev on "
-                   f"{device} (nodeport_lb4, bpf/lib/nodeport.h: NodePort/LoadBalancer "
-                   "translation, SNAT or DSR, BPF masquerade), which traceflow does not model yet")
-            branch.add(Hop(node_name, "bpf", "from-netdev", None, why, unknown=True,
-                           program="from-netdev", detail="bpf-program"))
-            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", "from-netdev", None, why,
+        rec = cn.endpoint_by_device(device)
+        if sent is None and rec is not None:
+            sent = packet.nw_dst == rec.ip and packet.nw_src != rec.ip
+        ingress = cn.program_at(device, "ingress")
+        if sent is False or (sent is None and ingress is not None):
+            if ingress is not None:
+                return AtBpf(node_name, device, "ingress", ingress.program, packet)
+            return NotImplemented
+        if rec is not None or device in TUNNEL_DEVS or cn.program_at(device, "egress"):
+            why = (f"captured as {node_name} sent it on {device}, after its tc egress program: "
+                   "a walk from there is not modelled for Cilium yet (capture where it is "
+                   "received, or trace from its sender)")
+            branch.add(Hop(node_name, "bpf", device, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", device, None, why,
                                                 Disposition.UNKNOWN))
             return None
-        prog = cn.program_at(device, "ingress")
-        if prog is not None and prog.program == "from-netdev":
-            return AtBpf(node_name, device, "ingress", "from-netdev", packet)
-        return AtHost(node_name, device, packet)
+        return NotImplemented
+
+    def arrive_by_tunnel(self, branch, node_name, packet, q):
+        """The overlay device's from-overlay program takes the decapsulated packet, the
+        outer header's VNI as the source identity (bpf_overlay.c)."""
+        dev = f"cilium_{packet.tunnel.kind}"
+        cn = self.cilium(node_name)
+        if cn.program_at(dev, "ingress") is None and cn.attachments_known:
+            return super().arrive_by_tunnel(branch, node_name, packet, q)
+        return AtBpf(node_name, dev, "ingress", "from-overlay", packet)

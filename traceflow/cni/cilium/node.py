@@ -20,6 +20,16 @@ CT_ZONE = "cilium"          # Cilium's own conntrack (cilium_ct4_global), apart 
 SOCK = "sock4-connect"      # the cgroup connect() hook of socket LB (bpf_sock.c)
 SOCK_WHERE = "cil_sock4_connect"   # who committed a socket-LB conntrack entry
 POLICY = "policy"           # the endpoint's policy program, reached by tail call
+NAT_ZONE = "cilium-snat"    # Cilium's SNAT map (cilium_snat_v4_external): masquerade, NodePort
+#                             SNAT, egress gateway and DSR mappings, apart from its conntrack
+# flags of a Cilium conntrack / SNAT entry (CtEntry.mark), as the datapath keeps them
+CT_NODE_PORT = 0x1          # ct_state.node_port: a NodePort connection (bpf/lib/conntrack.h)
+CT_LOOPBACK = 0x2           # ct_state.loopback: a pod reaching itself through its Service
+CT_DSR = 0x4                # a DSR mapping (snat_v4_create_dsr, bpf/lib/nat.h)
+CT_EGRESS_GW = 0x8          # an egress gateway SNAT (egress_gw_snat_needed_hook)
+# the NodePort paths send a packet out by a FIB lookup whatever the host routing mode
+FIB_OUT = ("fib_redirect (bpf/lib/fib.h): bpf_fib_lookup finds the route and the packet is "
+           "redirected to its device; netfilter and the host stack are skipped")
 
 # Program names across versions -> one neutral name per role (1.8 ELF sections, 1.13 `cilium-*`
 # and 1.14+ `cil_*` symbols as tc and bpftool print them).
@@ -111,12 +121,55 @@ class CiliumNode:
     @cached_property
     def services(self):
         """Service entries with their backend slots: `bpf lb list` (the map from-container
-        reads), else `service list`, else the statedb frontends."""
+        reads), else `service list`, else the statedb frontends; each with its slot count
+        from `bpf lb list --frontends` (count[qcount] of slot 0) and its backends' states
+        from `service list` or `db/show backends` where the bundle has them."""
         for kind in ("lb_services", "services", "db_frontends"):
             got = getattr(self.maps, kind)
             if got is not None:
-                return got
+                return [self._joined(svc) for svc in got]
         raise Missing(f"nodes/{self.name}/cilium-bpf-lb-list.txt", "the service map")
+
+    @cached_property
+    def _counts(self) -> dict:
+        """(address, port, protocol, scope) -> the `--frontends` slot-0 entry."""
+        return {(f.frontend_ip, f.port, (f.protocol or "").upper(), f.scope): f
+                for f in self.maps.lb_frontends or () if f.slot in (0, None) and f.count is not None}
+
+    @cached_property
+    def _states(self) -> tuple:
+        """((frontend address, port) -> {(backend ip, port): state}, the file they came from)."""
+        out, where = {}, None
+        for kind, fname in (("services", "cilium-service-list.txt"),
+                            ("db_frontends", "cilium-db-frontends.txt")):
+            for svc in getattr(self.maps, kind) or ():
+                for be in svc.backends:
+                    if be.state:
+                        out.setdefault((svc.frontend_ip, svc.port, svc.scope), {})[
+                            (be.ip, be.port)] = be.state
+                        where = where or f"nodes/{self.name}/{fname}"
+            if out:
+                return out, where
+        # `db/show backends` (1.17+): states by backend address, for every frontend
+        by_addr = {(b.ip, b.port): b.state for b in self.maps.db_backends or () if b.state}
+        if by_addr:
+            return {None: by_addr}, f"nodes/{self.name}/cilium-db-backends.txt"
+        return out, where
+
+    def _joined(self, svc):
+        f = self._counts.get((svc.frontend_ip, svc.port, (svc.protocol or "").upper(), svc.scope))
+        if f is None and svc.protocol is None:
+            f = next((v for k, v in self._counts.items()
+                      if k[:2] == (svc.frontend_ip, svc.port) and k[3] == svc.scope), None)
+        if f is not None and svc.count is None:
+            svc = dataclasses.replace(svc, count=f.count, qcount=f.qcount, count_source=f.source)
+        states, where = self._states
+        known = states.get((svc.frontend_ip, svc.port, svc.scope)) or states.get(None)
+        if known and not any(b.state for b in svc.backends):
+            svc = dataclasses.replace(svc, backends=tuple(
+                dataclasses.replace(b, state=known.get((b.ip, b.port))) if known.get((b.ip, b.port))
+                else b for b in svc.backends), states_source=where)
+        return svc
 
     @cached_property
     def maglev(self) -> dict:
@@ -160,6 +213,11 @@ class CiliumNode:
         return {e.ip: e for e in got if not e.is_host}
 
     @cached_property
+    def host_ips(self) -> set:
+        """The node's own addresses in cilium_lxc (`(localhost)` rows, ENDPOINT_F_HOST)."""
+        return {e.ip for e in self.maps.bpf_endpoints or () if e.is_host}
+
+    @cached_property
     def identities(self) -> dict:
         return {i.identity: i for i in self.maps.identities or ()}
 
@@ -179,6 +237,22 @@ class CiliumNode:
             else:
                 out.append(e)
         return out
+
+    def policy_unreadable(self, endpoint_id: int, direction: str) -> list:
+        """The rows of `bpf policy get` traceflow could not read that may belong to this
+        endpoint's map in this direction (a row of an unknown section may belong to any)."""
+        return [u for u in getattr(self.policy, "unreadable", ())
+                if u.endpoint_id in (None, endpoint_id) and u.direction in (None, direction)]
+
+    def policy_map_name(self, endpoint_id: int) -> str:
+        """The endpoint's policy map as the bundle names it (the `Path:` line of `bpf policy
+        get --all`), else by the version: ``cilium_policy_v2_NNNNN`` from 1.17
+        (pkg/maps/policymap MapName), ``cilium_policy_NNNNN`` before."""
+        for e in list(self.maps.policy or ()) + list(getattr(self.maps.policy, "unreadable", ())):
+            if e.endpoint_id == endpoint_id and e.map_name:
+                return e.map_name.rstrip(":").rsplit("/", 1)[-1]
+        v2 = self.version is not None and self.version.at_least(1, 17)
+        return f"cilium_policy_{'v2_' if v2 else ''}{endpoint_id:05d}"
 
     def _identity_of_labels(self, e) -> int:
         want = set(str(e.labels).replace(",", " ").split())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from traceflow.bundle import kube
 from traceflow.engines.cilium import lookup as L
-from traceflow.cni.cilium.node import CT_ZONE, POLICY, SOCK_WHERE, CiliumNode, policy_map_name
+from traceflow.cni.cilium.node import CT_ZONE, POLICY, SOCK_WHERE, CiliumNode
 from traceflow.model.trace import Hop, Verdict
 from traceflow.walk.state import AtBpf, Branch, Query, tuple5
 
@@ -37,13 +37,19 @@ class EndpointPolicy:
             ip_entry = L.ipcache_lookup(cn.ipcache, peer_ip)
             identity = ip_entry.identity if ip_entry is not None else 2
         entries = cn.policy_of(ep_rec.endpoint_id)
-        pmap = policy_map_name(ep_rec.endpoint_id)
-        if not entries:
+        unreadable = cn.policy_unreadable(ep_rec.endpoint_id, direction)
+        pmap = cn.policy_map_name(ep_rec.endpoint_id)
+        if not entries and not unreadable:
             why = (f"the policy map of endpoint {ep_rec.endpoint_id} ({pmap}) is not in "
                    f"nodes/{loc.node}/cilium-bpf-policy-get.txt")
             b.add(self._hop(loc, why, map_=pmap, unknown=True))
             return self._end(b, loc, Verdict.UNKNOWN, why)
-        v = L.policy_verdict(entries, direction, identity, pkt.tp_dst, pkt.proto_name, cn.version)
+        v = L.policy_verdict(entries, direction, identity, pkt.tp_dst, pkt.proto_name, cn.version,
+                             unreadable=unreadable)
+        if v.unknown:
+            why = f"{direction} policy of endpoint {ep_rec.endpoint_id} ({pmap}): {v.unknown}"
+            b.add(self._hop(loc, why, map_=pmap, rec=unreadable[0], unknown=True))
+            return self._end(b, loc, Verdict.UNKNOWN, why, rec=unreadable[0])
         lookups = ("1.8 hash-map lookups: " + " -> ".join(v.tried)) if v.tried != ("LPM",) else \
             "LPM lookup (1.14+)"
         peer = cn.identity_text(identity)
@@ -57,6 +63,9 @@ class EndpointPolicy:
         behind = self._policy_behind(pod, direction, peer_ip, pkt, v.allowed)
         if behind:
             notes.append(behind)
+        notes.extend(v.notes)
+        if v.allowed and v.proxy_port:
+            return self._to_proxy(b, loc, pkt, direction, me, peer, pmap, v, notes)
         if v.allowed:
             b.add(self._hop(loc, f"{direction} policy of {me}: {peer} on {pkt.tp_dst}/{pkt.proto_name} "
                                  "is allowed", map_=pmap, rec=v.entry, notes=notes))
@@ -75,6 +84,24 @@ class EndpointPolicy:
                   f"{pkt.tp_dst}/{pkt.proto_name}: {v.how}" + (f"; {behind}" if behind else ""))
         return self._end(b, loc, Verdict.DROPPED, reason, v.drop, v.entry,
                          policies=self._policy_names(pod, direction))
+
+    def _to_proxy(self, b, loc, pkt, direction, me, peer, pmap, v, notes):
+        """An allowing entry with a proxy port: the packet goes to the L7 proxy with the proxy
+        mark (bpf_lxc.c: ctx_redirect_to_proxy4 on egress, line 1126; on ingress the policy
+        program's proxy redirect), not to the destination; Envoy's L7 rules are not in the
+        bundle."""
+        e = v.entry
+        b.add(self._hop(loc, f"{direction} policy of {me}: {peer} on {pkt.tp_dst}/{pkt.proto_name} "
+                             f"is allowed with proxy port {v.proxy_port}: redirected to the L7 "
+                             f"proxy (Envoy) on port {v.proxy_port}", map_=pmap, rec=e,
+                        notes=notes))
+        beyond = ("if its HTTP/DNS/Kafka rules allow the request, Envoy opens its own connection "
+                  f"to {pkt.nw_dst}:{pkt.tp_dst}" if direction == "egress" else
+                  f"if its rules allow the request, Envoy delivers it to {pkt.nw_dst}:{pkt.tp_dst}")
+        reason = (f"redirected to the L7 proxy (Envoy) on port {v.proxy_port} by the {direction} "
+                  f"policy entry ({e.source.file}:{e.source.line}); {beyond}: the proxy's rules "
+                  "are not in the bundle")
+        return self._end(b, loc, Verdict.UNKNOWN, reason, rec=e)
 
     def _policy_names(self, pod, direction) -> tuple:
         """The policies that select ``pod`` for ``direction`` (NetworkPolicies, then
@@ -157,6 +184,15 @@ class EndpointPolicy:
                 effect = "conntrack: reply of an allowed connection (CT_REPLY): ingress policy skipped"
             b.add(self._hop(loc, effect, map_="cilium_ct4_global", pkt=pkt, before=before,
                             notes=notes + [f"entry committed by {entry.where}"]))
+            return self._deliver(b, loc, pkt, rec, cn)
+        if pkt.extra.get("hairpin"):
+            # bpf_lxc.c ipv4_policy (1.17 line 1951): a new connection from IPV4_LOOPBACK with
+            # a loopback CT entry, or a loopback entry, bypasses the ingress policy
+            b.add(self._hop(loc, f"source {pkt.nw_src} is the loopback address of a pod reaching "
+                                 "itself through its Service (ct loopback): ingress policy is "
+                                 "skipped", pkt=pkt, notes=notes))
+            ct.commit(CT_ZONE, tuple5(pkt), tuple5(pkt), where=f"{loc.node} policy program of "
+                      f"endpoint {rec.endpoint_id} (cilium_ct4_global, loopback)")
             return self._deliver(b, loc, pkt, rec, cn)
         identity = pkt.extra.get("src_identity")
         if identity is None:

@@ -18,7 +18,9 @@ from traceflow.model.errors import Source
 from .common import bad, is_json, json_error, json_source, lines, load_json
 from .records import (BpfEndpoint, Endpoint, Identity, IpcacheEntry, IpmasqEntry, TunnelEntry)
 
-_PREFIX = r"(?P<prefix>[0-9a-fA-F:.]+/\d+)"
+# the key: a prefix, with ``@N`` for a cluster id (clustermesh, pkg/clustermesh/types
+# PrefixCluster.String, 1.12+)
+_PREFIX = r"(?P<prefix>[0-9a-fA-F:.]+/\d+)(?:@(?P<cluster>\d+))?"
 _KV_VALUE = re.compile(r"^" + _PREFIX + r"\s+(?P<value>identity=.*?)"
                        r"(?:\s{2,}(?P<state>sync|to-insert|to-delete)"
                        r"(?:\s+(?P<error>.+))?)?\s*$")
@@ -78,7 +80,7 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
         tep = _tunnel_endpoint(m.group("tep"), src)
         return IpcacheEntry(m.group("prefix"), int(m.group("id")),
                             None if tep in _NO_TUNNEL else tep, int(m.group("key")), (), src,
-                            m.group("state"))
+                            m.group("state"), cluster_id=int(m.group("cluster") or 0))
     m = _KV_VALUE.match(line)
     if not m:
         raise bad(src, "cilium ipcache")
@@ -101,7 +103,7 @@ def _ipcache_entry(line: str, src: Source) -> IpcacheEntry:
     tep = _tunnel_endpoint(values.get("tunnelendpoint"), src)
     flags = tuple(f for f in re.split(r"[|,]", values.get("flags", "<none>")) if f and f != "<none>")
     return IpcacheEntry(m.group("prefix"), identity, None if tep in _NO_TUNNEL else tep, key,
-                        flags, src, m.group("state"), node_id)
+                        flags, src, m.group("state"), node_id, int(m.group("cluster") or 0))
 
 
 def _endpoint_key(text: str) -> str | None:
@@ -193,6 +195,68 @@ def _json_prefix(item) -> str | None:
             return None
         return f"{item['IP']}/{bits.count('1')}"
     return None
+
+
+def parse_egress_list(text: str, path: str, version=None) -> list:
+    """`cilium bpf egress list` (cilium-dbg/cmd/bpf_egress_list.go): ``Source IP  Destination
+    CIDR  Egress IP  Gateway IP`` rows; the gateway is an address, ``Not Found`` (no gateway
+    node: the datapath drops, DROP_NO_EGRESS_GATEWAY) or ``Excluded CIDR``; ``No entries
+    found.`` when the map is empty. Also its `-o json` form."""
+    from .records import EgressPolicyEntry
+    if is_json(text):
+        data = load_json(text, path)
+        if not isinstance(data, list):
+            raise json_error(path, "top level", "expected a list of egress policy entries")
+        rows = []
+        for i, item in enumerate(data, 1):
+            if not isinstance(item, dict):
+                raise json_error(path, f"item {i}", "expected an object")
+            rows.append((json_source(path, i, item), [str(item.get(k, "")) for k in
+                                                       ("SourceIP", "DestCIDR", "EgressIP",
+                                                        "GatewayIP")]))
+    else:
+        rows, header = [], False
+        for src in lines(text, path):
+            line = src.text.strip()
+            if line == "No entries found.":
+                continue
+            if not header:
+                if not re.match(r"^Source IP\s+Destination CIDR\s+Egress IP\s+Gateway IP\s*$",
+                                line):
+                    raise bad(src, "cilium bpf egress list", "expected the header "
+                              "`Source IP  Destination CIDR  Egress IP  Gateway IP`")
+                header = True
+                continue
+            cells = re.split(r"\s{2,}", line)
+            if len(cells) != 4:
+                # "Not Found" / "Excluded CIDR" hold one space: split the first three cells
+                parts = line.split(None, 3)
+                cells = parts if len(parts) == 4 else cells
+            rows.append((src, cells))
+    import ipaddress
+    out = []
+    for src, cells in rows:
+        if len(cells) != 4:
+            raise bad(src, "cilium bpf egress list")
+        sip, cidr, eip, gw = (c.strip() for c in cells)
+        try:
+            ipaddress.ip_address(sip)
+            ipaddress.ip_network(cidr, strict=False)
+            ipaddress.ip_address(eip)
+        except ValueError:
+            raise bad(src, "cilium bpf egress list", "the source, CIDR or egress IP is not an "
+                      "address") from None
+        if gw == "Not Found":
+            out.append(EgressPolicyEntry(sip, cidr, eip, None, "not-found", src))
+        elif gw == "Excluded CIDR":
+            out.append(EgressPolicyEntry(sip, cidr, eip, None, "excluded", src))
+        else:
+            try:
+                ipaddress.ip_address(gw)
+            except ValueError:
+                raise bad(src, "cilium bpf egress list", f"gateway {gw!r}") from None
+            out.append(EgressPolicyEntry(sip, cidr, eip, gw, "address", src))
+    return out
 
 
 # ---- endpoints ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ NODE_FILES: dict = {
     "ipcache": ("cilium-bpf-ipcache-list.txt", maps.parse_ipcache, True),
     "tunnels": ("cilium-bpf-tunnel-list.txt", maps.parse_tunnel_list, True),
     "ipmasq": ("cilium-bpf-ipmasq-list.txt", maps.parse_ipmasq_list, True),
+    "egress": ("cilium-bpf-egress-list.txt", maps.parse_egress_list, True),
     "endpoints": ("cilium-endpoint-list.txt", maps.parse_endpoint_list, True),
     "bpf_endpoints": ("cilium-bpf-endpoint-list.txt", maps.parse_bpf_endpoint_list, True),
     "identities": ("cilium-identity-list.txt", maps.parse_identity_list, True),

@@ -59,6 +59,9 @@ class LbService:
     scope: str = "external"         # "internal" for the `/i` twin of a two-scope service
     rev_nat: int | None = None      # rev-NAT id of the master entry
     count: int | None = None        # slot count, where the output prints it (None: use the slots)
+    qcount: int | None = None       # slots after `count` (quarantined/terminating): never chosen
+    count_source: Source | None = None   # the `--frontends` slot-0 line count came from
+    states_source: str | None = None     # the file backend states were joined from
     l7_proxy_port: int | None = None
     traffic_policy: str | None = None     # db/show services: "Cluster"/"Local" ...
     session_affinity: bool | None = None  # db/show services / service list JSON
@@ -127,6 +130,7 @@ class IpcacheEntry:
     source: Source
     state: str | None = None        # `map get` State column ("sync")
     node_id: int | None = None
+    cluster_id: int = 0             # ``prefix@N``: another cluster's entry (clustermesh)
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,57 @@ class PolicyEntry:
     cookie: int | None = None
     precedence: int | None = None
     map_name: str | None = None     # the section header's map path / name
+
+    @property
+    def protocol_only(self) -> bool:
+        """A protocol with any port: printed as the bare protocol (``TCP``), PREFIX 8 (1.14+;
+        pkg/maps/policymap/policymap.go PortProtoString: prefix 0 or 8 prints the protocol)."""
+        return self.port is None and self.protocol not in (None, "ANY")
+
+
+@dataclass(frozen=True)
+class UnreadableRow:
+    """A row (or a whole section) of `cilium bpf policy get` traceflow cannot read: kept with
+    the reason instead of refusing the file, so only the verdicts of that endpoint (and
+    direction, where the row says it) become unknown. ``endpoint_id`` None: the row's section
+    is not known (a row before any ``Endpoint ID:`` header)."""
+
+    endpoint_id: int | None
+    direction: str | None           # "ingress"/"egress" when the row says, else None
+    source: Source
+    reason: str
+    map_name: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.source.file}:{self.source.line}"
+
+
+class PolicyRows(list):
+    """The readable entries of a policy dump (a list of PolicyEntry), with ``unreadable``: the
+    rows it could not read (UnreadableRow), each still located."""
+
+    def __init__(self, entries=(), unreadable=()):
+        super().__init__(entries)
+        self.unreadable = list(unreadable)
+
+
+# ---- egress gateway -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EgressPolicyEntry:
+    """`cilium bpf egress list`: one entry of the egress gateway policy map (source pod IP,
+    destination CIDR) -> egress IP and gateway node. ``gateway`` is an address, or None with
+    ``gateway_state`` "not-found" (no gateway node: the datapath drops) or "excluded" (an
+    excluded CIDR: the packet leaves as usual)."""
+
+    source_ip: str
+    dest_cidr: str
+    egress_ip: str
+    gateway: str | None
+    gateway_state: str              # "address" / "not-found" / "excluded"
+    source: Source
 
 
 # ---- conntrack, NAT -------------------------------------------------------------------------
@@ -311,6 +366,9 @@ class CiliumStatus:
     sources: dict = field(default_factory=dict, compare=False, hash=False)  # fact -> Source
     attach_mode: str | None = None      # 1.16+ "Attach Mode: TCX" / "Legacy TC" -> "tcx" / "tc"
     device_mode: str | None = None      # 1.16+ "Device Mode: veth" / "netkit" / "netkit-l2"
+    extra: dict = field(default_factory=dict, compare=False, hash=False)  # further facts:
+    # lb_mode ("snat"/"dsr"/"hybrid"/"annotation"), dsr_dispatch ("opt"/"ipip"/"geneve"),
+    # maglev_table_size, snat_exclusion_cidr, ip_masq_agent, nodeport_range ((min, max))
 
 
 @dataclass(frozen=True)
@@ -352,6 +410,20 @@ class CiliumSettings:
     native_routing_cidr: str | None = None
     tcx: bool | None = None
     datapath_mode: str | None = None
+    # kube-proxy replacement's NodePort (bpf/lib/nodeport.h): "snat", "dsr", "hybrid" (DSR for
+    # TCP, SNAT for UDP) or "annotation" (per Service); DSR dispatch "opt", "ipip", "geneve"
+    lb_mode: str | None = None
+    dsr_dispatch: str | None = None
+    # what lb4_local does for a Service without backends: "reject" (ICMP port unreachable,
+    # 1.15+ default) or "drop"
+    service_no_backend_response: str | None = None
+    maglev_seed: str | None = None           # bpf-lb-maglev-hash-seed (base64, 12 bytes)
+    maglev_table_size: int | None = None     # LB_MAGLEV_LUT_SIZE
+    ip_masq_agent: bool | None = None        # the ipmasq map decides what is not masqueraded
+    snat_exclusion_cidr: str | None = None   # IPV4_SNAT_EXCLUSION_DST_CIDR, as status prints it
+    loopback_ip: str | None = None           # IPV4_LOOPBACK: a pod reaching itself via a Service
+    egress_gateway: bool | None = None       # enable-ipv4-egress-gateway
+    nodeport_range: tuple | None = None      # (min, max)
     sources: dict = field(default_factory=dict, compare=False, hash=False)  # setting -> Source
 
     def source_of(self, setting: str) -> Source | None:

@@ -79,9 +79,23 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
             m = re.match(r"^Session Affinity:\s+(\w+)", s)
             if m and m.group(1).lower() in _ON + _OFF:
                 put("session_affinity", m.group(1).lower() in _ON, src)
-            m = re.match(r"^Backend Selection:\s+(\w+)", s)
+            m = re.match(r"^Backend Selection:\s+(\w+)(?:\s+\(Table Size:\s*(\d+)\))?", s)
             if m:
                 put("lb_algorithm", m.group(1).lower(), src)
+                if m.group(2):
+                    put("maglev_table_size", int(m.group(2)), src)
+            m = re.match(r"^Mode:\s+(\S+)\s*$", s)
+            if m:               # 1.14+ KPR details: SNAT, DSR, Hybrid (nodeport-mode)
+                mode = m.group(1).lower()
+                if mode not in ("snat", "dsr", "hybrid", "annotation"):
+                    raise bad(src, "cilium status", f"NodePort mode {m.group(1)!r}")
+                put("lb_mode", mode, src)
+            m = re.match(r"^DSR Dispatch Mode:\s+(\S.*?)\s*$", s)
+            if m:
+                put("dsr_dispatch", _dispatch(m.group(1), src), src)
+            m = re.match(r"^- NodePort:\s+Enabled \(Range:\s*(\d+)-(\d+)\)", s)
+            if m:
+                put("nodeport_range", (int(m.group(1)), int(m.group(2))), src)
             continue
         m = re.match(r"^Host Routing:\s+(\S+)", s)
         if m:
@@ -111,24 +125,43 @@ def parse_status(text: str, path: str, version=None) -> CiliumStatus:
         if m and not line[:1].isspace():
             put("device_mode", m.group(1).lower(), src)
             continue
-        m = re.match(r"^Masquerading:\s+(\S+)", s)
+        m = re.match(r"^Masquerading:\s+(\S+)(?P<agent>\s+\(ip-masq-agent\))?"
+                     r"(?:\s+\[[^\]]*\]\s+(?P<cidr>[0-9.]+/\d+))?", s)
         if m and not line[:1].isspace():
             saw_any = True
             v = m.group(1).lower()
             if v not in ("bpf", "iptables", "disabled"):
                 raise bad(src, "cilium status", f"masquerading {m.group(1)!r}")
             put("masquerading", v, src)
+            if v == "bpf":
+                put("ip_masq_agent", bool(m.group("agent")), src)
+            if m.group("cidr"):
+                put("snat_exclusion_cidr", m.group("cidr"), src)
             continue
     if not saw_any:
         raise InputError("not `cilium status` output: none of the lines `Cilium:`, "
                          "`KubeProxyReplacement:`, `Routing:`, `Masquerading:` is there", path)
+    extra = {k: facts[k] for k in _EXTRA if k in facts}
     return CiliumStatus(facts.get("version"), facts.get("kpr"), facts.get("socket_lb"),
                         facts.get("socket_lb_hostns_only"), facts.get("session_affinity"),
                         facts.get("routing"), facts.get("tunnel_protocol"),
                         facts.get("host_routing"), facts.get("masquerading"), devices,
                         {**srcs, **({"lb_algorithm_value": facts["lb_algorithm"]}
                                     if "lb_algorithm" in facts else {})},
-                        facts.get("attach_mode"), facts.get("device_mode"))
+                        facts.get("attach_mode"), facts.get("device_mode"), extra)
+
+
+# facts of `cilium status` kept in CiliumStatus.extra (each a CiliumSettings field)
+_EXTRA = ("lb_mode", "dsr_dispatch", "maglev_table_size", "snat_exclusion_cidr", "ip_masq_agent",
+          "nodeport_range")
+_DISPATCH = {"ip option/extension": "opt", "opt": "opt", "ipip": "ipip", "geneve": "geneve"}
+
+
+def _dispatch(v: str, src) -> str:
+    got = _DISPATCH.get(v.strip().lower())
+    if got is None:
+        raise bad(src, "cilium status", f"DSR dispatch mode {v!r}")
+    return got
 
 
 def _host_routing(v: str, src) -> str:
@@ -214,6 +247,8 @@ def merge_settings(status: CiliumStatus | None, config: CiliumConfig | None,
         if status.attach_mode:
             put("tcx", status.attach_mode == "tcx", ss.get("attach_mode"))
         put("datapath_mode", status.device_mode, ss.get("device_mode"))
+        for name, value in status.extra.items():
+            put(name, value, ss.get(name))
     if config is not None:
         c, cs = config, config.sources
         kpr = c.get("kube-proxy-replacement")
@@ -271,9 +306,56 @@ def merge_settings(status: CiliumStatus | None, config: CiliumConfig | None,
             put("native_routing_cidr", c.get(key) or None, cs.get(key))
         put("tcx", _bool(c, "enable-tcx"), cs.get("enable-tcx"))
         put("datapath_mode", c.get("datapath-mode"), cs.get("datapath-mode"))
+        _lb_config(c, put)
     if v is not None and not v.at_least(1, 9):
         # BPF host routing (bpf_redirect_neigh/peer) arrived in 1.9: before it the kernel routes
         put("host_routing", "legacy", None)
     if v is not None and not v.at_least(1, 16):
         put("tcx", False, None)     # tcx attachment arrived in 1.16
     return CiliumSettings(version=str(v) if v else None, sources=srcs, **out)
+
+
+def _lb_config(c: CiliumConfig, put) -> None:
+    """The ConfigMap keys of kube-proxy replacement's load balancing and masquerading."""
+    cs = c.sources
+    mode = c.get("bpf-lb-mode") or c.get("node-port-mode")
+    if mode is not None:
+        key = "bpf-lb-mode" if c.get("bpf-lb-mode") is not None else "node-port-mode"
+        if mode not in ("snat", "dsr", "hybrid"):
+            raise InputError.at(cs[key], f"{key} {mode!r} is not snat/dsr/hybrid")
+        if _bool(c, "bpf-lb-mode-annotation"):
+            put("lb_mode", "annotation", cs["bpf-lb-mode-annotation"])
+        put("lb_mode", mode, cs[key])
+    disp = c.get("bpf-lb-dsr-dispatch")
+    if disp is not None:
+        if disp not in ("opt", "ipip", "geneve"):
+            raise InputError.at(cs["bpf-lb-dsr-dispatch"], f"bpf-lb-dsr-dispatch {disp!r}")
+        put("dsr_dispatch", disp, cs["bpf-lb-dsr-dispatch"])
+    resp = c.get("service-no-backend-response")
+    if resp is not None:
+        if resp not in ("reject", "drop", ""):
+            # pkg/option/config.go: anything else stops the agent
+            raise InputError.at(cs["service-no-backend-response"],
+                                f"service-no-backend-response {resp!r} is not reject/drop")
+        put("service_no_backend_response", resp or None, cs["service-no-backend-response"])
+    seed = c.get("bpf-lb-maglev-hash-seed")
+    if seed:
+        put("maglev_seed", seed, cs["bpf-lb-maglev-hash-seed"])
+    size = c.get("bpf-lb-maglev-table-size")
+    if size is not None:
+        if not size.strip().isdigit():
+            raise InputError.at(cs["bpf-lb-maglev-table-size"],
+                                f"bpf-lb-maglev-table-size {size!r} is not a number")
+        put("maglev_table_size", int(size), cs["bpf-lb-maglev-table-size"])
+    put("ip_masq_agent", _bool(c, "enable-ip-masq-agent"), cs.get("enable-ip-masq-agent"))
+    loop = c.get("ipv4-service-loopback-address")
+    if loop:
+        put("loopback_ip", loop, cs["ipv4-service-loopback-address"])
+    put("egress_gateway", _bool(c, "enable-ipv4-egress-gateway"),
+        cs.get("enable-ipv4-egress-gateway"))
+    rng = c.get("node-port-range")
+    if rng:
+        m = re.match(r"^\s*(\d+)\s*[-,]\s*(\d+)\s*$", rng)
+        if not m:
+            raise InputError.at(cs["node-port-range"], f"node-port-range {rng!r}")
+        put("nodeport_range", (int(m.group(1)), int(m.group(2))), cs["node-port-range"])

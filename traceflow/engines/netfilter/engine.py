@@ -49,6 +49,8 @@ class NatAction:
     kind: str                             # "DNAT" | "SNAT" | "MASQUERADE"
     original: tuple[str | None, int | None]
     translated: tuple[str | None, int | None]
+    random_port: bool = False             # --random[-fully]: the kernel picks the port at run
+    #                                       time (nf_nat_l4proto_unique_tuple); shown unchanged
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,10 @@ def _run_tables(tables: list[Table], hook: str, walk: Walk) -> list[Outcome]:
         return [(walk, "ACCEPT")]
     table, rest = tables[0], tables[1:]
     if table.name == "nat" and not _nat_applies(walk.ctx):
-        walk.steps.append(Step("nat", hook, None, "nat table not consulted: not the first packet "
-                               "of a connection (conntrack applies any NAT)"))
+        why = ("the packet is untracked (NOTRACK in raw): no conntrack entry, no NAT"
+               if "UNTRACKED" in walk.ctx.ct_state else
+               "not the first packet of a connection (conntrack applies any NAT)")
+        walk.steps.append(Step("nat", hook, None, f"nat table not consulted: {why}"))
         return _run_tables(rest, hook, walk)
     results: list[Outcome] = []
     for w, verdict in _run_builtin(table, hook, walk):
@@ -409,13 +413,21 @@ def _dnat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
 
 def _snat(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     step(nat_rewrite(walk, "SNAT", rule.target_args["to"]) + _port_note(rule))
+    _randomised(walk, rule.target_args.get("flags", ()))
     return "ACCEPT"
+
+
+def _randomised(walk: Walk, flags) -> None:
+    """--random / --random-fully: the source port the kernel picks is not predictable."""
+    if walk.nat is not None and {"random", "random-fully", "fully-random"} & set(flags):
+        walk.nat = dataclasses.replace(walk.nat, random_port=True)
 
 
 def _masquerade(chain: Chain, rule: Rule, walk: Walk, step) -> str:
     ports = rule.target_args.get("to_ports")
     step(nat_rewrite(walk, "MASQUERADE", NatTo(None, ports=ports) if ports else None)
          + _port_note(rule))
+    _randomised(walk, rule.target_args.get("flags", ()))
     return "ACCEPT"
 
 

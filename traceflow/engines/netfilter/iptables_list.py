@@ -227,9 +227,9 @@ def _l_addrtype(words: _Words, negated: bool) -> None:
         option = "--" + words.take()
         neg, types = words.take_negatable()
         found.append((option, neg, types))
-    limit = words.peek() in ("limit-in", "limit-out")
-    if limit:
-        words.take()
+    limit = None
+    if words.peek() in ("limit-in", "limit-out"):
+        limit = words.take().rpartition("-")[2]
     for option, neg, types in found:
         words.matches.append(AddrTypeMatch(option, "nw_src" if option == "--src-type" else "nw_dst",
                                            tuple(types.split(",")), limit, negated=neg))

@@ -163,20 +163,37 @@ _DECIDABLE_ADDRTYPES = {"LOCAL", "BROADCAST", "MULTICAST", "UNICAST"}
 
 @dataclass(frozen=True)
 class AddrTypeMatch(Match):
-    """addrtype ``--src-type``/``--dst-type``: LOCAL from ``ctx.local_addresses``."""
+    """addrtype ``--src-type``/``--dst-type``: LOCAL from ``ctx.local_addresses``.
+
+    ``--limit-iface-in``/``-out`` asks about the address on the packet's input (output)
+    interface only (xt_addrtype.c ``addrtype_mt_v1``: ``inet_dev_addr_type(net, dev, addr)``,
+    a lookup restricted to that device): LOCAL when the address is one of that interface's
+    own, from ``ctx.interface_addresses`` (the node's ip-addr.txt)."""
 
     field: str                       # "nw_src" | "nw_dst"
     types: tuple[str, ...]
-    limit_iface: bool = False        # --limit-iface-in/out: only addresses of that interface
+    limit_iface: str | None = None   # "in" | "out" (--limit-iface-in/out) | None
 
     def _test(self, packet, ctx):
         addr = getattr(packet, self.field)
         if addr is None:
             return None
+        if self.limit_iface:
+            local = self._local_on_iface(addr, ctx)
+            if local is None:
+                return None
+            ctx = _OnIface(local, ctx.broadcast_addresses)
         hits = {t: self._is_type(t, addr, ctx) for t in self.types}
         if True in hits.values():
-            return None if self.limit_iface else True   # which interface owns it is not modelled
+            return True
         return None if None in hits.values() else False
+
+    def _local_on_iface(self, addr: str, ctx) -> set[str] | None:
+        iface = ctx.in_iface if self.limit_iface == "in" else ctx.out_iface
+        known = getattr(ctx, "interface_addresses", None)
+        if iface is None or known is None or iface not in known:
+            return None
+        return known[iface]
 
     @staticmethod
     def _is_type(kind: str, addr: str, ctx) -> bool | None:
@@ -191,12 +208,25 @@ class AddrTypeMatch(Match):
         if odd:
             return f"address type {','.join(odd)} needs the routing table (not modelled)"
         if self.limit_iface:
-            return "--limit-iface-in/out: which interface owns the address is not modelled"
+            iface = ctx.in_iface if self.limit_iface == "in" else ctx.out_iface
+            if iface is None:
+                return (f"--limit-iface-{self.limit_iface}: the packet's "
+                        f"{'input' if self.limit_iface == 'in' else 'output'} interface is "
+                        "not known here")
+            return (f"--limit-iface-{self.limit_iface}: the addresses of {iface} are not in "
+                    f"the bundle (needs nodes/{ctx.node or '<node>'}/ip-addr.txt)")
         return f"the packet has no {self.field}"
 
     def __str__(self):
         return (f"-m addrtype {self.bang}{self.name} {','.join(self.types)}"
-                + (" --limit-iface-in" if self.limit_iface else ""))
+                + (f" --limit-iface-{self.limit_iface}" if self.limit_iface else ""))
+
+
+@dataclass(frozen=True)
+class _OnIface:
+    """The addresses addrtype sees when limited to one interface."""
+    local_addresses: set
+    broadcast_addresses: set
 
 
 @dataclass(frozen=True)
@@ -283,7 +313,7 @@ class SetMatch(Match):
     def _test(self, packet, ctx):
         if ctx.ipsets is None or self.set_name not in ctx.ipsets:
             return None
-        return ipset_contains(ctx.ipsets[self.set_name], self.flags, packet)
+        return ipset_contains(ctx.ipsets[self.set_name], self.flags, packet, ctx.ipsets)
 
     def undecided(self, packet, ctx):
         if ctx.ipsets is None or self.set_name not in ctx.ipsets:
@@ -337,10 +367,33 @@ class PhysdevMatch(Match):
     def _test(self, packet, ctx):
         if not ctx.bridged:
             return all(neg for _, _, neg in self.options)
-        return None
+        # xt_physdev.c physdev_mt: the bridge ports of a bridged frame (br_netfilter); the
+        # output port is known from FORWARD on (at PREROUTING it is not chosen yet)
+        phys_in = getattr(ctx, "physdev_in", None)
+        phys_out = getattr(ctx, "physdev_out", None)
+        if phys_in is None:
+            return None
+        for option, value, neg in self.options:
+            if option == "--physdev-is-in":
+                hit = True
+            elif option in ("--physdev-is-out", "--physdev-is-bridged"):
+                hit = phys_out is not None
+            elif option in ("--physdev-in", "--physdev-out"):
+                dev = phys_in if option == "--physdev-in" else phys_out
+                if dev is None:
+                    hit = False
+                else:
+                    hit = dev.startswith(value[:-1]) if value and value.endswith("+") \
+                        else dev == value
+            else:
+                return None
+            if hit == neg:
+                return False
+        return True
 
     def undecided(self, packet, ctx):
-        return "the packet is bridged (br_netfilter): physdev bridge ports are not modelled"
+        return ("the packet is bridged (br_netfilter), but its bridge ports are not known "
+                "here: physdev cannot be decided")
 
     def __str__(self):
         words = [("! " if neg else "") + opt + (f" {val}" if val else "")
@@ -498,27 +551,35 @@ class UnknownMatch(Match):
 
 # --- ipset membership ------------------------------------------------------------------------
 
+HASH_FROM = 32                  # sets of more members than this are hashed (ipset_hash.py)
 _SET_PORT = re.compile(r"^(?:(?P<proto>[a-z]+):)?(?P<port>\d+)(?:-(?P<hi>\d+))?$")
 
 
-def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> bool | None:
+def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
+                   sets: dict | None = None, depth: int = 0) -> bool | None:
     """Is the packet in the set? The most specific entry holding it decides, as the kernel's
     hash:net types look prefixes up longest first (ip_set_hash_gen.h, mtype_test_cidrs): a
     ``nomatch`` entry excludes, a narrower ordinary entry inside it includes again. None if
     an entry is undecidable and no entry decides.
 
-    A set is looked up as the kernel hashes it: its entries compiled once into dicts keyed by
-    their (masked) addresses and ports (``_HashedSet``); the entries that do not hash (port
-    ranges, interfaces, ``tcpudp``) are tested one by one, as before."""
-    if len(members) > _HASH_FROM:
-        hashed = _hashed(members, flags)
-        got = hashed.contains(packet)
-        if got is not _SLOW:
+    The set's type (``members.type`` when the listing says it) decides what a member is:
+    ``list:set`` members are other sets, the packet is in it when it is in one of them
+    (ip_set_list_set.c ``list_set_ktest``, in order, the flags passed on); ``bitmap:port``
+    members are ports (``80`` or a range ``80-88``) matched against the port the flag
+    names. A bigger set of addresses, prefixes and ports is looked up as the kernel hashes
+    it: its entries compiled once into dicts keyed by their (masked) addresses and ports
+    (``ipset_hash.py``); the entries that do not hash (port ranges, interfaces, ``tcpudp``)
+    are tested one by one, as here."""
+    kind = getattr(members, "type", None) or ""
+    if kind == "list:set":
+        return _list_set_contains(members, flags, packet, sets, depth)
+    if kind == "bitmap:port":
+        flags = tuple(f"port-{f}" for f in flags)
+    elif len(members) > HASH_FROM:          # looked up as the kernel hashes it (ipset_hash.py)
+        from traceflow.engines.netfilter.ipset_hash import SLOW, hashed
+        got = hashed(members, flags).contains(packet)
+        if got is not SLOW:
             return got
-    return _contains(members, flags, packet)
-
-
-def _contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> bool | None:
     hits: list[tuple[int, bool]] = []              # (entry's prefix bits, entry is nomatch)
     undecidable = False
     for member in members:
@@ -536,125 +597,21 @@ def _contains(members: list[str], flags: tuple[str, ...], packet: Packet) -> boo
     return None if undecidable else False
 
 
-_HASH_FROM = 32                 # sets of more members than this are hashed
-_BYTE = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_QUAD = re.compile(rf"{_BYTE}\.{_BYTE}\.{_BYTE}\.{_BYTE}(?:/(3[0-2]|[12]?[0-9]))?")
-_SLOW = object()                # a packet the hashed set cannot decide alone
-_HASHED: dict = {}              # (id(members), flags) -> (members, len, _HashedSet)
-
-
-def _hashed(members: list[str], flags: tuple[str, ...]) -> "_HashedSet":
-    key = (id(members), flags)
-    got = _HASHED.get(key)
-    if got is None or got[0] is not members or got[1] != len(members):
-        if len(_HASHED) > 256:
-            _HASHED.clear()
-        got = _HASHED[key] = (members, len(members), _HashedSet(members, flags))
-    return got[2]
-
-
-def _quad_bits(element: str) -> int:
-    """``_set_entry_bits`` of one element (a prefix's length; 0 for a port)."""
-    quad = _QUAD.fullmatch(element)
-    if quad is not None:
-        return int(quad[5]) if quad[5] is not None else 32
-    try:
-        return _network(element).prefixlen
-    except ValueError:
-        return 0
-
-
-class _HashedSet:
-    """A set's entries by shape: for each sequence of element kinds (an address with its
-    prefix length, a protocol:port), a dict from the entry's values to (prefix bits,
-    nomatch) entries; entries of other forms in ``rest``, tested one by one."""
-
-    def __init__(self, members: list[str], flags: tuple[str, ...]):
-        self.flags = flags
-        self.shapes: dict = {}          # shape -> {key: [(bits, nomatch)]}
-        self.rest: list[str] = []
-        for member in members:
-            words = member.split()
-            if not words:
-                continue
-            shaped = self._shape(words[0])
-            if shaped is None:
-                self.rest.append(member)
-                continue
-            shape, key, bits = shaped
-            self.shapes.setdefault(shape, {}).setdefault(key, []).append(
-                (bits, "nomatch" in words[1:]))
-
-    def _shape(self, entry: str):
-        shape, key = [], []
-        elements = entry.split(",")
-        bits = sum(_quad_bits(e) for e in elements[len(self.flags):])   # as _set_entry_bits
-        for element, flag in zip(elements, self.flags):
-            quad = _QUAD.fullmatch(element)
-            if quad is not None:      # a dotted IPv4 address or network: read without ipaddress
-                length = int(quad[5]) if quad[5] is not None else 32
-                value = (int(quad[1]) << 24) | (int(quad[2]) << 16) | (int(quad[3]) << 8) \
-                    | int(quad[4])
-                if length > 32:
-                    return None
-                shape.append(("net", flag, 4, length))
-                key.append(value >> (32 - length) << (32 - length) if length else 0)
-                bits += length
-                continue
-            try:
-                net = _network(element)
-            except ValueError:
-                port = _SET_PORT.match(element)
-                if not port or port["hi"] or not port["proto"] or port["proto"] == "tcpudp" \
-                        or port["proto"] not in PROTO_NUMBERS:
-                    return None                   # a range, any protocol, an interface ...
-                shape.append(("port", flag))
-                key.append((PROTO_NUMBERS[port["proto"]], int(port["port"])))
-                continue
-            shape.append(("net", flag, net.version, net.prefixlen))
-            key.append(int(net.network_address))
-            bits += net.prefixlen
-        return tuple(shape), tuple(key), bits
-
-    def contains(self, packet: Packet):
-        """As ``_contains``; _SLOW when the packet lacks a value an entry needs."""
-        hits: list = []
-        for shape, table in self.shapes.items():
-            key = []
-            for part in shape:
-                side = "src" if part[1] == "src" else "dst"
-                if part[0] == "port":
-                    value = getattr(packet, f"tp_{side}")
-                    if value is None or packet.nw_proto is None:
-                        return _SLOW
-                    key.append((packet.nw_proto, value))
-                    continue
-                addr = getattr(packet, f"nw_{side}")
-                if addr is None:
-                    return _SLOW
-                try:
-                    ip = _address(addr)
-                except ValueError:
-                    return _SLOW
-                if ip.version != part[2]:
-                    key = None
-                    break
-                bits = ip.max_prefixlen
-                key.append(int(ip) >> (bits - part[3]) << (bits - part[3]) if part[3] else 0)
-            if key is not None:
-                hits.extend(table.get(tuple(key), ()))
-        undecidable = False
-        for member in self.rest:
-            words = member.split()
-            hit = _set_entry_hit(words[0], self.flags, packet)
-            if hit is None:
-                undecidable = True
-            elif hit:
-                hits.append((_set_entry_bits(words[0]), "nomatch" in words[1:]))
-        if hits:
-            most = max(bits for bits, _ in hits)
-            return not any(nomatch for bits, nomatch in hits if bits == most)
-        return None if undecidable else False
+def _list_set_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
+                       sets: dict | None, depth: int) -> bool | None:
+    if sets is None or depth > 8:        # the kernel refuses list:set loops; so does this
+        return None
+    undecided = False
+    for member in members:
+        name = member.split()[0] if member.split() else ""
+        if name not in sets:
+            undecided = True
+            continue
+        got = ipset_contains(sets[name], flags, packet, sets, depth + 1)
+        if got:
+            return True
+        undecided = undecided or got is None
+    return None if undecided else False
 
 
 def _set_entry_bits(entry: str) -> int:
@@ -673,18 +630,25 @@ def _set_entry_hit(entry: str, flags: tuple[str, ...], packet: Packet) -> bool |
     """One entry (``10.0.0.0/8``, ``10.0.0.1,tcp:80``, ``10.0.0.1,udp:53,10.0.0.2``)."""
     results = []
     for element, flag in zip(entry.split(","), flags):
-        side = "src" if flag == "src" else "dst"
-        results.append(_set_element_hit(element, side, packet))
+        port_only = flag.startswith("port-")      # bitmap:port
+        side = "src" if flag.removeprefix("port-") == "src" else "dst"
+        results.append(_set_element_hit(element, ("port-" if port_only else "") + side, packet))
     if False in results:
         return False
     return None if None in results else True
 
 
 def _set_element_hit(element: str, side: str, packet: Packet) -> bool | None:
+    if side.startswith("port-"):                      # bitmap:port: the element is a port
+        return _port_element_hit(element, side[5:], packet)
     try:
         return _in_network(getattr(packet, f"nw_{side}"), _network(element))
     except ValueError:
         pass
+    return _port_element_hit(element, side, packet)
+
+
+def _port_element_hit(element: str, side: str, packet: Packet) -> bool | None:
     port = _SET_PORT.match(element)
     if not port:
         return None                                   # interface names, MACs: not modelled

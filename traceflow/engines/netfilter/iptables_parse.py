@@ -52,13 +52,27 @@ def _addr(field_name: str) -> Decoder:
     return lambda o: AddrMatch(name, field_name, _network(o.args[0]), negated=o.negated)
 
 
+# protocol names as iptables prints them: xtables' own table (libxtables xtables_chain_protos)
+# first, then the /etc/protocols names getprotobynumber() gives (iptables-save of Calico's
+# IPIP rules says `-p ipencap`, Debian's name for 4; others print `ipip` or the number)
+IP_PROTOCOL_NAMES = {**PROTO_NUMBERS, "udplite": 136, "icmpv6": 58, "ipv6-icmp": 58,
+                     "esp": 50, "ah": 51, "ipv6-mh": 135, "mh": 135, "ipencap": 4, "ipip": 4,
+                     "ip-encap": 4, "gre": 47, "igmp": 2, "ipv6": 41, "ospf": 89, "ospfigp": 89,
+                     "vrrp": 112, "pim": 103, "dccp": 33, "l2tp": 115, "ipcomp": 108,
+                     "ipv6-route": 43, "ipv6-frag": 44, "ipv6-nonxt": 59, "ipv6-opts": 60,
+                     "ggp": 3, "egp": 8, "rsvp": 46, "etherip": 97, "encap": 98,
+                     "mpls-in-ip": 137, "hip": 139, "shim6": 140, "wesp": 141, "rohc": 142}
+
+
 def _proto(o: Opt) -> Match | None:
     value = o.args[0].lower()
     if value in ("all", "0"):
         return None
-    number = PROTO_NUMBERS.get(value, None if not value.isdigit() else int(value))
-    if number is None:
-        return UnknownMatch("-p", o.text, f"protocol {value!r} is not modelled", negated=False)
+    number = IP_PROTOCOL_NAMES.get(value, int(value) if value.isdigit() else None)
+    if number is None or not 0 <= number <= 255:
+        return UnknownMatch("-p", o.text, f"protocol {value!r} is not one iptables knows "
+                                          "(not in /etc/protocols as Linux ships it)",
+                            negated=False)
     return ProtoMatch("-p", number, negated=o.negated)
 
 
@@ -153,7 +167,8 @@ def _per_option(table: dict[str, tuple[int, Decoder]]) -> Callable[[list[Opt]], 
 
 
 def _addrtype(opts: list[Opt]) -> list[Match]:
-    limit = any(o.name.startswith("--limit-iface") for o in opts)
+    limit = next((o.name.rpartition("-")[2] for o in opts
+                  if o.name in ("--limit-iface-in", "--limit-iface-out")), None)
     return [AddrTypeMatch(o.name, "nw_src" if o.name == "--src-type" else "nw_dst",
                           tuple(t.upper() for t in o.args[0].split(",")), limit, negated=o.negated)
             for o in opts if o.name in ("--src-type", "--dst-type")]

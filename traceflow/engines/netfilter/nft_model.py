@@ -35,7 +35,8 @@ class _Unparsed(ValueError):
 
 
 _PROTOCOLS = {**PROTO_NUMBERS, "icmpv6": 58, "ipv6-icmp": 58, "udplite": 136, "dccp": 33,
-              "gre": 47, "esp": 50, "ah": 51, "igmp": 2, "ipip": 4, "ospf": 89, "vrrp": 112}
+              "gre": 47, "esp": 50, "ah": 51, "igmp": 2, "ipip": 4, "ipencap": 4, "ospf": 89,
+              "vrrp": 112, "ipv6": 41, "sctp": 132, "pim": 103, "comp": 108, "mh": 135}
 _SERVICES = {"ftp": 21, "ssh": 22, "telnet": 23, "smtp": 25, "domain": 53, "http": 80,
              "kerberos": 88, "pop3": 110, "ntp": 123, "imap": 143, "snmp": 161, "bgp": 179,
              "ldap": 389, "https": 443, "microsoft-ds": 445, "syslog": 514, "ldaps": 636,

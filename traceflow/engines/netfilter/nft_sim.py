@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from traceflow.engines.netfilter.engine import (MAX_BRANCHES, MAX_DEPTH, Branch, NodeContext, Step,
-                                                Walk, _Budget, nat_rewrite)
+                                                Walk, _Budget, _randomised, nat_rewrite)
 from traceflow.engines.netfilter.nft_model import (ABSENT, CHAIN_MEANINGS, Cmp, Elements, Limit,
                                                    Nat, NftChain, NftElement, NftRule, NftTable,
                                                    Notrack, Passive, Selector, SetRef, SetStmt,
@@ -498,6 +498,8 @@ class _Simulator:
             if {"random", "fully-random", "random-fully"} & set(expr.flags) else ""
         kind = {"dnat": "DNAT", "snat": "SNAT"}.get(expr.kind, "MASQUERADE")
         hit.effects.append(nat_rewrite(walk, kind, expr.to) + ("" if kind == "DNAT" else flags))
+        if kind != "DNAT":
+            _randomised(walk, expr.flags)
         walk.nat_bound = True
         return Verdict("accept")
 

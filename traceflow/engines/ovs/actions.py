@@ -40,6 +40,24 @@ class Subfield:
         return f"{self.field.name}[{self.start}..{self.end}]"
 
 
+def read_bits(state: dict, sub: Subfield) -> int:
+    """The bits of ``sub`` in the packet (a view, e.g. xreg0 or vlan_vid, read through the
+    fields it lives in)."""
+    fld = sub.field
+    whole = state.get(fld.name, 0) if fld.view is None else F.view_read(state, fld)
+    return (whole >> sub.start) & ((1 << sub.width) - 1)
+
+
+def write_bits(state: dict, sub: Subfield, value: int) -> None:
+    """Write ``value`` into the bits of ``sub`` (a view through the fields it lives in)."""
+    fld = sub.field
+    mask = ((1 << sub.width) - 1) << sub.start
+    if fld.view is None:
+        state[fld.name] = (state.get(fld.name, 0) & ~mask) | ((value << sub.start) & mask)
+    else:
+        F.view_write(state, fld, value << sub.start, mask)
+
+
 def _shown(sub: Subfield, value: int) -> str:
     """A value written into ``sub``: an address as an address when it fills the field."""
     if sub.width == sub.field.bits and sub.field.kind in ("ipv4", "mac", "ipv6"):
@@ -148,7 +166,81 @@ class Drop:
 
 @dataclass(frozen=True)
 class DecTtl:
+    # the controllers that get a packet-in when the TTL expires (dec_ttl(1,2); bare dec_ttl:
+    # controller 0), ofp-actions.c parse_DEC_TTL
+    ids: tuple = (0,)
+
+
+@dataclass(frozen=True)
+class ViewWrite:
+    """A set_field/load into a view (vlan_vid, dl_vlan, vlan_pcp, xreg, xxreg): ``value``
+    under ``mask`` in the view's own bits."""
+
+    field: F.Field
+    value: int
+    mask: int
+    text: str
+
+
+@dataclass(frozen=True)
+class WriteActions:
+    """``write_actions(...)``: add to the action set, run when the pass ends."""
+
+    actions: tuple
+
+
+@dataclass(frozen=True)
+class ClearActions:
     pass
+
+
+@dataclass(frozen=True)
+class WriteMetadata:
+    value: int
+    mask: int
+
+
+@dataclass(frozen=True)
+class StackPush:
+    sub: Subfield
+
+
+@dataclass(frozen=True)
+class StackPop:
+    sub: Subfield
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """``bundle(fields,basis,algorithm,ofport,members:...)``: output to one member;
+    ``bundle_load(...,dst,members:...)``: load its port number into ``dst`` instead."""
+
+    fields: str
+    basis: int
+    algorithm: str                  # "hrw" | "active_backup"
+    members: tuple                  # ports as written (numbers or names)
+    dst: Subfield | None
+    text: str
+
+
+@dataclass(frozen=True)
+class PushVlan:
+    ethertype: int
+
+
+@dataclass(frozen=True)
+class PopVlan:
+    """pop_vlan / strip_vlan: the outer VLAN header comes off."""
+
+
+@dataclass(frozen=True)
+class SetVlan:
+    """mod_vlan_vid / set_vlan_vid (``pcp`` False) and mod_vlan_pcp / set_vlan_pcp: the
+    OpenFlow 1.0 spellings (mod_) push a header when there is none, the 1.1 ones do not."""
+
+    value: int
+    pcp: bool
+    push_if_needed: bool
 
 
 @dataclass(frozen=True)
@@ -217,13 +309,15 @@ class NoEffect:
 class Unknown:
     text: str
     reason: str
+    malformed: bool = False     # not an action at all (bad input), not one left unmodelled
 
 
 def plain_writes(actions: tuple) -> tuple | None:
     """The ``write`` of each action when all are loads or set_fields that always apply (not
     a transport port, which a later fragment skips); None otherwise."""
-    if all(type(a) is Load or type(a) is SetField and a.field.name not in ("tp_src", "tp_dst")
-           for a in actions):
+    if all((type(a) is Load and a.dst.field.view is None)
+           or type(a) is SetField and a.field.name not in ("tp_src", "tp_dst")
+           and a.field.view is None for a in actions):
         return tuple(a.write for a in actions)
     return None
 
@@ -289,7 +383,20 @@ def _load(arg: str) -> Load:
             else F.parse_int(value.strip())
     except ValueError:
         raise ActionError(f"bad value {value!r}") from None
+    if v >> sub.width:
+        raise ActionError(f"{value.strip()} does not fit in {sub} ({sub.width} bits)")
+    if sub.field.view is not None:
+        return _view_write(sub.field, v << sub.start, ((1 << sub.width) - 1) << sub.start,
+                           f"set {sub} = {hex(v)}")
     return Load(v, sub)
+
+
+def _view_write(fld: F.Field, value: int, mask: int, text: str) -> ViewWrite:
+    if fld.view == "port11":
+        raise ActionError(f"{fld.name} is read-only")
+    if fld.name in ("dl_vlan", "dl_vlan_pcp"):
+        raise ActionError(f"{fld.name} has no NXM/OXM id: OVS cannot hold a write into it")
+    return ViewWrite(fld, value, mask, text)
 
 
 def _set_field(arg: str) -> SetField | Load:
@@ -298,8 +405,7 @@ def _set_field(arg: str) -> SetField | Load:
         raise ActionError("set_field needs VALUE->FIELD")
     dst = dst.strip()
     if "[" in dst:  # set_field:1->reg0[3]: a subfield write, same as load
-        sub = parse_subfield(dst)
-        return Load(F.parse_int(value.strip()), sub)
+        return _load(f"{value}->{dst}")
     fld = F.lookup(dst)
     if fld is None:
         raise ActionError(f"unknown field {dst!r}")
@@ -309,6 +415,12 @@ def _set_field(arg: str) -> SetField | Load:
         m = F.parse_value_for_field(fld, mtext) if mtext else None
     except ValueError:
         raise ActionError(f"bad value {value!r}") from None
+    if fld.view is not None:
+        # a whole vlan_vid is its 12 bits and the "present" bit (lib/meta-flow.c
+        # mf_is_value_valid: set_field:4101->vlan_vid is VLAN 5, present)
+        full = 0x1FFF if fld.view == "vlan_vid" else F.full_mask(fld)
+        return _view_write(fld, v, full if m is None else m & full,
+                           f"set {fld.name} = {value.strip()}")
     return SetField(v, m, fld)
 
 
@@ -338,6 +450,87 @@ def _output(arg: str):
     if arg.upper() in _SPECIAL_PORTS:
         return SpecialPort(arg.upper())
     return Output(port=arg.strip('"'))
+
+
+def _controller_port(arg: str):
+    """``CONTROLLER:65535``: how ovs-ofctl prints an output to the CONTROLLER port with a
+    max_len (an output action, unlike controller(...))."""
+    if arg.strip().isdigit():
+        return SpecialPort("CONTROLLER")
+    return Controller(arg)
+
+
+def _write_actions(arg: str):
+    inner = parse_actions(arg)
+    unknown = next((a for a in inner if type(a) is Unknown), None)
+    if unknown is not None:
+        raise ActionError(f"{unknown.text}: {unknown.reason}")
+    return WriteActions(inner)
+
+
+def _write_metadata(arg: str) -> WriteMetadata:
+    vtext, _, mtext = arg.strip().partition("/")
+    try:
+        value = F.parse_int(vtext)
+        mask = F.parse_int(mtext) if mtext else (1 << 64) - 1
+    except ValueError:
+        raise ActionError(f"bad write_metadata {arg!r}") from None
+    return WriteMetadata(value & mask, mask)
+
+
+def _dec_ttl(arg: str) -> DecTtl:
+    try:
+        ids = tuple(int(x, 0) for x in split_top(arg))
+    except ValueError:
+        raise ActionError(f"bad controller ids {arg!r}") from None
+    if not ids:
+        raise ActionError("dec_ttl() needs at least one controller id")
+    return DecTtl(ids)
+
+
+def _bundle(arg: str, load: bool) -> Bundle:
+    """bundle(fields,basis,algorithm,ofport,members:p,q,...) and bundle_load(fields,basis,
+    algorithm,ofport,dst,members:...) (lib/bundle.c bundle_parse__; slaves: is the old
+    spelling of members:)."""
+    parts = split_top(arg)
+    n_head = 5 if load else 4
+    if len(parts) < n_head + 1:
+        raise ActionError("bundle needs fields, basis, algorithm, ofport"
+                          + (", destination" if load else "") + " and members")
+    fields, basis, algorithm, kind = parts[:4]
+    first = parts[n_head]
+    if not first.startswith(("members:", "slaves:")):
+        raise ActionError(f"expected members:..., got {first!r}")
+    members = (first.partition(":")[2],) + tuple(parts[n_head + 1:])
+    from traceflow.engines.ovs.hashing import HASH_FIELDS
+    if fields not in HASH_FIELDS:
+        raise ActionError(f"unknown bundle fields {fields!r}")
+    if algorithm not in ("hrw", "active_backup"):
+        raise ActionError(f"unknown bundle algorithm {algorithm!r}")
+    if kind != "ofport":
+        raise ActionError(f"unknown member type {kind!r}")
+    try:
+        basis_value = int(basis, 0)
+    except ValueError:
+        raise ActionError(f"bad basis {basis!r}") from None
+    dst = parse_subfield(parts[4]) if load else None
+    if dst is not None and dst.width < 16:
+        raise ActionError(f"{dst} is narrower than an OpenFlow port (16 bits)")
+    return Bundle(fields, basis_value & 0xFFFF, algorithm,
+                  tuple(m.strip().strip('"') for m in members if m.strip()), dst,
+                  f"{'bundle_load' if load else 'bundle'}({arg})")
+
+
+def _vlan(pcp: bool, push: bool):
+    def build(arg: str) -> SetVlan:
+        try:
+            value = int(arg.strip(), 0)
+        except ValueError:
+            raise ActionError(f"bad VLAN {'priority' if pcp else 'id'} {arg!r}") from None
+        if value > (7 if pcp else 0xFFF):
+            raise ActionError(f"VLAN {'priority' if pcp else 'id'} {value} out of range")
+        return SetVlan(value, pcp, push)
+    return build
 
 
 def _mod(field_name: str, kind: str = "int"):
@@ -444,12 +637,26 @@ _PARSERS = {
     "conjunction": _conjunction,
     "learn": Learn,
     "controller": Controller,
-    "CONTROLLER": Controller,
+    "CONTROLLER": _controller_port,
+    "write_actions": _write_actions,
+    "write_metadata": _write_metadata,
+    "push": lambda a: StackPush(parse_subfield(a)),
+    "pop": lambda a: StackPop(parse_subfield(a)),
+    "bundle": lambda a: _bundle(a, False),
+    "bundle_load": lambda a: _bundle(a, True),
+    "dec_ttl": _dec_ttl,
+    "fin_timeout": lambda a: NoEffect(f"fin_timeout({a})", "shortens the flow's own timeouts "
+                                      "once it sees a FIN or RST; this packet's path is "
+                                      "unchanged"),
+    "push_vlan": lambda a: PushVlan(int(a, 0)),
+    "mod_vlan_vid": _vlan(False, True),
+    "set_vlan_vid": _vlan(False, False),
+    "mod_vlan_pcp": _vlan(True, True),
+    "set_vlan_pcp": _vlan(True, False),
     "clone": lambda a: Clone(parse_actions(a)),
     "meter": lambda a: NoEffect(f"meter:{a}", "rate limiting only"),
     "note": lambda a: NoEffect(f"note:{a}", "an annotation"),
     "sample": lambda a: NoEffect(f"sample({a})", "sampling only"),
-    "push_vlan": lambda a: NoEffect(f"push_vlan:{a}", "adds a VLAN tag (not shown)"),
     "set_queue": lambda a: NoEffect(f"set_queue:{a}", "QoS queue only"),
 }
 
@@ -468,8 +675,9 @@ _BARE = {
     "pop_queue": NoEffect("pop_queue", "QoS queue only"),
     "dec_ttl": DecTtl(),
     "ct_clear": CtClear(),
-    "strip_vlan": NoEffect("strip_vlan", "removes a VLAN tag (not shown)"),
-    "pop_vlan": NoEffect("pop_vlan", "removes a VLAN tag (not shown)"),
+    "strip_vlan": PopVlan(),
+    "pop_vlan": PopVlan(),
+    "clear_actions": ClearActions(),
 }
 
 
@@ -499,4 +707,9 @@ def parse_action(text: str):
         return Unknown(text, f"action {keyword!r} is not modelled")
     if re.match(r'^"[^"]+"$', text) or text.isdigit():
         return Output(port=text.strip('"'))
-    return Unknown(text, "unreadable action")
+    if re.match(r"^check_pkt_larger\(\d+\)->\S+$", text):
+        # ofp-actions.c format_CHECK_PKT_LARGER: "check_pkt_larger(LEN)->DST", a valid action
+        # whose result (is the packet longer than LEN) traceflow does not model
+        return Unknown(text, "action 'check_pkt_larger' is not modelled")
+    return Unknown(text, "unreadable action", malformed=True)
+

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.actset import action_set_list
 from traceflow.engines.ovs.flows import _DOC_NUMBER, FlowDump, logical_lines
 from traceflow.engines.ovs.memo import LookupMemo
 
@@ -28,6 +29,12 @@ class Bucket:
         """Parsed on first use: AntreaProxy dumps hold tens of thousands of groups and a
         trace meets a few."""
         return A.parse_actions(self.action_text)
+
+    @functools.cached_property
+    def as_set(self) -> tuple:
+        """The actions as OVS runs them: a bucket is an action set (reordered, one final
+        action; see traceflow.engines.ovs.actset)."""
+        return action_set_list(self.actions)
 
 
 @dataclass(frozen=True)
@@ -70,13 +77,23 @@ def parse_groups(text: str, name: str) -> dict[int, Group]:
     return groups
 
 
+_BUCKET_ATTRS = ("bucket_id", "weight", "watch_port", "watch_group")
+
+
 def _bucket(text: str, index: int, src: Source) -> Bucket:
     bucket_id, weight = index, 100
     rest = text
-    # "bucket_id:0,weight:100,actions=..." ; attributes come before actions=
+    # "bucket_id:0,weight:100,actions=..." (dump-groups: attributes before actions=), or as
+    # add-group takes it, "weight=50,output:10,set_field:..." (attributes among the actions:
+    # ofp-group.c parse_bucket_str)
     head, sep, acts = rest.partition("actions=")
     if not sep:
-        raise InputError.at(src, f"bucket {index} has no actions=")
+        parts = A.split_top(rest)
+        attrs = [p for p in parts if p.replace("=", ":").partition(":")[0] in _BUCKET_ATTRS]
+        acts = ",".join(p for p in parts if p not in attrs)
+        head = ",".join(a.replace("=", ":", 1) for a in attrs)
+        if not acts:
+            raise InputError.at(src, f"bucket {index} has no actions")
     for attr in head.strip(",").split(","):
         k, _, v = attr.partition(":")
         try:
@@ -99,9 +116,10 @@ class Port:
     mac: str
     source: Source
     config: tuple = ()   # "config:" flags of the port, e.g. ("NO_FWD",)
+    state: tuple = ()    # "state:" flags, e.g. ("LINK_DOWN",): a bundle's member is down
 
 
-_CONFIG = re.compile(r"^\s+config:\s+(.*)$")
+_CONFIG = re.compile(r"^\s+(config|state):\s+(.*)$")
 
 
 def parse_show(text: str, name: str) -> dict[str, Port]:
@@ -117,8 +135,10 @@ def parse_show(text: str, name: str) -> dict[str, Port]:
             continue
         c = _CONFIG.match(line)
         if c and last is not None:
-            flags = tuple(w for w in c.group(1).split() if w != "0")
-            last = ports[last.name] = Port(last.number, last.name, last.mac, last.source, flags)
+            flags = tuple(w for w in c.group(2).split() if w != "0")
+            config, state = (flags, last.state) if c.group(1) == "config" else (last.config, flags)
+            last = ports[last.name] = Port(last.number, last.name, last.mac, last.source,
+                                           config, state)
     return ports
 
 
@@ -169,11 +189,14 @@ class Bridge:
         # id(candidate list) -> LookupMemo: lookups answered before, see lookup_memo
         self._memos: dict[int, LookupMemo] = {}
         self._answers = 0          # answers remembered in all memos, see _MAX_ANSWERS_ALL
+        # id(annotator) -> (annotator, its table labels and flow notes): see pipeline._shared
+        self._shared: dict = {}
 
     def forget_lookups(self) -> None:
-        """Drop the remembered lookups (benchmarks time a walk without them)."""
+        """Drop the remembered lookups and notes (benchmarks time a walk without them)."""
         self._memos.clear()
         self._answers = 0
+        self._shared.clear()
 
     def lookup_memo(self, flows: list) -> "LookupMemo":
         """The memo of lookups among ``flows``, one candidate list of a table.

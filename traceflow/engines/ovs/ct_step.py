@@ -18,6 +18,9 @@ from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.runs import TableHit
 
 
+_CT_BYTES = 512      # a generous bound on ct(...), recirc and the sets committed before them
+
+
 class ConntrackSteps:
     """The ``ct(...)`` action, for the pipeline's runner (which has the conntrack table, the
     ``--ct-next`` states, the bridge and apply_actions)."""
@@ -40,9 +43,10 @@ class ConntrackSteps:
         # As in OVS (xlate's flow_clear_conntrack after a ct action): the ct_* fields exist
         # only in the recirculated pass; the rest of this pass sees an untracked packet.
         for key in CT_FIELDS:
-            state.pop(key, None)
+            if key in state:           # (most are absent: cheaper than pop(key, None))
+                del state[key]
         if act.table is not None:
-            target = self.bridge.table_id(act.table)
+            target = act.table if type(act.table) is int else self.bridge.table_id(act.table)
             mark = tracked["ct_mark"]
             phrases.append(f"then continue in table "
                            f"{self.shared.labels.get(target) or self._table_label(target)} with "
@@ -50,7 +54,13 @@ class ConntrackSteps:
                            + (f", ct_mark={hex(mark)}" if mark else ""))
             if hit.state_after is None:
                 hit.state_after = dict(state)
-            self.recirc.append((target, tracked))
+            # the recirculation carries the stack (and would carry the action set)
+            if self.actset:
+                self._frozen_actset(hit)
+            self.recirc.append((target, tracked, tuple(self.stack) if self.stack else ()))
+        # ct and recirc actions, and the header sets committed before them: sizes not
+        # counted, see _Runner's 64 kB limit of datapath actions
+        self.dp_size += _CT_BYTES
         hit.effects.append(": ".join([phrases[0], "; ".join(phrases[1:])]) if len(phrases) > 1
                            else phrases[0])
 
@@ -66,10 +76,10 @@ class ConntrackSteps:
                 entry, is_reply = cached, cached_reply
         bits = F.CT_STATE_BITS
         if entry is None:
-            ct_state = bits["trk"] | bits["new"]
+            ct_state = _TRK_NEW
             mark = label = 0
         else:
-            ct_state = bits["trk"] | (bits["est"] if (is_reply or entry.seen_reply) else bits["new"])
+            ct_state = _TRK_EST if (is_reply or entry.seen_reply) else _TRK_NEW
             if is_reply:
                 ct_state |= bits["rpl"]
                 entry.seen_reply = True
@@ -178,6 +188,9 @@ class ConntrackSteps:
             hit.notes.extend(sub_hit.notes)
         return ct_fields["ct_mark"], ct_fields["ct_label"]
 
+
+_TRK_NEW = F.CT_STATE_BITS["trk"] | F.CT_STATE_BITS["new"]
+_TRK_EST = F.CT_STATE_BITS["trk"] | F.CT_STATE_BITS["est"]
 
 # The conntrack fields OVS clears from a pass after its ct() action.
 CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",

@@ -17,14 +17,21 @@ class Field:
     name: str          # canonical name (ovs-ofctl's match name)
     bits: int
     kind: str          # "int" | "ipv4" | "ipv6" | "mac" | "ct_state"
+    # a view of other fields (read and written through ``view_read``/``view_write``, matched
+    # as the pieces ``view_match`` gives): "vlan_vid", "dl_vlan", "vlan_pcp" (of vlan_tci),
+    # "xreg" / "xxreg" (of two or four 32-bit registers), "port11" (actset_output as OXM
+    # reads it); None for a field the packet state holds itself
+    view: str | None = None
 
 
-def _f(name: str, bits: int, kind: str = "int") -> Field:
-    return Field(name, bits, kind)
+def _f(name: str, bits: int, kind: str = "int", view: str | None = None) -> Field:
+    return Field(name, bits, kind, view)
 
 
 _CANONICAL = [
-    _f("in_port", 32), _f("dl_src", 48, "mac"), _f("dl_dst", 48, "mac"), _f("dl_type", 16),
+    # the OpenFlow port (16 bits, NXM_OF_IN_PORT); OXM reads it as an OpenFlow 1.1 port
+    _f("in_port", 16), _f("in_port_oxm", 32, view="port11"),
+    _f("dl_src", 48, "mac"), _f("dl_dst", 48, "mac"), _f("dl_type", 16),
     _f("dl_vlan", 12), _f("vlan_tci", 16), _f("nw_src", 32, "ipv4"), _f("nw_dst", 32, "ipv4"),
     _f("nw_proto", 8), _f("nw_ttl", 8), _f("nw_tos", 8), _f("ip_dscp", 6), _f("nw_ecn", 2),
     _f("nw_frag", 2), _f("tp_src", 16), _f("tp_dst", 16), _f("tcp_flags", 12),
@@ -37,12 +44,26 @@ _CANONICAL = [
     _f("metadata", 64), _f("pkt_mark", 32), _f("dp_hash", 32), _f("recirc_id", 32),
     _f("ct_state", 32, "ct_state"), _f("ct_zone", 16), _f("ct_mark", 32), _f("ct_label", 128),
     _f("ct_nw_src", 32, "ipv4"), _f("ct_nw_dst", 32, "ipv4"), _f("ct_nw_proto", 8),
-    _f("ct_tp_src", 16), _f("ct_tp_dst", 16), _f("conj_id", 32), _f("actset_output", 32),
+    _f("ct_tp_src", 16), _f("ct_tp_dst", 16), _f("conj_id", 32),
+    # the packet holds the OpenFlow port (16 bits, OFPP_UNSET when the action set has no
+    # output); OXM reads it as an OpenFlow 1.1 port (32 bits), hence a view for reads
+    _f("actset_output", 32, view="port11"),
     _f("nd_sll", 48, "mac"), _f("nd_tll", 48, "mac"),
+    # the inner VLAN header's TCI (OVS keeps two, flow->vlans[0..1]; "Final flow:" prints
+    # the inner one as vlan_tci1)
+    _f("vlan_tci1", 16),
+    # views of vlan_tci (lib/meta-flow.c mf_get_value/mf_set_flow_value, lib/flow.c
+    # flow_set_vlan_vid/flow_set_dl_vlan/flow_set_vlan_pcp)
+    _f("vlan_vid", 12, view="vlan_vid"), _f("dl_vlan", 12, view="dl_vlan"),
+    _f("vlan_pcp", 3, view="vlan_pcp"), _f("dl_vlan_pcp", 3, view="vlan_pcp"),
 ]
 _CANONICAL += [_f(f"reg{i}", 32) for i in range(16)]
-_CANONICAL += [_f(f"xreg{i}", 64) for i in range(8)]
-_CANONICAL += [_f(f"xxreg{i}", 128) for i in range(4)]
+# OpenFlow 1.5's packet registers and Nicira's 128-bit registers overlay the 32-bit ones:
+# xreg<N> is reg<2N> (most significant half) and reg<2N+1>; xxreg<N> is reg<4N> .. reg<4N+3>
+# (include/openvswitch/meta-flow.h, checked on OVS 3.1: ofproto/trace prints an xreg0 match
+# as reg0=...,reg1=...)
+_CANONICAL += [_f(f"xreg{i}", 64, view="xreg") for i in range(8)]
+_CANONICAL += [_f(f"xxreg{i}", 128, view="xxreg") for i in range(4)]
 _CANONICAL += [_f(f"tun_metadata{i}", 64) for i in range(64)]
 
 FIELDS: dict[str, Field] = {f.name: f for f in _CANONICAL}
@@ -56,10 +77,10 @@ _ALIASES = {
     "sctp_src": "tp_src", "sctp_dst": "tp_dst", "icmpv4_type": "icmp_type",
     "icmpv4_code": "icmp_code", "icmpv6_type": "icmp_type", "icmpv6_code": "icmp_code",
     "tun_ipv4_src": "tun_src", "tun_ipv4_dst": "tun_dst", "tunnel_id": "tun_id",
-    "NXM_OF_IN_PORT": "in_port", "OXM_OF_IN_PORT": "in_port",
+    "NXM_OF_IN_PORT": "in_port", "OXM_OF_IN_PORT": "in_port_oxm",
     "NXM_OF_ETH_SRC": "dl_src", "NXM_OF_ETH_DST": "dl_dst", "NXM_OF_ETH_TYPE": "dl_type",
     "OXM_OF_ETH_SRC": "dl_src", "OXM_OF_ETH_DST": "dl_dst",
-    "NXM_OF_VLAN_TCI": "vlan_tci", "OXM_OF_VLAN_VID": "dl_vlan",
+    "NXM_OF_VLAN_TCI": "vlan_tci", "OXM_OF_VLAN_VID": "vlan_vid",
     "NXM_OF_IP_SRC": "nw_src", "NXM_OF_IP_DST": "nw_dst", "NXM_OF_IP_PROTO": "nw_proto",
     "OXM_OF_IPV4_SRC": "nw_src", "OXM_OF_IPV4_DST": "nw_dst", "NXM_NX_IP_TTL": "nw_ttl",
     "NXM_OF_IP_TOS": "nw_tos",
@@ -70,7 +91,8 @@ _ALIASES = {
     "NXM_NX_ARP_SHA": "arp_sha", "NXM_NX_ARP_THA": "arp_tha",
     "OXM_OF_ARP_OP": "arp_op", "OXM_OF_ARP_SPA": "arp_spa", "OXM_OF_ARP_TPA": "arp_tpa",
     "NXM_NX_IPV6_SRC": "ipv6_src", "NXM_NX_IPV6_DST": "ipv6_dst",
-    "NXM_NX_TUN_ID": "tun_id", "NXM_NX_TUN_IPV6_SRC": "tun_ipv6_src",
+    "NXM_NX_TUN_ID": "tun_id", "ONFOXM_ET_ACTSET_OUTPUT": "actset_output",
+    "OXM_OF_VLAN_PCP": "vlan_pcp", "NXM_NX_TUN_IPV6_SRC": "tun_ipv6_src",
     "NXM_NX_TUN_IPV6_DST": "tun_ipv6_dst", "NXM_NX_TUN_IPV4_SRC": "tun_src", "NXM_NX_TUN_IPV4_DST": "tun_dst",
     "OXM_OF_METADATA": "metadata", "NXM_NX_PKT_MARK": "pkt_mark", "NXM_NX_DP_HASH": "dp_hash",
     "NXM_NX_CT_STATE": "ct_state", "NXM_NX_CT_ZONE": "ct_zone", "NXM_NX_CT_MARK": "ct_mark",
@@ -83,6 +105,7 @@ _ALIASES = {
 }
 _ALIASES.update({f"NXM_NX_REG{i}": f"reg{i}" for i in range(16)})
 _ALIASES.update({f"OXM_OF_PKT_REG{i}": f"xreg{i}" for i in range(8)})
+_ALIASES.update({f"NXM_NX_XREG{i}": f"xreg{i}" for i in range(8)})
 _ALIASES.update({f"NXM_NX_XXREG{i}": f"xxreg{i}" for i in range(4)})
 _ALIASES.update({f"NXM_NX_TUN_METADATA{i}": f"tun_metadata{i}" for i in range(64)})
 
@@ -105,6 +128,17 @@ RESERVED_PORTS = {"IN_PORT": 0xfff8, "TABLE": 0xfff9, "NORMAL": 0xfffa, "FLOOD":
                   "ALL": 0xfffc, "CONTROLLER": 0xfffd, "LOCAL": 0xfffe, "NONE": 0xffff,
                   "UNSET": 0xfff7}
 LOCAL_PORT = RESERVED_PORTS["LOCAL"]
+UNSET_PORT = RESERVED_PORTS["UNSET"]     # OFPP_UNSET: actset_output of an empty action set
+# The packet state holds actset_output as the port XOR OFPP_UNSET, so that a packet without
+# the key (every packet until a write_actions: its state is copied at every hop, one key
+# more is not free) is UNSET; matches on it are written the same way (view_match).
+ACTSET_OUTPUT = "actset_output"
+
+
+def actset_output_value(port: int) -> int:
+    """What the state holds for an action set whose output is ``port``."""
+    return port ^ UNSET_PORT
+VLAN_CFI = 0x1000                        # the "VLAN header present" bit of vlan_tci
 
 CT_STATE_BITS = {"new": 0x01, "est": 0x02, "rel": 0x04, "rpl": 0x08, "inv": 0x10,
                  "trk": 0x20, "snat": 0x40, "dnat": 0x80}
@@ -152,13 +186,17 @@ def parse_ipv4(text: str) -> int:
 
 
 def parse_value(field: Field, text: str) -> tuple[int, int]:
-    """Read ``value[/mask]`` as written after ``field=`` in a match; returns (value, mask)."""
+    """Read ``value[/mask]`` as written after ``field=`` in a match; returns (value, mask).
+    A view's value and mask are the view's own (``view_match`` turns them into pieces)."""
     if field.kind == "ct_state":
         return parse_ct_state(text)
-    if field.name == "tcp_flags" and (text[:1] in "+-" or text[:1].isalpha()):
+    if field.name == "tcp_flags" and (text[:1] in "+-[" or text[:1].isalpha()):
         return _parse_tcp_flags(text)
-    if field.name in ("in_port", "actset_output") and text.upper() in RESERVED_PORTS:
+    if field.name in ("in_port", "in_port_oxm", "actset_output") \
+            and text.upper() in RESERVED_PORTS:
         return RESERVED_PORTS[text.upper()], full_mask(field)
+    if field.view is not None and field.view not in ("xreg", "xxreg"):
+        return _parse_view_value(field, text)
     value_text, _, mask_text = text.partition("/")
     if field.kind == "ipv4":
         if mask_text:
@@ -223,19 +261,149 @@ def parse_ct_state(text: str) -> tuple[int, int]:
     return value, mask
 
 
+_TCP_FLAG = re.compile(r"[a-z]+|\[([0-9a-fA-F]+)\]")
+
+
+def _tcp_flag_bit(name: str) -> int:
+    """One tcp_flags flag: a name, or a bit without one written ``[200]`` (its value in hex,
+    as OVS prints the bits 0x200, 0x400, 0x800: lib/packets.c packet_tcp_flag_to_string)."""
+    m = _TCP_FLAG.fullmatch(name)
+    if m and m.group(1) is not None:
+        bit = int(m.group(1), 16)
+        if bit and not bit & (bit - 1) and bit <= 0x800:
+            return bit
+    elif m and name in TCP_FLAG_BITS:
+        return TCP_FLAG_BITS[name]
+    raise ValueError(f"bad tcp_flags flag {name!r}")
+
+
 def _parse_tcp_flags(text: str) -> tuple[int, int]:
-    """``syn|ack`` (exact) or ``+syn-ack`` (those bits only), as ovs-ofctl writes tcp_flags."""
+    """``syn|ack|[200]`` (exact) or ``+syn-ack+[800]`` (those bits only), as ovs-ofctl and
+    ofproto/trace write tcp_flags."""
     if text[:1] not in "+-":
-        return parse_flag_names(text, TCP_FLAG_BITS, "tcp_flags"), full_mask(FIELDS["tcp_flags"])
+        value = 0
+        for name in text.split("|"):
+            value |= _tcp_flag_bit(name)
+        return value, full_mask(FIELDS["tcp_flags"])
     value = mask = 0
-    for sign, name in re.findall(r"([+-])([a-z]+)", text):
-        if name not in TCP_FLAG_BITS:
-            raise ValueError(f"bad tcp_flags flag {name!r}")
-        mask |= TCP_FLAG_BITS[name]
-        value |= TCP_FLAG_BITS[name] if sign == "+" else 0
-    if re.sub(r"[+-][a-z]+", "", text):
+    for sign, name in re.findall(r"([+-])([a-z]+|\[[0-9a-fA-F]+\])", text):
+        bit = _tcp_flag_bit(name)
+        mask |= bit
+        value |= bit if sign == "+" else 0
+    if re.sub(r"[+-](?:[a-z]+|\[[0-9a-fA-F]+\])", "", text):
         raise ValueError(f"bad tcp_flags {text!r}")
     return value, mask
+
+
+# ---- views: fields that live in other fields ----------------------------------------------
+
+_PCP_SHIFT = 13
+
+
+def _parse_view_value(field: Field, text: str) -> tuple[int, int]:
+    value_text, slash, mask_text = text.partition("/")
+    value = parse_int(value_text)
+    if field.view == "vlan_vid":          # the VID and the "present" bit, maskable
+        mask = parse_int(mask_text) if slash else VLAN_CFI | 0xFFF
+        if value & ~(VLAN_CFI | 0xFFF):
+            raise ValueError(f"{value:#x} is not a vlan_vid (at most 0x1fff)")
+        return value, mask
+    if slash:
+        raise ValueError(f"{field.name} takes no mask")
+    if field.view == "dl_vlan":
+        if value != 0xFFFF and value > 0xFFF:     # 0xffff: no VLAN header (OFP10_VLAN_NONE)
+            raise ValueError(f"{value:#x} is not a VLAN id")
+        return value, 0xFFF
+    if field.view == "vlan_pcp":
+        if value > 7:
+            raise ValueError(f"{value} is not a VLAN priority (0-7)")
+        return value, 7
+    if field.view == "port11":        # an OpenFlow 1.1 port number: reserved ports from 0xffffff00
+        if value >= 0xFFFFFF00:
+            value -= 0xFFFF0000
+        elif value > 0xFFFF:
+            raise ValueError(f"{value:#x} is not an OpenFlow port")
+        return value, full_mask(field)
+    raise ValueError(f"{field.name} cannot be matched")
+
+
+def _reg_pieces(field: Field) -> list[tuple[Field, int]]:
+    """(register, its lowest bit in the view) of an xreg/xxreg, most significant first."""
+    n = field.bits // 32
+    first = int(field.name.lstrip("x").removeprefix("reg")) * n
+    return [(FIELDS[f"reg{first + i}"], 32 * (n - 1 - i)) for i in range(n)]
+
+
+def view_match(field: Field, value: int, mask: int) -> list[tuple[Field, int, int]]:
+    """A match on ``field`` as (field the packet holds, value, mask) pieces: one per register
+    of an xreg/xxreg (a piece with no bits to match is left out), vlan_tci for the VLAN
+    views (lib/match.c match_set_vlan_vid_masked, match_set_dl_vlan, match_set_dl_vlan_pcp)."""
+    view = field.view
+    if view is None:
+        return [(field, value & mask, mask)]
+    if view == "port11":     # the packet holds the 16-bit port (actset_output: XOR UNSET)
+        if field.name == ACTSET_OUTPUT:
+            return [(field, actset_output_value(value), full_mask(field))]
+        return [(FIELDS["in_port"], value, full_mask(FIELDS["in_port"]))]
+    if view in ("xreg", "xxreg"):
+        out = []
+        for reg, low in _reg_pieces(field):
+            m = (mask >> low) & 0xFFFFFFFF
+            if m:
+                out.append((reg, (value >> low) & m, m))
+        return out
+    tci = FIELDS["vlan_tci"]
+    if view == "vlan_vid":
+        m = mask & (VLAN_CFI | 0xFFF)
+        return [(tci, value & m, m)]
+    if view == "dl_vlan":
+        return [(tci, 0 if value == 0xFFFF else VLAN_CFI | (value & 0xFFF), VLAN_CFI | 0xFFF)]
+    # vlan_pcp: the priority bits, and the header present
+    return [(tci, ((value & 7) << _PCP_SHIFT) | VLAN_CFI, 0xE000 | VLAN_CFI)]
+
+
+def view_read(state: dict, field: Field) -> int:
+    """The value of a view field (lib/meta-flow.c mf_get_value)."""
+    view = field.view
+    if view in ("xreg", "xxreg"):
+        value = 0
+        for reg, low in _reg_pieces(field):
+            value |= state.get(reg.name, 0) << low
+        return value
+    if view == "port11":
+        port = (state.get(ACTSET_OUTPUT, 0) ^ UNSET_PORT if field.name == ACTSET_OUTPUT
+                else state.get("in_port", 0))
+        return port + 0xFFFF0000 if port >= 0xFF00 else port
+    tci = state.get("vlan_tci", 0)
+    if view == "vlan_vid":
+        return tci & (VLAN_CFI | 0xFFF)
+    if view == "dl_vlan":
+        return tci & 0xFFF
+    return (tci >> _PCP_SHIFT) & 7
+
+
+def view_write(state: dict, field: Field, value: int, mask: int) -> None:
+    """Write ``value`` under ``mask`` (in the view's bits) into a view field, as
+    mf_set_flow_value_masked does: read the view, merge, set the whole view (setting a VLAN
+    id or priority makes the header present: lib/flow.c flow_set_dl_vlan, flow_set_vlan_pcp;
+    vlan_vid carries the present bit itself: flow_set_vlan_vid)."""
+    view = field.view
+    if view in ("xreg", "xxreg"):
+        for reg, low in _reg_pieces(field):
+            m = (mask >> low) & 0xFFFFFFFF
+            if m:
+                state[reg.name] = (state.get(reg.name, 0) & ~m) | ((value >> low) & m)
+        return
+    if view == "port11":
+        raise ValueError(f"{field.name} is read-only here")
+    new = (view_read(state, field) & ~mask) | (value & mask)
+    tci = state.get("vlan_tci", 0)
+    if view == "vlan_vid":
+        state["vlan_tci"] = (tci & ~(VLAN_CFI | 0xFFF)) | (new & (VLAN_CFI | 0xFFF))
+    elif view == "dl_vlan":
+        state["vlan_tci"] = (tci & ~0xFFF) | VLAN_CFI | (new & 0xFFF)
+    else:
+        state["vlan_tci"] = (tci & ~0xE000) | VLAN_CFI | ((new & 7) << _PCP_SHIFT)
 
 
 def format_ct_state(value: int, mask: int | None = None) -> str:

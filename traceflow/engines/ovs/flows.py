@@ -67,8 +67,9 @@ class Flow:
         return tuple((m.field.name, m.mask, m.value, m.port_name) for m in self.matches)
 
     def match_texts(self) -> tuple:
-        # a protocol keyword ("tcp") stands for several implied fields: name it once
-        out = tuple(m.text for m in self.matches if m.text not in F.PROTOCOLS)
+        # a protocol keyword ("tcp") stands for several implied fields, a view (xreg0=,
+        # dl_vlan=) for pieces of others: name each once
+        out = tuple(dict.fromkeys(m.text for m in self.matches if m.text not in F.PROTOCOLS))
         return ((self.protocol,) if self.protocol else ()) + out
 
 
@@ -81,9 +82,13 @@ def parse_flow(line: str, source: Source) -> Flow:
     """Parse one dump-flows line. Raises InputError (with file/line/text) if it is not a flow."""
     text = _strip_line(line)
     idx = text.find("actions=")
+    keyword = len("actions=")
+    if idx < 0:
+        # ovs-ofctl also reads "action=" (ofp-flow.c parse_ofp_str__); dumps print "actions="
+        idx, keyword = text.find("action="), len("action=")
     if idx < 0 or (idx > 0 and text[idx - 1] not in " ,"):
         raise InputError.at(source, "flow has no 'actions=' (truncated line?)")
-    head, action_text = text[:idx].rstrip(" ,"), text[idx + len("actions="):]
+    head, action_text = text[:idx].rstrip(" ,"), text[idx + keyword:]
     table: int | str = 0
     priority = 32768      # OpenFlow's default when a flow gives none
     cookie = 0
@@ -121,7 +126,7 @@ def parse_flow(line: str, source: Source) -> Flow:
         elif key in _HEADER_KEYS:
             continue
         else:
-            matches.append(_match(key, value.strip(), token, source))
+            matches.extend(_match(key, value.strip(), token, source))
     return Flow(table, priority, tuple(matches), action_text, source, text, cookie, conj_id,
                 protocol)
 
@@ -133,7 +138,9 @@ def _table_id(value: str) -> int | str:
         return value
 
 
-def _match(key: str, value: str, token: str, source: Source) -> MatchField:
+def _match(key: str, value: str, token: str, source: Source) -> tuple:
+    """The match fields one ``key=value`` of a flow stands for: one, or the pieces of a view
+    (``xreg0=`` is two registers, ``dl_vlan=`` a part of vlan_tci)."""
     try:
         return _match_cached(key, value, token)
     except _BadMatch as bad:
@@ -145,24 +152,26 @@ class _BadMatch(ValueError):
 
 
 @functools.lru_cache(maxsize=131072)
-def _match_cached(key: str, value: str, token: str) -> MatchField:
-    """A match field from its text; cached, since dumps repeat the same matches a lot."""
+def _match_cached(key: str, value: str, token: str) -> tuple:
+    """Match fields from their text; cached, since dumps repeat the same matches a lot."""
     fld = F.lookup(key)
     if fld is None:
         raise _BadMatch(f"unknown match field {key!r}")
     if fld.name == "in_port" and not value[:1].isdigit() and value.upper() != "LOCAL":
-        return MatchField(fld, None, F.full_mask(fld), token, port_name=value.strip('"'))
+        return (MatchField(fld, None, F.full_mask(fld), token, port_name=value.strip('"')),)
     if fld.name == "nw_frag":
         frag = {"no": (0, 3), "yes": (1, 1), "first": (1, 3), "later": (3, 3), "not_later": (0, 2)}
         v, m = frag.get(value, (None, None))
         if v is None:
             raise _BadMatch(f"bad nw_frag value {value!r}")
-        return MatchField(fld, v, m, token)
+        return (MatchField(fld, v, m, token),)
     try:
         v, m = F.parse_value(fld, value)
     except ValueError as exc:
         raise _BadMatch(f"bad value for {key}: {exc}") from None
-    return MatchField(fld, v, m, token)
+    if fld.view is None:
+        return (MatchField(fld, v, m, token),)
+    return tuple(MatchField(base, bv, bm, token) for base, bv, bm in F.view_match(fld, v, m))
 
 
 def logical_lines(text: str):
@@ -534,7 +543,9 @@ class _RawIndex:
             for k, v in _KEY_VALUE.findall(head):
                 if k not in _NOT_KEYS and "/" not in v:
                     distinct.setdefault(k, set()).add(v)
-        known = [k for k in sorted(distinct) if F.lookup(k) is not None]
+        # a view (dl_vlan, xreg0) is not a key of the packet's fields: never the index
+        known = [k for k in sorted(distinct)
+                 if F.lookup(k) is not None and F.lookup(k).view is None]
         # the most selective field; ties broken by name, so the choice is deterministic
         name = max(known, key=lambda k: len(distinct[k])) if known else None
         self._setup(name)
@@ -575,7 +586,8 @@ class _RawIndex:
         sorted. Raises ValueError."""
         self = cls.__new__(cls)
         name = stored["field"]
-        if name is not None and (type(name) is not str or F.lookup(name) is None):
+        if name is not None and (type(name) is not str or F.lookup(name) is None
+                                 or F.lookup(name).view is not None):
             raise ValueError(f"index field {name!r}")
         self._setup(name)
         values = stored["values"]

@@ -31,11 +31,12 @@ class Checkpoint:
         self.source = runner
         self.lengths = (len(runner.hits), len(runner.outputs), len(runner.choice_log),
                         len(runner.finals))
-        self.recirc = [(table, dict(st)) for table, st in runner.recirc]
+        self.recirc = [(table, dict(st), frozen) for table, st, frozen in runner.recirc]
         self.ct_entries = [(e, e.mark, e.label, e.seen_reply) for e in runner.ct.entries]
         self.ct_assoc = dict(runner.ct_assoc)
         self.ct_next = None if runner.ct_next is None else list(runner.ct_next)
-        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage)
+        self.scalars = (runner.unknown, runner.dropped_by, runner.visits, runner.stage,
+                        runner.extras)
 
     def runner(self, choices: dict):
         src = self.source
@@ -51,8 +52,8 @@ class Checkpoint:
         other.outputs = src.outputs[:n_outputs]
         other.choice_log = src.choice_log[:n_choices]
         other.finals = src.finals[:n_finals]
-        other.recirc = [(table, dict(st)) for table, st in self.recirc]
-        other.unknown, other.dropped_by, other.visits, other.stage = self.scalars
+        other.recirc = [(table, dict(st), frozen) for table, st, frozen in self.recirc]
+        other.unknown, other.dropped_by, other.visits, other.stage, other.extras = self.scalars
         other.origin = self
         return other
 
@@ -95,8 +96,16 @@ class Midpass:
         other.outputs = list(src.outputs)
         other.choice_log = list(src.choice_log)
         other.finals = list(src.finals)
-        other.recirc = [(table, dict(st)) for table, st in src.recirc]
+        other.recirc = [(table, dict(st), frozen) for table, st, frozen in src.recirc]
         other.unknown, other.visits, other.stage = src.unknown, src.visits, src.stage
+        # the rest of the pass: its action set, stack and datapath actions so far
+        if src.extras:
+            other.extras = True
+            other.actset, other.actset_group = list(src.actset), src.actset_group
+            other.stack, other.stack_bytes = list(src.stack), src.stack_bytes
+        other.dp_size, other.pass_sent = src.dp_size, src.pass_sent
+        if src.commits is not None:
+            other.commits = list(src.commits)
         dropped = src.dropped_by
         other.dropped_by = copies.get(id(dropped), dropped) if dropped is not None else None
         own_hit = copies.get(id(hit)) or copy_hit(hit)

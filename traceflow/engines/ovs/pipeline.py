@@ -3,9 +3,12 @@
 ``simulate`` walks a packet (a dict of field -> int) through a bridge's flow tables from a
 start table: priority lookup with masked matches and conjunctions, actions (load, move,
 set_field, mod_*, dec_ttl, resubmit/goto_table, ct with zones/commit/nat/exec, groups,
-output), recirculation after ``ct(table=N)``. A select group forks the run: every bucket is
-explored and returned as its own ``OvsRun`` with its weight, like a load balancer's choices.
-Anything not modelled ends the run as ``unknown`` with the flow's text and line.
+output, the action set: traceflow.engines.ovs.actset; VLAN headers, the stack,
+write_metadata, bundle: traceflow.engines.ovs.packet_steps), recirculation after
+``ct(table=N)``, and OVS's limits on one translation. A select group forks the run: every
+bucket is explored and returned as its own ``OvsRun`` with its weight, like a load
+balancer's choices. Anything not modelled ends the run as ``unknown`` with the flow's text
+and line.
 
 Speed (a Service's 100 buckets walk the same tables): each table's lookups are remembered,
 keyed by every field its candidate flows read (``LookupMemo``, as OVS's megaflow cache); a
@@ -20,25 +23,26 @@ from collections import deque
 
 from traceflow.model import reads as _reads
 from traceflow.model.conntrack import Conntrack
+from traceflow.model.errors import InputError
 from traceflow.model.lowgc import paused
 from traceflow.engines.ovs import actions as A
 from traceflow.engines.ovs import fields as F
+from traceflow.engines.ovs.actset_steps import ActionSetSteps
 from traceflow.engines.ovs.annotator import Annotator
 from traceflow.engines.ovs.bridge import Bridge, Group
 from traceflow.engines.ovs.ct_step import ConntrackSteps, ipv4_text
 from traceflow.engines.ovs.flows import Flow
 from traceflow.engines.ovs.forks import Checkpoint, Midpass
+from traceflow.engines.ovs.groups import GroupSteps
+from traceflow.engines.ovs.limits import (MAX_RESUBMIT_DEPTH, MAX_TABLE_VISITS, STACK_LIMIT,
+                                          _DP_WATCH, _OUTPUT_BYTES, _UNSIZED_BYTES, LimitSteps)
 from traceflow.engines.ovs.memo import LookupMemo
+from traceflow.engines.ovs.packet_steps import PacketSteps
 from traceflow.engines.ovs.runs import OvsRun, Output, TableHit, _Exit, _Failed, _Fork, _Stop
 
-# OVS's limits per translation (ofproto-dpif-xlate.c): MAX_DEPTH counts only resubmits to the
-# same or an earlier table (a chain moving forward through the tables does not deepen), and
-# MAX_RESUBMITS = MAX_DEPTH * MAX_DEPTH all resubmits. Past either, the translation fails and
-# the packet is dropped ("Translation failed (Recursion too deep), packet is dropped").
-MAX_RESUBMIT_DEPTH = 64
-MAX_TABLE_VISITS = 4096
 MAX_RECIRCULATIONS = 16
 
+_ACTSET_OUTPUT = F.ACTSET_OUTPUT
 _MAX_ANSWERS_ALL = 65536   # answers remembered per bridge (an audit walks many packets)
 
 
@@ -53,12 +57,13 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     ``ofproto/trace --ct-next`` does (see ``_Runner._ct_as_told``); None (the default) uses
     ``conntrack``.
     """
-    annotator = annotator or Annotator()
+    annotator = annotator or _PLAIN
     first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
-                    None if ct_next is None else list(ct_next))
+                    None if ct_next is None else list(ct_next), _shared(bridge, annotator))
     # a question sharing traces between clients records what each lookup read
     first.shared.reads = _reads.active()
-    first.recirc.append((start_table, dict(state)))
+    first.recirc.append((start_table, dict(state), ()))
+    first.pass_base = state         # the headers the first pass starts from (not changed)
     # thousands of small acyclic objects (hits, packets): see traceflow.model.lowgc
     with paused():
         return _explore(first)
@@ -107,9 +112,24 @@ def _explore(first: "_Runner") -> list[OvsRun]:
     return runs
 
 
+_PLAIN = Annotator()        # explains nothing
+_MAX_NOTES = 65536          # flows' match notes remembered per bridge and annotator
+
+
+def _shared(bridge: Bridge, annotator: Annotator) -> "_Shared":
+    """The annotator's answers remembered on the bridge, across simulate calls: a table's
+    label and a flow's notes depend on the table or the flow alone."""
+    got = bridge._shared.get(id(annotator))
+    if got is None or got[0] is not annotator or len(got[1].match_notes) > _MAX_NOTES:
+        if len(bridge._shared) >= 8:
+            bridge._shared.clear()
+        got = bridge._shared[id(annotator)] = (annotator, _Shared(annotator))
+    return got[1]
+
+
 class _Shared:
-    """What every runner of one ``simulate`` call may remember: the annotator's answers
-    that depend on a table or a flow alone."""
+    """What the runners of ``simulate`` calls on one bridge with one annotator may
+    remember: the annotator's answers that depend on a table or a flow alone."""
 
     __slots__ = ("labels", "match_notes", "write_notes", "notes", "reads")
 
@@ -126,11 +146,12 @@ class _Shared:
                       kind.describe_port is not Annotator.describe_port)
 
 
-class _Runner(ConntrackSteps):
+class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitSteps):
     __slots__ = ("bridge", "shared", "notes_matches", "notes_writes", "notes_ports", "ct_next",
                  "annotator", "ct", "choices", "hits", "outputs", "unknown", "dropped_by",
                  "choice_log", "visits", "recirc", "stage", "ct_assoc", "finals", "resumed",
-                 "origin")
+                 "origin", "extras", "actset", "actset_group", "stack", "stack_bytes",
+                 "dp_size", "pass_sent", "pass_base", "commits")
 
     def __init__(self, bridge: Bridge, annotator: Annotator, ct: Conntrack, choices: dict,
                  ct_next: list[int] | None = None, shared: _Shared | None = None):
@@ -146,8 +167,9 @@ class _Runner(ConntrackSteps):
         self.unknown: str | None = None
         self.dropped_by: TableHit | None = None
         self.choice_log: list = []
-        self.visits = 0
-        self.recirc: list[tuple[int | str, dict]] = []
+        self.visits = 0                 # resubmits in this pass
+        # passes to run: (table, the packet, the stack it carries)
+        self.recirc: list[tuple[int | str, dict, tuple]] = []
         self.stage = 0
         # zone -> the connection this packet is already associated with in that zone: after
         # ct(nat) or ct(commit,nat(...)) the packet keeps its connection across recirculations
@@ -159,6 +181,18 @@ class _Runner(ConntrackSteps):
         # what this runner began from (Checkpoint, Midpass): a fork that cannot go on
         # from where it met its group makes runners from there
         self.origin: Checkpoint | Midpass | None = None
+        # this pass's action set ([(action, the flow that wrote it)]) and stack; ``extras``:
+        # either was ever used (until then a pass start has nothing of theirs to reset)
+        self.extras = False
+        self.actset: list = []
+        self.actset_group = False       # a group is in the set: actset_output stays UNSET
+        self.stack: list = []           # [(value, bytes)]
+        self.stack_bytes = 0
+        # this pass's datapath actions: at least 8 bytes an output, at most dp_size
+        self.dp_size = 0
+        self.pass_sent = 0              # this pass's first output
+        self.pass_base: dict | None = None   # the headers the first pass starts from
+        self.commits: list | None = None     # see _commit_bytes
 
     # ---- driver ---------------------------------------------------------------------
     def run(self) -> tuple[Group, "Checkpoint | Midpass"] | None:
@@ -170,6 +204,8 @@ class _Runner(ConntrackSteps):
             # a bucket of a group met at the end of a pass: apply it, then end that pass
             group, chosen, state, hit, depth, flow, st, sent = self.resumed
             self.resumed = None
+            if self.actset:        # it writes `st`, which the group's other buckets share
+                st = dict(st)
             fork = self._pass(st, sent, self._select_bucket,
                               group, chosen, state, hit, depth, flow, True)
             if fork is not None or self.unknown is not None:
@@ -178,18 +214,30 @@ class _Runner(ConntrackSteps):
             if self.stage > MAX_RECIRCULATIONS:
                 self.unknown = "too many recirculations (loop?)"
                 return None
-            table, st = self.recirc.pop(0)
-            fork = self._pass(st, len(self.outputs), self.lookup_and_apply,
-                              st, table, 0, None, False, True)
+            table, st, stack = self.recirc.pop(0)
+            # a pass starts as a new translation (xlate_in_init): its own limits, the stack
+            # it was frozen with, an empty action set (actset_output OFPP_UNSET)
+            self.visits = self.dp_size = 0
+            self.pass_sent = sent = len(self.outputs)
+            if self.extras:                  # an action set or the stack was used
+                self.actset, self.actset_group = [], False
+                self.stack = list(stack)
+                self.stack_bytes = sum(n + 1 for _, n in stack)
+                if _ACTSET_OUTPUT in st:     # the previous pass's (a copy of its state)
+                    del st[_ACTSET_OUTPUT]
+            fork = self._pass(st, sent, self.lookup_and_apply, st, table, 0, None, False, True)
             if fork is not None or self.unknown is not None:
                 return fork
         return None
 
     def _pass(self, st: dict, sent: int, step, *args):
         """Run ``step(*args)``, the rest of the pass that began with ``st`` (``sent``: the
-        outputs before it), and end the pass; a fork is returned as ``run`` returns it."""
+        outputs before it), run the action set and end the pass; a fork is returned as
+        ``run`` returns it."""
         try:
             step(*args)
+            if self.actset:
+                self._run_action_set(st)
         except _Fork as fork:
             if fork.resume is not None:
                 return fork.group, Midpass(self, fork, st, sent)
@@ -229,13 +277,10 @@ class _Runner(ConntrackSteps):
         hits = self.hits
         labels = self.shared.labels
         match_notes = self.shared.match_notes
+        notes_matches, notes_writes = self.notes_matches, self.notes_writes
+        stage = self.stage             # (a pass's lookups are all in one stage)
+        fragment = state.get("nw_frag", 0) & 1      # (read-only: no action changes it)
         while True:
-            if depth > MAX_RESUBMIT_DEPTH:
-                raise _Failed(f"over max translation depth {MAX_RESUBMIT_DEPTH}: "
-                              "recursion too deep")
-            self.visits += 1
-            if self.visits > MAX_TABLE_VISITS:
-                raise _Failed(f"more than {MAX_TABLE_VISITS} resubmits")
             if type(table) is not int:
                 table = self.bridge.table_id(table)
                 if isinstance(table, str):
@@ -245,7 +290,7 @@ class _Runner(ConntrackSteps):
                     self.hits.append(hit)
                     raise _Stop(hit.unknown)
             looked_up = state
-            if state.get("nw_frag", 0) & 1 and state.get("dl_type") in (0x0800, 0x86DD):
+            if fragment and state.get("dl_type") in (0x0800, 0x86DD):
                 # frags=normal (OVS's default): a fragment, first or later, is looked up with
                 # transport ports 0 (ofproto-dpif.c, rule_dpif_lookup_from_table); the packet
                 # keeps its ports
@@ -268,7 +313,7 @@ class _Runner(ConntrackSteps):
             if self.shared.reads is not None:   # the fields this lookup read, and its hit
                 self.shared.reads.ovs_lookup(bridge, table, memo.fields, key, looked_up, answer)
             effects: list = []
-            hit = TableHit(table, flow, effects, [], None, None, self.stage)
+            hit = TableHit(table, flow, effects, [], None, None, stage)
             hits.append(hit)
             if flow is None:
                 # Reached by resubmit/goto from another table (depth > 0), a miss only ends
@@ -282,7 +327,7 @@ class _Runner(ConntrackSteps):
                 return
             if lookup_notes:
                 hit.notes.extend(lookup_notes)
-            if self.notes_matches:
+            if notes_matches:
                 known = match_notes.get(id(flow))      # _match_notes, inlined
                 hit.notes.extend(known[1] if known is not None and known[0] is flow
                                  else self._match_notes(flow))
@@ -298,7 +343,7 @@ class _Runner(ConntrackSteps):
                 for name, mask, bits, start, end, value, text in writes:
                     state[name] = (state.get(name, 0) & ~mask) | bits
                     effects.append(text)
-                    if self.notes_writes:
+                    if notes_writes:
                         note = self._write_note(name, start, end, value, state)
                         if note:
                             hit.notes.append(note)
@@ -316,6 +361,10 @@ class _Runner(ConntrackSteps):
                 lookup_port = None
             else:
                 table, lookup_port, deepens = self._resubmit(last, state, hit)
+            if (depth >= MAX_RESUBMIT_DEPTH or self.visits >= MAX_TABLE_VISITS
+                    or self.dp_size > _DP_WATCH or self.stack_bytes >= STACK_LIMIT):
+                self._over_limit(depth, hit)
+            self.visits += 1
             depth += deepens
             nested = True
 
@@ -488,14 +537,21 @@ class _Runner(ConntrackSteps):
                         hit.notes.append(note)
             elif kind is A.Resubmit:
                 target, port, deepens = self._resubmit(act, state, hit)
+                if (depth >= MAX_RESUBMIT_DEPTH or self.visits >= MAX_TABLE_VISITS
+                        or self.dp_size > _DP_WATCH or self.stack_bytes >= STACK_LIMIT):
+                    self._over_limit(depth, hit)
+                self.visits += 1
                 self.lookup_and_apply(state, target, depth + deepens, port, True,
                                       tail and (i == last or act.goto))
                 if act.goto:
                     return False
             elif kind is A.Move:
-                width_mask = (1 << act.src.width) - 1
-                value = (state.get(act.src.field.name, 0) >> act.src.start) & width_mask
-                hit.effects.append(f"copy {act.src} ({hex(value)}) to {act.dst}")
+                src = act.src
+                if src.field.view is None:       # A.read_bits, inlined
+                    value = (state.get(src.field.name, 0) >> src.start) & ((1 << src.width) - 1)
+                else:
+                    value = A.read_bits(state, src)
+                hit.effects.append(f"copy {src} ({hex(value)}) to {act.dst}")
                 self._write(state, act.dst, value, hit, quiet=True)
             elif kind is A.DecTtl:
                 if state.get("dl_type") not in (0x0800, 0x86DD):
@@ -504,7 +560,18 @@ class _Runner(ConntrackSteps):
                     continue
                 ttl = state.get("nw_ttl", 0)
                 if ttl <= 1:
-                    hit.effects.append("dec_ttl: TTL expired, packet dropped (sent to controller)")
+                    # compose_dec_ttl: a packet-in (reason invalid_ttl) to each controller id,
+                    # then the rest of this flow's actions (of this bucket, of the action set)
+                    # is skipped; the flows that resubmitted here go on
+                    for cid in act.ids:
+                        self.outputs.append(Output("CONTROLLER", dict(state), flow,
+                                                   "invalid_ttl"))
+                    self.dp_size += _UNSIZED_BYTES * len(act.ids)
+                    ids = ", ".join(map(str, act.ids))
+                    hit.effects.append(f"dec_ttl: TTL {ttl}: TTL expired, the packet goes no "
+                                       f"further: a packet-in with reason invalid_ttl to "
+                                       f"controller {ids} (sent only to a controller that asked "
+                                       "for that reason)")
                     self.dropped_by = hit
                     return False
                 state["nw_ttl"] = ttl - 1
@@ -516,6 +583,7 @@ class _Runner(ConntrackSteps):
             elif kind is A.Controller:
                 hit.effects.append(f"send to the controller (agent): {act.text}")
                 self.outputs.append(Output("CONTROLLER", dict(state), flow))
+                self.dp_size += _UNSIZED_BYTES
             elif kind is A.Drop:
                 hit.effects.append("drop")
             elif kind is A.Ct:
@@ -533,9 +601,7 @@ class _Runner(ConntrackSteps):
                                    "affinity); this packet is unchanged")
             elif kind is A.Clone:
                 # the clone works on a copy: its rewrites reach only its own outputs
-                before = hit.state_after
-                self.apply_actions(act.actions, dict(state), hit, depth, flow)
-                hit.state_after = before
+                self._clone(act, state, hit, depth, flow)
             elif kind is A.Exit:
                 hit.effects.append("exit: no further actions in this pass")
                 if hit.state_after is None:
@@ -543,7 +609,30 @@ class _Runner(ConntrackSteps):
                 raise _Exit()
             elif kind is A.NoEffect:
                 hit.effects.append(f"{act.text}: {act.why}")
+            elif kind is A.WriteActions:
+                self._write_actions(act, state, flow, hit)
+            elif kind is A.ClearActions:
+                self._clear_actions(state, hit)
+            elif kind is A.WriteMetadata:
+                self._write_metadata(act, state, hit)
+            elif kind is A.ViewWrite:
+                self._view_write(act, state, hit)
+            elif kind is A.PushVlan:
+                self._push_vlan(act, state, hit)
+            elif kind is A.PopVlan:
+                self._pop_vlan(state, hit)
+            elif kind is A.SetVlan:
+                self._set_vlan(act, state, hit)
+            elif kind is A.StackPush:
+                self._stack_push(act, state, hit)
+            elif kind is A.StackPop:
+                self._stack_pop(act, state, hit)
+            elif kind is A.Bundle:
+                self._bundle(act, state, hit, flow)
             elif kind is A.Unknown:
+                if act.malformed:     # a line that is not a flow's actions: bad input
+                    raise InputError.at(flow.source, f"unreadable action {act.text!r} (not "
+                                                     "OpenFlow action syntax)")
                 hit.unknown = f"action {act.text!r} is not modelled ({act.reason})"
                 hit.effects.append(f"UNKNOWN action {act.text}: {act.reason}")
                 raise _Stop(hit.unknown)
@@ -584,11 +673,14 @@ class _Runner(ConntrackSteps):
     def _write(self, state: dict, dst: A.Subfield, value: int, hit: TableHit,
                quiet: bool = False) -> None:
         name = dst.field.name
-        mask = ((1 << dst.width) - 1) << dst.start
-        state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
+        if dst.field.view is None:          # A.write_bits, inlined
+            mask = ((1 << dst.width) - 1) << dst.start
+            state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
+        else:
+            A.write_bits(state, dst, value)
         if not quiet:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
-        if self.notes_writes:
+        if self.notes_writes and dst.field.view is None:
             note = self._write_note(name, dst.start, dst.end, value, state)
             if note:
                 hit.notes.append(note)
@@ -596,8 +688,12 @@ class _Runner(ConntrackSteps):
     def _output(self, act: A.Output, state: dict, hit: TableHit, flow: Flow) -> None:
         """One rule for every way of naming the port (number, register, name): a port the
         bridge does not have sends nothing, as OVS's "Nonexistent output port"."""
-        if act.reg is not None:
-            port = (state.get(act.reg.field.name, 0) >> act.reg.start) & ((1 << act.reg.width) - 1)
+        reg = act.reg
+        if reg is not None:
+            if reg.field.view is None:       # A.read_bits, inlined
+                port = (state.get(reg.field.name, 0) >> reg.start) & ((1 << reg.width) - 1)
+            else:
+                port = A.read_bits(state, reg)
             how = f"output to the port in {act.reg} = {port}"
             if port > 0xffff:
                 # xlate_output_reg_action: wider than an OpenFlow port number
@@ -630,12 +726,13 @@ class _Runner(ConntrackSteps):
             hit.effects.append(f"{how} ({name}): the port is configured NO_FWD "
                                "(ovs-show.txt), OVS skips the output")
             return
-        if port in self.bridge.tunnel_ports and not (state.get("tun_dst")
-                                                     or state.get("tun_ipv6_dst")):
-            hit.effects.append(f"{how} ({name}): a tunnel port but the packet has no tunnel "
-                               "destination (tun_dst): OVS does not send it (\"Not tunneling "
-                               "to our own address\")")
-            return
+        if port in self.bridge.tunnel_ports:
+            if not (state.get("tun_dst") or state.get("tun_ipv6_dst")):
+                hit.effects.append(f"{how} ({name}): a tunnel port but the packet has no "
+                                   "tunnel destination (tun_dst): OVS does not send it "
+                                   "(\"Not tunneling to our own address\")")
+                return
+            self.dp_size += _UNSIZED_BYTES      # set(tunnel(...)) before the output
         if port == state.get("in_port"):
             hit.effects.append(f"{how} ({name}): that is the input port, so OVS drops it "
                                "(only IN_PORT may send back)")
@@ -647,6 +744,7 @@ class _Runner(ConntrackSteps):
         if hit.state_after is None:
             hit.state_after = dict(state)
         self.outputs.append(Output(port, dict(state), flow))
+        self.dp_size += _OUTPUT_BYTES if act.max_len is None else 2 * _OUTPUT_BYTES  # (trunc)
 
     def _special_output(self, name: str, state: dict, hit: TableHit, flow: Flow) -> None:
         if name == "LOCAL" and state.get("in_port") == F.LOCAL_PORT:
@@ -658,66 +756,24 @@ class _Runner(ConntrackSteps):
             hit.effects.append(f"send back out of the input port {port} "
                                f"({self.bridge.port_name(port)})")
             self.outputs.append(Output(port, dict(state), flow))
+            self.dp_size += _OUTPUT_BYTES
         elif name == "NORMAL":
             hit.effects.append("NORMAL: hand to the bridge's L2 learning switch")
             self.outputs.append(Output("NORMAL", dict(state), flow))
+            self.dp_size += _OUTPUT_BYTES * len(self.bridge.port_by_number) + _UNSIZED_BYTES
         elif name == "LOCAL":
             hit.effects.append("output to the bridge's LOCAL port")
             self.outputs.append(Output("LOCAL", dict(state), flow))
+            self.dp_size += _OUTPUT_BYTES
         elif name == "CONTROLLER":
             hit.effects.append("send to the controller (agent)")
             self.outputs.append(Output("CONTROLLER", dict(state), flow))
+            self.dp_size += _UNSIZED_BYTES
         elif name == "NONE":
             hit.effects.append("output to no port")
         else:
             hit.unknown = f"output to {name} (flooding) is not modelled"
             raise _Stop(hit.unknown)
-
-    def _group(self, act: A.Group, state: dict, hit: TableHit, depth: int, flow: Flow,
-               tail: bool = False) -> None:
-        group = self.bridge.groups.get(act.group_id)
-        if group is None:
-            hit.unknown = (f"group {act.group_id} is not in the bundle "
-                           f"(needs nodes/{self.bridge.node}/ovs-groups.txt)")
-            raise _Stop(hit.unknown)
-        if not group.buckets:
-            hit.effects.append(f"group {act.group_id} has no buckets: packet dropped")
-            self.dropped_by = hit
-            return
-        if hit.state_after is None:
-            hit.state_after = dict(state)
-        if group.type == "select":
-            chosen = self.choices.get(group.group_id)
-            if chosen is None:
-                if len(group.buckets) > 1:
-                    raise _Fork(group, (state, hit, depth, flow) if tail else None)
-                chosen = group.buckets[0].bucket_id
-                self.choice_log.append((group.group_id, chosen, 1.0))
-            self._select_bucket(group, chosen, state, hit, depth, flow, tail)
-        elif group.type == "all":
-            hit.effects.append(f"group {group.group_id} (all): every bucket gets a copy")
-            for b in group.buckets:
-                self.apply_actions(b.actions, dict(state), hit, depth, flow)
-        else:  # indirect / fast failover: the first (live) bucket, on a copy as above
-            hit.effects.append(f"group {group.group_id} ({group.type}): bucket "
-                               f"{group.buckets[0].bucket_id}")
-            self.apply_actions(group.buckets[0].actions, dict(state), hit, depth, flow)
-
-    def _select_bucket(self, group: Group, chosen: int, state: dict, hit: TableHit, depth: int,
-                       flow: Flow, tail: bool) -> None:
-        bucket = group.bucket_by_id.get(chosen)
-        if bucket is None:
-            raise _Stop(f"group {group.group_id} has no bucket {chosen}")
-        total = group.total_weight
-        hit.effects.append(f"group {group.group_id} (select, {len(group.buckets)} buckets): "
-                           f"bucket {bucket.bucket_id} (weight {bucket.weight}/{total})")
-        # A bucket works on a copy, whatever the group type: OVS's xlate_group_bucket
-        # restores the flow after the bucket ("equivalent to cloning the packet for each
-        # bucket"), so the bucket's writes (reg3/reg4 of AntreaProxy's buckets, a ct()'s
-        # clearing of ct_state) reach its outputs and recirculations but neither the
-        # calling flow's later actions nor the pass's final flow.
-        self.apply_actions(bucket.actions, dict(state), hit, depth, flow, tail)
-
 
 # OpenFlow reserved port number -> its name (the first name, as F.RESERVED_PORTS lists them)
 _RESERVED_NAMES = {}

@@ -30,6 +30,9 @@ class Output:
     port: int | str         # port number, or "CONTROLLER" / "NORMAL" / "LOCAL"
     state: dict
     via: Flow | None
+    # why a packet goes to the controller, when OVS says more than "an action sent it":
+    # "invalid_ttl" (dec_ttl on TTL 0 or 1: a packet-in, the packet goes no further)
+    reason: str | None = None
 
 
 @dataclass
@@ -45,6 +48,14 @@ class OvsRun:
     dropped_by: TableHit | None = None
     # the fields as each pass (stage) ends, what ofproto/trace prints as "Final flow"
     finals: list = field(default_factory=list)
+
+    @property
+    def forwarded(self) -> list:
+        """The outputs that send the packet on: all but the packet-ins of an expired TTL
+        (a controller gets those only if it asked for them: OpenFlow's default
+        asynchronous configuration leaves OFPR_INVALID_TTL out, OVS's
+        lib/ofp-connection.c ofputil_async_cfg_default)."""
+        return [o for o in self.outputs if o.reason != "invalid_ttl"]
 
 
 class _Fork(Exception):

@@ -28,6 +28,7 @@ class _LinkDraft:
     addresses: list = field(default_factory=list)
     altnames: list = field(default_factory=list)
     details: list = field(default_factory=list)
+    detail_sources: list = field(default_factory=list)
 
 
 def parse_ip_addr(text: str, name: str) -> list[Interface]:
@@ -98,6 +99,7 @@ def _link_detail(line: str, source: Source, draft: _LinkDraft) -> None:
         if first in _LINK_KINDS and "kind" not in draft.fields:
             draft.fields["kind"] = first
         draft.details.append(line.strip())
+        draft.detail_sources.append(Source(source.file, source.line, line))
 
 
 def _link_layer(words: list[str], draft: _LinkDraft) -> None:
@@ -158,4 +160,5 @@ def _is_address_flag(word: str) -> bool:
 
 def _finish_link(draft: _LinkDraft) -> Interface:
     return Interface(**draft.fields, altnames=tuple(draft.altnames),
-                     addresses=tuple(draft.addresses), details=tuple(draft.details))
+                     addresses=tuple(draft.addresses), details=tuple(draft.details),
+                     detail_sources=tuple(draft.detail_sources))

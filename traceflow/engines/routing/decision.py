@@ -186,7 +186,11 @@ def _v6_strict(v: int) -> bool:
 
 
 def _v6_scope(v: int) -> int:
-    """__ipv6_addr_src_scope, ordered: 1 node-local (::1), 2 link, 5 site, 14 global."""
+    """__ipv6_addr_src_scope, ordered: -1 invalid (::, the unspecified address: every
+    scope fits it, so the narrowest wins, RFC 6724 rule 2), 1 node-local (::1), 2 link,
+    5 site, 14 global."""
+    if v == 0:
+        return -1
     if v == 1:
         return 1
     if (v >> 120) == 0xFF:

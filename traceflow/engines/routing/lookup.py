@@ -68,15 +68,22 @@ class Router(SourceAddresses):
             r.type == "local" and r.proto != "kernel" for r in tables)
 
     def _own_addresses(self, given: Iterable[str] | None) -> dict:
-        """Addresses assigned to the node's devices: (family, int) -> device (or None)."""
-        if given is not None:
-            return {(a.version, int(a)): None for a in map(ipaddress.ip_address, given)}
+        """Addresses assigned to the node's devices: (family, int) -> device (or None).
+
+        The device is the one the address is on in ip-addr.txt, else the device of its
+        kernel "local" route (what __ip_dev_find looks up), whether or not the addresses are
+        also ``given``: a multicast or broadcast sent from one of them leaves by that device
+        (127.0.0.1: lo), so it is never dropped for a list of bare addresses."""
+        # the kernel adds a "local" route in table local per address
+        devices = {(r.family, r.dst.value): r.dev for r in self.tables.table("local")
+                   if r.type == "local" and r.dst.length == r.dst.bits and r.proto == "kernel"}
         if self.interfaces is not None:
-            return {(a.family, a.value): i.name
-                    for i in self.interfaces.values() for a in i.addresses}
-        # without ip-addr.txt: the kernel adds a "local" route in table local per address
-        return {(r.family, r.dst.value): r.dev for r in self.tables.table("local")
-                if r.type == "local" and r.dst.length == r.dst.bits and r.proto == "kernel"}
+            devices.update({(a.family, a.value): i.name
+                            for i in self.interfaces.values() for a in i.addresses})
+        if given is None:
+            return devices
+        return {(a.version, int(a)): devices.get((a.version, int(a)))
+                for a in map(ipaddress.ip_address, given)}
 
     def sysctls_for(self, dev: str) -> Sysctls:
         if isinstance(self.sysctls, Mapping):
@@ -261,9 +268,15 @@ class Router(SourceAddresses):
                 return self._invalid(flow, steps, EINVAL,
                                      f"source {_fmt(4, src)} is a multicast/broadcast address")
             if not flow.oif and (_is_multicast(dst) or dst == _LBCAST):
+                # ip_route_output_key_hash_rcu: the device that owns the source address
                 dev = self._device_of(src)
                 if dev is False:
                     return self._not_local_source(flow, steps)
+                if dev is None:
+                    return self._unknown(flow, steps, f"multicast/broadcast from "
+                                         f"{_fmt(4, src)} leaves by the device that has that "
+                                         "address, which the bundle does not say (needs "
+                                         "ip-addr.txt or the local table)")
                 steps.add(f"multicast/broadcast from {_fmt(4, src)}: sent on its device")
                 return self._made(flow, steps, None, None, dev, src, hit=None)
             if self._device_of(src) is False:

@@ -249,6 +249,7 @@ class Interface:
     altnames: tuple[str, ...] = ()
     addresses: tuple[Address, ...] = ()
     details: tuple[str, ...] = ()       # other indented lines, kept verbatim
+    detail_sources: tuple = ()          # where each of ``details`` was read (Source)
 
     @property
     def text(self) -> str:

@@ -25,6 +25,8 @@ def parse_sysctls(text: str, name: str) -> dict[str, Sysctls]:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
+        if line.startswith("net.bridge."):
+            continue          # the bridge's netfilter switches (traceflow.engines.link.sysctl)
         m = _LINE.match(line)
         if not m:
             raise InputError.at(Source(name, n, raw), "not a `net.ipv4... = value` line")

@@ -1,0 +1,181 @@
+"""The Kubernetes side of the kernel CNI examples: k8s/*.yaml and kube-proxy's iptables rules
+for their ClusterIP Services (the rules as tools/kube_proxy_gen writes them, from
+pkg/proxy/iptables/proxier.go of v1.28: chain names, comments, probabilities, masquerade)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+
+import yaml
+
+from kube_proxy_gen.iptables import _Table, _probability, _q
+
+MASQ = "0x4000"
+
+
+@dataclass
+class Service:
+    namespace: str
+    name: str
+    cluster_ip: str
+    port: int
+    target_port: int
+    port_name: str = "http"
+    selector: dict = field(default_factory=dict)
+    backends: list = field(default_factory=list)     # Pods (kernel_cni_gen.host.Pod)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def port_string(self) -> str:
+        return f"{self.key}:{self.port_name}"
+
+    def _hash(self, text: str) -> str:
+        return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+
+    @property
+    def svc_chain(self) -> str:
+        return "KUBE-SVC-" + self._hash(self.port_string() + "tcp")
+
+    def sep_chain(self, pod) -> str:
+        return "KUBE-SEP-" + self._hash(self.port_string() + "tcp" + f"{pod.ip}:{self.target_port}")
+
+
+def kube_proxy_tables(services: list[Service], cluster_cidr: str, node: str):
+    """(mangle, filter, nat) ``_Table``s with kubelet's and kube-proxy's rules."""
+    mangle, flt, nat = (_Table(t, {}) for t in ("mangle", "filter", "nat"))
+    mangle.chain("KUBE-IPTABLES-HINT")
+    for t in (mangle, flt, nat):
+        t.chain("KUBE-KUBELET-CANARY")
+        t.chain("KUBE-PROXY-CANARY")
+    flt.add("KUBE-FIREWALL", '! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block '
+            'incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT '
+            "-j DROP")
+    new = "-m conntrack --ctstate NEW "
+    flt.add("INPUT", new + '-m comment --comment "kubernetes load balancer firewall" '
+            "-j KUBE-PROXY-FIREWALL")
+    flt.add("INPUT", '-m comment --comment "kubernetes health check service ports" '
+            "-j KUBE-NODEPORTS")
+    flt.add("INPUT", new + '-m comment --comment "kubernetes externally-visible service portals" '
+            "-j KUBE-EXTERNAL-SERVICES")
+    flt.add("INPUT", "-j KUBE-FIREWALL")
+    flt.add("FORWARD", new + '-m comment --comment "kubernetes load balancer firewall" '
+            "-j KUBE-PROXY-FIREWALL")
+    flt.add("FORWARD", '-m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD')
+    flt.add("FORWARD", new + '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES')
+    flt.add("FORWARD", new + '-m comment --comment "kubernetes externally-visible service '
+            'portals" -j KUBE-EXTERNAL-SERVICES')
+    flt.add("OUTPUT", new + '-m comment --comment "kubernetes load balancer firewall" '
+            "-j KUBE-PROXY-FIREWALL")
+    flt.add("OUTPUT", new + '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES')
+    flt.add("OUTPUT", "-j KUBE-FIREWALL")
+    for chain in ("KUBE-EXTERNAL-SERVICES", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL",
+                  "KUBE-SERVICES"):
+        flt.chain(chain)
+    nat.add("PREROUTING", '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES')
+    nat.add("OUTPUT", '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES')
+    nat.add("POSTROUTING", '-m comment --comment "kubernetes postrouting rules" '
+            "-j KUBE-POSTROUTING")
+    nat.chain("KUBE-NODEPORTS")
+    nat.add("KUBE-MARK-MASQ", f"-j MARK --set-xmark {MASQ}/{MASQ}")
+    nat.add("KUBE-POSTROUTING", f"-m mark ! --mark {MASQ}/{MASQ} -j RETURN")
+    nat.add("KUBE-POSTROUTING", f"-j MARK --set-xmark {MASQ}/0x0")
+    nat.add("KUBE-POSTROUTING", '-m comment --comment "kubernetes service traffic requiring SNAT" '
+            "-j MASQUERADE --random-fully")
+    for svc in services:
+        name = svc.port_string()
+        match = f"-p tcp -m comment --comment {_q(name + ' cluster IP')} -m tcp --dport {svc.port}"
+        nat.add("KUBE-SERVICES", f"-d {svc.cluster_ip}/32 {match} -j {svc.svc_chain}")
+        nat.add(svc.svc_chain, f"! -s {cluster_cidr} -d {svc.cluster_ip}/32 {match} "
+                "-j KUBE-MARK-MASQ")
+        backends = sorted(svc.backends, key=lambda p: tuple(int(x) for x in p.ip.split(".")))
+        for i, pod in enumerate(backends):
+            left = len(backends) - i
+            comment = f"-m comment --comment {_q(f'{name} -> {pod.ip}:{svc.target_port}')}"
+            stat = (f" -m statistic --mode random --probability {_probability(left)}"
+                    if left > 1 else "")
+            nat.add(svc.svc_chain, f"{comment}{stat} -j {svc.sep_chain(pod)}")
+        for pod in backends:
+            sep = svc.sep_chain(pod)
+            nat.add(sep, f"-s {pod.ip}/32 -m comment --comment {_q(name)} -j KUBE-MARK-MASQ")
+            nat.add(sep, f"-p tcp -m comment --comment {_q(name)} -m tcp -j DNAT "
+                    f"--to-destination {pod.ip}:{svc.target_port}")
+    nat.add("KUBE-SERVICES", '-m comment --comment "kubernetes service nodeports; NOTE: this '
+            'must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS')
+    flt.add("KUBE-FORWARD", "-m conntrack --ctstate INVALID -j DROP")
+    flt.add("KUBE-FORWARD", f'-m comment --comment "kubernetes forwarding rules" -m mark --mark '
+            f"{MASQ}/{MASQ} -j ACCEPT")
+    flt.add("KUBE-FORWARD", '-m comment --comment "kubernetes forwarding conntrack rule" '
+            "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
+    return mangle, flt, nat
+
+
+def render_tables(*tables) -> str:
+    return "\n".join(line for t in tables for line in t.render()) + "\n"
+
+
+# ---- k8s/*.yaml --------------------------------------------------------------------------------
+
+def _list(items: list[dict]) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items},
+                          sort_keys=False, default_flow_style=None, width=100)
+
+
+def nodes_yaml(nodes) -> str:
+    items = []
+    for n in nodes:
+        meta = {"name": n.name, "labels": {"kubernetes.io/hostname": n.name, **n.labels}}
+        if n.annotations:
+            meta["annotations"] = dict(n.annotations)
+        spec = {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]} if n.pod_cidr else {}
+        items.append({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec,
+                      "status": {"addresses": [{"type": "InternalIP", "address": n.ip},
+                                               {"type": "Hostname", "address": n.name}]}})
+    return _list(items)
+
+
+def pods_yaml(pods) -> str:
+    items = []
+    for p in pods:
+        container = {"name": p.name.split("-")[0], "image": p.image}
+        if p.ports:
+            container["ports"] = [{"name": n, "containerPort": port, "protocol": "TCP"}
+                                  for n, port in p.ports]
+        items.append({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": p.name, "namespace": p.namespace, "labels": p.labels},
+                      "spec": {"nodeName": p.node, "containers": [container]},
+                      "status": {"phase": "Running", "podIP": p.ip, "podIPs": [{"ip": p.ip}]}})
+    return _list(items)
+
+
+def services_yaml(services) -> str:
+    return _list([{"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": s.name, "namespace": s.namespace},
+                   "spec": {"type": "ClusterIP", "clusterIP": s.cluster_ip,
+                            "clusterIPs": [s.cluster_ip], "selector": s.selector,
+                            "ports": [{"name": s.port_name, "port": s.port, "protocol": "TCP",
+                                       "targetPort": s.target_port}]}} for s in services])
+
+
+def endpointslices_yaml(services) -> str:
+    items = []
+    for s in services:
+        suffix = hashlib.sha1(s.key.encode()).hexdigest()[:5]
+        items.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                      "metadata": {"name": f"{s.name}-{suffix}", "namespace": s.namespace,
+                                   "labels": {"kubernetes.io/service-name": s.name}},
+                      "addressType": "IPv4",
+                      "ports": [{"name": s.port_name, "port": s.target_port, "protocol": "TCP"}],
+                      "endpoints": [{"addresses": [p.ip], "conditions": {"ready": True},
+                                     "nodeName": p.node,
+                                     "targetRef": {"kind": "Pod", "name": p.name,
+                                                   "namespace": p.namespace}}
+                                    for p in s.backends]})
+    return _list(items)
+
+
+def networkpolicies_yaml(policies: list[dict]) -> str:
+    return _list(policies)
