@@ -135,11 +135,15 @@ HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
 _IPVS_HOOKS = ("INPUT", "OUTPUT")
 
 
-def node_packet_filter(snap: Snapshot, model) -> tuple[object, str, object]:
+def node_packet_filter(snap: Snapshot, model, family: int = 4) -> tuple[object, str, object]:
     """(rule set, component name, IPVS table or None) the node's kernel runs, chosen by the
     bundle's kube-proxy mode and the rule files present: nftables (`nft list ruleset`),
-    iptables (with IPVS's virtual servers and ipsets in IPVS mode)."""
-    rs = model.netfilter
+    iptables (with IPVS's virtual servers and ipsets in IPVS mode); for an IPv6 packet
+    (``family`` 6) the same nftables ruleset, else ip6tables-save."""
+    try:
+        rs = model.netfilter_for(family)
+    except Missing as miss:
+        raise InputError(str(miss), miss.name) from None
     if rs is None and model._file("nft.txt") is not None:
         # an nftables-only node whatever the manifest says: the file is what the kernel has
         from traceflow.bundle.index import parse_nft_ruleset   # lazily, like Node.netfilter
@@ -174,9 +178,11 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
     if hook not in HOOKS:
         raise InputError(f"unknown hook {hook!r}", "--hook")
     model = _node(snap, node)
-    rs, component, ipvs = node_packet_filter(snap, model)
     pkt = Packet(nw_src=src, nw_dst=dst, nw_proto=PROTO_NUMBERS[proto], tp_src=sport,
                  tp_dst=dport, mark=mark)
+    if (":" in src) != (":" in dst):
+        raise InputError(f"--src {src} and --dst {dst} are of different IP families", "--dst")
+    rs, component, ipvs = node_packet_filter(snap, model, pkt.family)
     ctx = NodeContext(local_addresses=model.local_addresses, ipsets=model.ipsets, in_iface=iif,
                       out_iface=oif, ct_state={"NEW"}, ct_dir="ORIGINAL", connmark=0, node=node)
     trace = Trace({"kind": "nf-trace", "source": src, "destination": dst,
@@ -260,7 +266,10 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
         routes = model.routes
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
-    dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
+    family = 6 if ":" in dst else 4
+    if src and (":" in src) != (family == 6):
+        raise InputError(f"--from {src} and {dst} are of different IP families", "--from")
+    dec = route_lookup(model.ip_rules_for(family), routes, dst, src=src, iif=iif, mark=mark,
                        local_addresses=model.local_addresses, interfaces=model.interfaces or None,
                        sysctls=model.sysctls)
     route = dec.route

@@ -29,6 +29,7 @@ POLICY_HINTS = {"not_read": "Antrea-native policies are not read yet", "agent": 
 
 class AntreaDatapath(Datapath):
     name = "Antrea"
+    ipv6 = True        # its IPv6 pipeline and the host stack are walked for IPv6 packets
 
     def __init__(self, walk):
         super().__init__(walk)

@@ -12,8 +12,10 @@ from typing import Callable
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.netfilter.iptables_matches import (AddrMatch, AddrTypeMatch, CommentMatch,
                                                           ConnmarkMatch, CtDirMatch, CtStateMatch,
-                                                          CtTupleMatch, FragmentMatch, ICMP_TYPES,
-                                                          IcmpMatch, IfaceMatch, LengthMatch,
+                                                          CtTupleMatch, ExtHeaderMatch,
+                                                          FragmentMatch, ICMP_TYPES, ICMPV6_TYPES,
+                                                          Icmp6Match, IcmpMatch, IfaceMatch,
+                                                          LengthMatch,
                                                           LimitMatch, MacMatch, MarkMatch, Match,
                                                           MultiportMatch, PhysdevMatch, PortMatch,
                                                           ProtoMatch, RecentMatch, SetMatch,
@@ -52,11 +54,16 @@ def _addr(field_name: str) -> Decoder:
     return lambda o: AddrMatch(name, field_name, _network(o.args[0]), negated=o.negated)
 
 
+# ip6tables-save prints ICMPv6 as ipv6-icmp (/etc/protocols); icmp6 and icmpv6 are accepted
+_PROTO_ALIASES = {"ipv6-icmp": "icmpv6", "icmp6": "icmpv6"}
+
+
 def _proto(o: Opt) -> Match | None:
     value = o.args[0].lower()
     if value in ("all", "0"):
         return None
-    number = PROTO_NUMBERS.get(value, None if not value.isdigit() else int(value))
+    number = PROTO_NUMBERS.get(_PROTO_ALIASES.get(value, value),
+                               None if not value.isdigit() else int(value))
     if number is None:
         return UnknownMatch("-p", o.text, f"protocol {value!r} is not modelled", negated=False)
     return ProtoMatch("-p", number, negated=o.negated)
@@ -115,6 +122,29 @@ def _icmp_type(o: Opt) -> Match:
         kind_text, _, code_text = value.partition("/")
         kind, code = int(kind_text), int(code_text) if code_text else None
     return IcmpMatch("--icmp-type", kind, code, negated=o.negated)
+
+
+def _icmpv6_type(o: Opt) -> Match:
+    value = o.args[0]
+    if value in ICMPV6_TYPES:
+        kind, code = ICMPV6_TYPES[value]
+    else:
+        kind_text, _, code_text = value.partition("/")
+        kind, code = int(kind_text), int(code_text) if code_text else None
+    return Icmp6Match("--icmpv6-type", kind, code, negated=o.negated)
+
+
+def _ext_header(name: str) -> "ModuleSpec":
+    """An IPv6 extension-header match module: whatever its options, the traced packet has no
+    such header, so it never matches (see ExtHeaderMatch)."""
+    options = {"frag": {"--fragid": 1, "--fraglen": 1, "--fragres": 0, "--fragfirst": 0,
+                        "--fragmore": 0, "--fraglast": 0},
+               "rt": {"--rt-type": 1, "--rt-segsleft": 1, "--rt-len": 1, "--rt-0-res": 0,
+                      "--rt-0-addrs": 1, "--rt-0-not-strict": 0},
+               "hbh": {"--hbh-len": 1, "--hbh-opts": 1},
+               "dst": {"--dst-len": 1, "--dst-opts": 1},
+               "mh": {"--mh-type": 1}}[name]
+    return ModuleSpec(options, lambda opts: [ExtHeaderMatch(name, name)])
 
 
 def _states(o: Opt) -> Match:
@@ -218,6 +248,8 @@ MODULES: dict[str, ModuleSpec] = {
     "udplite": _module(_TCP_UDP),
     "sctp": _module({**_TCP_UDP, "--chunk-types": (2, _not_modelled("sctp option"))}),
     "icmp": _module({"--icmp-type": (1, _icmp_type)}),
+    "icmp6": _module({"--icmpv6-type": (1, _icmpv6_type)}),
+    **{name: _ext_header(name) for name in ("frag", "rt", "hbh", "dst", "mh")},
     "multiport": _module({
         "--dports": (1, _ports("tp_dst")), "--destination-ports": (1, _ports("tp_dst")),
         "--sports": (1, _ports("tp_src")), "--source-ports": (1, _ports("tp_src")),
@@ -256,7 +288,7 @@ MODULES: dict[str, ModuleSpec] = {
 }
 
 # -p tcp lets tcp's options be used without -m tcp (iptables loads the module implicitly)
-IMPLICIT_MODULES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 136: "udplite"}
+IMPLICIT_MODULES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 136: "udplite", 58: "icmp6"}
 
 
 # --- the rule tokenizer and walker -----------------------------------------------------------

@@ -274,6 +274,8 @@ class _Runner(ConntrackSteps):
                 # only loads and set_fields before the resubmit: apply_actions, inlined
                 for name, mask, bits, start, end, value, text in writes:
                     state[name] = (state.get(name, 0) & ~mask) | bits
+                    if name in F.OVERLAID:       # reg/xreg/xxreg share bits
+                        F.sync_registers(state, name)
                     effects.append(text)
                     if self.notes_writes:
                         note = self._write_note(name, start, end, value, state)
@@ -454,6 +456,8 @@ class _Runner(ConntrackSteps):
                                    "no effect")
                     continue
                 state[name] = (state.get(name, 0) & ~mask) | bits
+                if name in F.OVERLAID:           # reg/xreg/xxreg share bits
+                    F.sync_registers(state, name)
                 effects.append(text)
                 if self.notes_writes:
                     note = self._write_note(name, start, end, value, state)
@@ -559,6 +563,8 @@ class _Runner(ConntrackSteps):
         name = dst.field.name
         mask = ((1 << dst.width) - 1) << dst.start
         state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
+        if name in F.OVERLAID:
+            F.sync_registers(state, name)
         if not quiet:
             hit.effects.append(f"set {dst} = {_fmt(dst.field, value, dst)}")
         if self.notes_writes:
