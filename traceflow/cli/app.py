@@ -15,6 +15,7 @@ import typer
 
 from traceflow import __version__
 from traceflow.cli import completion
+from traceflow.cli.families import FamilyOpt, Ipv4Opt, Ipv6Opt, per_family, write_both
 from traceflow.model.errors import CollectionError, ExitCode, InputError
 
 app = typer.Typer(
@@ -218,6 +219,8 @@ def _closed_pipe() -> None:
 
 def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
            wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    if hasattr(trace, "traces"):        # --family both: traceflow.questions.family.Comparison
+        return write_both(trace, output, width, verbose, wide, hop, context, _traced, _fail)
     if output is Output.json:
         from renderers.json_out import render_json
         typer.echo(render_json(trace))
@@ -317,6 +320,7 @@ def trace_cmd(
     wide: bool = WideOpt,
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a connection between any two ends: pods, nodes, frontends, outside addresses.
 
@@ -330,13 +334,13 @@ def trace_cmd(
                                                   force)
 
     def build():
-        from traceflow.questions import resolve
+        from traceflow.questions import family as fam, resolve
         from traceflow.questions.solver import Solver
+        chosen = fam.option(ipv4, ipv6, family)
         snap = live.collect_all(namespace) if live is not None else _open_snapshot(bundle)
-        q = resolve.trace_query(snap, source, destination, namespace, port,
-                                protocol.value if protocol is not None else None, src_port,
-                                via, endpoint, not no_reply)
-        return Solver(snap).trace(q)
+        return per_family(chosen, lambda f: Solver(snap).trace(resolve.trace_query(
+            snap, source, destination, namespace, port, protocol.value if protocol else None,
+            src_port, via, endpoint, not no_reply, f)))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -369,6 +373,7 @@ def pod_to_svc(
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
@@ -398,9 +403,10 @@ def pod_to_svc(
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
-        q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
-                  pin, not no_reply)
-        return Solver(snap).trace(q)
+        from traceflow.questions import family as fam
+        return per_family(fam.option(ipv4, ipv6, family), lambda f: Solver(snap).trace(Query(
+            "pod-to-svc", pod, fam.svc_question_ip(svc, pod, f, svc_ref, snap.bundle), sp.port,
+            proto, src_port, svc.key, svc, pin, not no_reply)))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -432,6 +438,7 @@ def pod_to_pod(
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a connection from one pod to another pod's IP, request and reply.
 
@@ -458,10 +465,11 @@ def pod_to_pod(
         from traceflow.cli.help import given_on_command_line
         chosen = protocol.value if given_on_command_line("protocol") else None
         number, named_proto = resolve.pod_port(dst, port, chosen)
-        from traceflow.walk.endpoints import Endpoint
-        q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
-                  src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
-        return Solver(snap).trace(q)
+        from traceflow.questions import family as fam
+        return per_family(fam.option(ipv4, ipv6, family), lambda f: Solver(snap).trace(
+            fam.pod_to_pod_query(src, dst, f, src_ref, dst_ref, number,
+                                 (chosen or named_proto or "tcp").upper(), src_port,
+                                 not no_reply, snap.bundle)))
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)

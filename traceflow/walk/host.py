@@ -330,7 +330,8 @@ class HostStack:
         owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
         rule = dec.route.text if dec.route is not None else None
         if owner is not None:
-            cidr = ", ".join(owner.pod_cidrs)
+            cidr = ", ".join(c for c in owner.pod_cidrs if (":" in c) == pkt.is_v6) or \
+                ", ".join(owner.pod_cidrs)
             return (b.finish(Verdict.DROPPED, Drop(
                 loc.node, "route", dec.table, rule,
                 f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "

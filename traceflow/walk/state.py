@@ -39,7 +39,8 @@ class Query:
 
     def __post_init__(self) -> None:
         if self.src is None and self.source is not None:
-            self.src = Endpoint.of_pod(self.source)
+            # the source pod's address of the destination's family (a dual-stack pod)
+            self.src = Endpoint.of_pod(self.source, 6 if ":" in (self.dst_ip or "") else 4)
         if self.dst is None:
             if self.service is not None:
                 self.dst = Endpoint.of_service(self.service, Frontend.CLUSTERIP, self.dst_ip,
@@ -58,7 +59,12 @@ class Query:
                 "dst_ip": self.dst_ip,
                 "source_endpoint": self.src.as_dict() if self.src is not None else None,
                 "destination_endpoint": self.dst.as_dict() if self.dst is not None else None,
-                "via": self.via}
+                "via": self.via, **({"family": "ipv6"} if self.family == 6 else {})}
+
+    @property
+    def family(self) -> int:
+        """4 or 6: the family of the addresses (an IPv6 question's JSON says "family")."""
+        return 6 if ":" in (self.dst_ip or "") else 4
 
 
 # ---- branch state -----------------------------------------------------------------------
