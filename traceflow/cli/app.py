@@ -500,7 +500,7 @@ def demo(
     """Trace `frontend -> backendsvc` on the bundled example (no cluster needed)."""
     pod_to_svc("frontend", "backendsvc", "default", None, None, 54321, None, False,
                example_path(), output, width, None, None, None, 60.0, 300.0, None, False,
-               verbose=verbose, wide=wide, hop=hop)
+               verbose=verbose, wide=wide, hop=hop, ipv4=False, ipv6=False, family=None)
 
 
 class Via(str, enum.Enum):

@@ -19,27 +19,28 @@ FamilyOpt = typer.Option(None, "--family", help="4, 6 or both: both walks the qu
 
 def write_both(cmp, output, width, verbose: bool, wide: bool, hop, context, traced: dict,
                fail) -> None:
-    """Render a Comparison in the chosen output (the CLI's _write for one trace)."""
-    from traceflow.cli.app import Output
+    """Render a Comparison in the chosen output (the CLI's _write for one trace); ``output``
+    is the CLI's Output (json, yaml, html, dot, table)."""
     from renderers import family as render
+    output = getattr(output, "value", output)
     if hop is not None:
         fail(InputError("--hop shows one hop of one trace: give -4 or -6 with it, not "
                          "--family both", "--hop"))
-    if output is Output.json:
+    if output == "json":
         typer.echo(render.render_json(cmp))
         return
-    if output is Output.yaml:
+    if output == "yaml":
         import yaml
         typer.echo(yaml.safe_dump(render.comparison_to_dict(cmp), sort_keys=False), nl=False)
         return
-    if output is Output.dot:
+    if output == "dot":
         from renderers.diagram import render_dot
         for f in (4, 6):
             typer.echo(render_dot(cmp.traces[f]), nl=False)
         return
     from renderers.walk import About
     about = About.from_manifest(traced.get("manifest"), traced.get("origin"), context)
-    if output is Output.html:
+    if output == "html":
         typer.echo(render.render_html(cmp, about), nl=False)
         return
     from renderers.table import make_console

@@ -69,13 +69,20 @@ def parse_ct_states(states: list[str]) -> list[int]:
 
 def _packet_from_state(state: dict) -> Packet:
     fmt = F.format_value
+    v6 = state.get("dl_type") == 0x86DD        # an IPv6 flow: ipv6_src/ipv6_dst, not nw_*
+    src, dst = ("ipv6_src", "ipv6_dst") if v6 else ("nw_src", "nw_dst")
+    icmp = state.get("nw_proto") in (1, 58)
     return Packet(dl_src=fmt(F.FIELDS["dl_src"], state.get("dl_src", 0)),
                   dl_dst=fmt(F.FIELDS["dl_dst"], state.get("dl_dst", 0)),
                   dl_type=state.get("dl_type", 0),
-                  nw_src=fmt(F.FIELDS["nw_src"], state.get("nw_src", 0)),
-                  nw_dst=fmt(F.FIELDS["nw_dst"], state.get("nw_dst", 0)),
+                  nw_src=fmt(F.FIELDS[src], state.get(src, 0)),
+                  nw_dst=fmt(F.FIELDS[dst], state.get(dst, 0)),
                   nw_proto=state.get("nw_proto"), nw_ttl=state.get("nw_ttl", 0),
-                  tp_src=state.get("tp_src"), tp_dst=state.get("tp_dst"))
+                  tp_src=state.get("icmp_type") if icmp else state.get("tp_src"),
+                  tp_dst=state.get("icmp_code") if icmp else state.get("tp_dst"),
+                  ipv6_label=state.get("ipv6_label", 0) if v6 else 0,
+                  nd_target=fmt(F.FIELDS["nd_target"], state["nd_target"])
+                  if v6 and "nd_target" in state else None)
 
 
 def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
