@@ -230,3 +230,18 @@ def test_the_shipped_dual_stack_bundle_is_what_the_generator_writes(tmp_path):
     assert names == shipped
     for rel in names:
         assert (fresh / rel).read_bytes() == (DUAL / rel).read_bytes(), rel
+
+
+def test_an_ndp_proxy_entry_is_where_an_outside_ipv6_packet_arrives(tmp_path):
+    """node1 proxies neighbour discovery for the IPv6 LoadBalancer IP on genev_sys_6081 (an
+    `ip -6 neigh ... proxy` entry): the outside client's packet arrives on that device, not on
+    the interface holding node1's InternalIP."""
+    copy = tmp_path / "ndp"
+    shutil.copytree(DUAL, copy)
+    neigh = copy / "nodes" / "node1" / "ip-neigh.txt"
+    neigh.write_text(neigh.read_text() + "2001:db8:ff::1 dev genev_sys_6081 proxy\n")
+    doc = trace("2001:db8:77::100", "[2001:db8:ff::1]:80", "--via", "node1", bundle=copy)
+    entry = every_hop(doc)[0]
+    assert entry["detail"] == "entry" and entry["table"] == "genev_sys_6081"
+    plain = trace("2001:db8:77::100", "[2001:db8:ff::1]:80", "--via", "node1")
+    assert every_hop(plain)[0]["table"] == "ens192"

@@ -213,12 +213,13 @@ class Walk:
                     continue
                 if want and any(a.address == want for a in iface.of_family(family)):
                     return iface.name
-        if family == 6:
-            # an IPv6 address the node answers neighbour solicitations for (an NDP proxy
-            # entry, `ip -6 neigh show proxy`): the packet arrives on that device
-            proxied = _ndp_proxy_device(model, address)
-            if proxied:
-                return proxied
+            if family == 6 and want == address:
+                # an IPv6 address the node answers neighbour solicitations for (an NDP proxy
+                # entry, `ip -6 neigh show proxy`; ndisc_recv_ns -> pneigh_lookup): the
+                # network delivers it to the device the entry names
+                proxied = _ndp_proxy_device(model, address)
+                if proxied:
+                    return proxied
         raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface holding {node}'s "
                       f"{'IPv6 ' if family == 6 else ''}InternalIP {internal or '?'}")
 
