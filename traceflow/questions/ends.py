@@ -139,12 +139,13 @@ def _inside_cluster(cluster: Cluster, ip: str, service_cidr: str | None) -> str 
     owner = cluster.node_for_pod_ip(ip)
     if owner is not None:
         return f"is inside {owner.name}'s pod CIDR ({', '.join(owner.pod_cidrs)})"
-    if service_cidr:
+    for part in (service_cidr or "").split(","):      # one per family on a dual-stack cluster
         try:
-            if ipaddress.ip_address(ip) in ipaddress.ip_network(service_cidr, strict=False):
-                return f"is inside the Service CIDR {service_cidr}"
+            if part.strip() and ipaddress.ip_address(ip) in ipaddress.ip_network(part.strip(),
+                                                                                 strict=False):
+                return f"is inside the Service CIDR {part.strip()}"
         except ValueError:
-            return None
+            continue
     return None
 
 
