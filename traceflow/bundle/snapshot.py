@@ -51,6 +51,36 @@ class Conventions(Protocol):
     # pod IP -> (OVS port name, MAC) (ovs-trace fills a pod port's packet from it)
 
 
+class WithoutOvs:
+    """The OVS part of the conventions for a CNI without an OVS bridge (Cilium's BPF, the
+    kernel datapath's CNIs): no gateway or tunnel port, no table names, no special MAC."""
+
+    @staticmethod
+    def annotator(node):
+        from traceflow.engines.ovs.annotator import Annotator
+        return Annotator()
+
+    @staticmethod
+    def gateway_port(ports) -> str | None:
+        return None
+
+    @staticmethod
+    def tunnel_port(ports) -> str | None:
+        return None
+
+    @staticmethod
+    def describe_mac(mac):
+        return None
+
+    @staticmethod
+    def policy_direction(table_name):
+        return None
+
+    @staticmethod
+    def drop_reason(*args):
+        return None
+
+
 def manifest_cni(manifest: dict) -> tuple[str, Any]:
     """(cni in lower case, "" when absent; cni_version) as the manifest says."""
     return str(manifest.get("cni", "")).lower(), manifest.get("cni_version")
