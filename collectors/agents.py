@@ -49,7 +49,11 @@ OVS_ITEMS = (
 )
 HOST_ITEMS = (
     Item("iptables-save.txt", "iptables-save", "iptables-save", True),
+    # IPv6: ip6tables-save holds the IPv6 rules (iptables-save only IPv4's), `ip rule` lists
+    # IPv4 rules only; `ip route show table all` and `ip neigh show` list both families
+    Item("ip6tables-save.txt", "ip6tables-save", "ip6tables-save", False),
     Item("ip-rule.txt", "ip rule list", "ip", True),
+    Item("ip-6-rule.txt", "ip -6 rule list", "ip", False),
     Item("ip-route.txt", "ip route show table all", "ip", True),
     Item("ip-neigh.txt", "ip neigh show", "ip", True),
     Item("ip-addr.txt", "ip addr show", "ip", True),
@@ -218,7 +222,9 @@ item() {
   ovs-tables.txt) has ovs-ofctl || return 127; ovs-ofctl -O OpenFlow15 dump-tables br-int ;;
   iptables-save.txt) has iptables-save || return 127; iptables-save ;;
   iptables-nat-list.txt) has iptables || return 127; iptables -t nat -L -n ;;
+  ip6tables-save.txt) has ip6tables-save || return 127; ip6tables-save ;;
   ip-rule.txt) has ip || return 127; ip rule list ;;
+  ip-6-rule.txt) has ip || return 127; ip -6 rule list ;;
   ip-route.txt) has ip || return 127; ip route show table all ;;
   ip-neigh.txt) has ip || return 127; ip neigh show ;;
   ip-addr.txt) has ip || return 127; ip addr show ;;

@@ -28,8 +28,13 @@ _HEADER = {"nw_src": "nw_src", "nw_dst": "nw_dst", "ip_src": "nw_src", "ip_dst":
            "tp_src": "tp_src", "tp_dst": "tp_dst", "dl_src": "dl_src", "dl_dst": "dl_dst",
            "nw_ttl": "nw_ttl", "-s": "nw_src", "-d": "nw_dst", "--sport": "tp_src",
            "--dport": "tp_dst", "dpt": "tp_dst", "spt": "tp_src", "saddr": "nw_src",
-           "daddr": "nw_dst", "dport": "tp_dst", "sport": "tp_src"}
-_PROTOS = {"ip": None, "tcp": 6, "udp": 17, "sctp": 132, "icmp": 1}
+           "daddr": "nw_dst", "dport": "tp_dst", "sport": "tp_src",
+           # IPv6: OVS's names of the same headers, and the flow label / ND target
+           "ipv6_src": "nw_src", "ipv6_dst": "nw_dst", "ipv6_label": "ipv6_label",
+           "nd_target": "nd_target", "icmp_type": "tp_src", "icmp_code": "tp_dst",
+           "flowlabel": "ipv6_label", "hoplimit": "nw_ttl"}
+_PROTOS = {"ip": None, "tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "ipv6": None, "tcp6": 6,
+           "udp6": 17, "sctp6": 132, "icmp6": 58}
 
 
 def render_hop(trace: Trace, ref: str, console: Console) -> bool:

@@ -287,7 +287,9 @@ def _value(field: str, value) -> str:
 
 
 def _endpoint(ip, port) -> str:
-    return f"{ip}:{port}" if port is not None else str(ip)
+    if port is None:
+        return str(ip)
+    return f"[{ip}]:{port}" if ip and ":" in str(ip) else f"{ip}:{port}"
 
 
 def compact_headers(headers: dict) -> Text:

@@ -220,7 +220,9 @@ def changes(hop: Hop, old: bool = False) -> list[str]:
 
 
 def endpoint(ip, port) -> str:
-    return f"{ip}:{port}" if port is not None else str(ip)
+    if port is None:
+        return str(ip)
+    return f"[{ip}]:{port}" if ip and ":" in str(ip) else f"{ip}:{port}"
 
 
 def packet_line(h: dict | None) -> str:

@@ -68,9 +68,12 @@ NODE_IMAGE = {
                                             "OFPST_TABLE reply (OF1.5) (xid=0x2):\n"),
     },
     "iptables-save": {"": ("iptables-save.txt", None)},
+    "ip6tables-save": {"": ("ip6tables-save.txt", None)},
     "iptables": {"-t nat -L -n": ("iptables-nat-list.txt", None)},
     "ip": {
         "rule list": ("ip-rule.txt", None),
+        # what a kernel prints without IPv6 rules of its own (fib6_rules_net_init)
+        "-6 rule list": ("ip-6-rule.txt", "0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"),
         "route show table all": ("ip-route.txt", None),
         "neigh show": ("ip-neigh.txt", None),
         "addr show": ("ip-addr.txt", None),

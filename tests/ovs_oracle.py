@@ -510,7 +510,7 @@ def _parse_stage(chunk: str, header: str, odp_ports: dict | None = None) -> OvsS
         elif _OUTPUT_OPTS.match(line):
             stage.outputs.append(int(_OUTPUT_OPTS.match(line).group(1)))
         elif (line.startswith(_NOT_TUNNELING) and previous.startswith(("output:", "-> output port is"))
-              and not stage.final.get("tun_dst")):
+              and not (stage.final.get("tun_dst") or stage.final.get("tun_ipv6_dst"))):
             stage.outputs.pop()       # only right after an OpenFlow output (not NORMAL's flood)
         elif _OUTPUT_PORT.match(line) and stage.outputs and stage.outputs[-1] is None:
             port = int(_OUTPUT_PORT.match(line).group(1))

@@ -49,7 +49,8 @@ def policy_drops() -> list[tuple[str, list[str], dict]]:
             q = t["query"]
             if q.get("scope") == "service-translation":
                 continue
-            dest = f"{q['dst_ip']}:{q['dst_port']}"
+            ip = q["dst_ip"]
+            dest = f"[{ip}]:{q['dst_port']}" if ":" in ip else f"{ip}:{q['dst_port']}"
             names = tuple(sorted({n for p in t["paths"] for n in p["policies"]}))
             args = ["trace", q["source"], dest, "--protocol", q["protocol"].lower(),
                     "--bundle", str(bundle)] + (["--via", q["via"]] if q.get("via") else [])

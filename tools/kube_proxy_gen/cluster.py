@@ -378,6 +378,9 @@ class PortView:
         return self.port.protocol.lower()
 
     def ep_string(self, ep: Endpoint) -> str:
+        """The endpoint as kube-proxy writes it (net.JoinHostPort: an IPv6 one bracketed)."""
+        if ":" in ep.ip:
+            return f"[{ep.ip}]:{self.port.target_port}"
         return f"{ep.ip}:{self.port.target_port}"
 
     @property
@@ -444,10 +447,12 @@ class PortView:
         return "firewall-" + self._nft_base()
 
     def nft_endpoint(self, ep: Endpoint) -> str:
-        return "endpoint-" + self._nft_base(f"__{ep.ip}/{self.port.target_port}")
+        # an IPv6 endpoint's colons are not allowed in a chain name: dots (nftables proxier,
+        # servicePortEndpointChainNameBase)
+        return "endpoint-" + self._nft_base(f"__{ep.ip.replace(':', '.')}/{self.port.target_port}")
 
     def nft_affinity(self, ep: Endpoint) -> str:
-        return "affinity-" + self._nft_base(f"__{ep.ip}/{self.port.target_port}")
+        return "affinity-" + self._nft_base(f"__{ep.ip.replace(':', '.')}/{self.port.target_port}")
 
 
 def port_views(cluster: Cluster, node: str) -> list[PortView]:

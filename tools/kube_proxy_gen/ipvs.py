@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from kube_proxy_gen.cluster import CLUSTER_CIDR, Cluster, MASQ_MARK, NodeSpec, SEED, port_views
+from kube_proxy_gen.family import Family, v4
 from kube_proxy_gen.iptables import _Table, _counters, _kubelet_chains, _postrouting_rules, _q
 
 
@@ -90,11 +91,14 @@ def ipset_members(cluster: Cluster, node: str) -> dict[str, list[str]]:
     return sets
 
 
-def iptables_save_ipvs(cluster: Cluster, node: str) -> str:
-    """``iptables-save`` on ``node`` with kube-proxy in IPVS mode (writeIptablesRules)."""
+def iptables_save_ipvs(cluster: Cluster, node: str, fam: Family | None = None) -> str:
+    """``iptables-save`` on ``node`` with kube-proxy in IPVS mode (writeIptablesRules);
+    ``ip6tables-save`` of the IPv6 proxier for ``fam`` IPv6 (its ipsets are KUBE-6-*)."""
+    fam = fam or v4(CLUSTER_CIDR)
     sets = ipset_members(cluster, node)
-    mangle, flt, nat = (_Table(t, _counters(node, t)) for t in ("mangle", "filter", "nat"))
-    _kubelet_chains(mangle, flt, nat)
+    mangle, flt, nat = (_Table(t, _counters(node, t) if fam.version == 4 else
+                               _counters(node + "/ipv6", t)) for t in ("mangle", "filter", "nat"))
+    _kubelet_chains(mangle, flt, nat, fam)
     for chain in ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
                   "KUBE-MARK-MASQ"):
         nat.chain(chain)
@@ -113,13 +117,14 @@ def iptables_save_ipvs(cluster: Cluster, node: str) -> str:
     flt.add("FORWARD", '-m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD')
     flt.add("OUTPUT", "-j KUBE-FIREWALL")
 
-    nat.add("KUBE-SERVICES", "-s 127.0.0.0/8 -j RETURN")
+    nat.add("KUBE-SERVICES", f"-s {fam.loopback} -j RETURN")
 
     def set_rule(table: _Table, chain: str, name: str, flags: str, target: str,
                  proto: str = "") -> None:
         if sets[name]:
             table.add(chain, (f"-p {proto} " if proto else "") + f"-m comment --comment "
-                      f"{_q(_IPSET_COMMENT[name])} -m set --match-set {name} {flags} -j {target}")
+                      f"{_q(_IPSET_COMMENT[name])} -m set --match-set {fam.ipset(name)} {flags} "
+                      f"-j {target}")
 
     set_rule(nat, "KUBE-POSTROUTING", "KUBE-LOOP-BACK", "dst,dst,src", "MASQUERADE")
     set_rule(nat, "KUBE-SERVICES", "KUBE-LOAD-BALANCER", "dst,dst", "KUBE-LOAD-BALANCER")
@@ -136,13 +141,14 @@ def iptables_save_ipvs(cluster: Cluster, node: str) -> str:
     set_rule(flt, "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-LOAD-BALANCER-SOURCE-IP", "dst,dst,src",
              "RETURN")
     if sets["KUBE-CLUSTER-IP"]:
-        nat.add("KUBE-SERVICES", f"! -s {CLUSTER_CIDR} -m comment --comment "
-                f"{_q(_IPSET_COMMENT['KUBE-CLUSTER-IP'])} -m set --match-set KUBE-CLUSTER-IP "
-                "dst,dst -j KUBE-MARK-MASQ")
+        nat.add("KUBE-SERVICES", f"! -s {fam.cluster_cidr} -m comment --comment "
+                f"{_q(_IPSET_COMMENT['KUBE-CLUSTER-IP'])} -m set --match-set "
+                f"{fam.ipset('KUBE-CLUSTER-IP')} dst,dst -j KUBE-MARK-MASQ")
     for name, masquerade in (("KUBE-EXTERNAL-IP", True), ("KUBE-EXTERNAL-IP-LOCAL", False)):
         if not sets[name]:
             continue
-        head = f"-m comment --comment {_q(_IPSET_COMMENT[name])} -m set --match-set {name} dst,dst"
+        head = (f"-m comment --comment {_q(_IPSET_COMMENT[name])} -m set --match-set "
+                f"{fam.ipset(name)} dst,dst")
         if masquerade:
             nat.add("KUBE-SERVICES", f"{head} -j KUBE-MARK-MASQ")
         nat.add("KUBE-SERVICES", f"{head} -m physdev ! --physdev-is-in -m addrtype ! --src-type "
@@ -153,20 +159,21 @@ def iptables_save_ipvs(cluster: Cluster, node: str) -> str:
     flt.add("KUBE-SOURCE-RANGES-FIREWALL", "-j DROP")
     for name in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER"):
         if sets[name]:
-            nat.add("KUBE-SERVICES", f"-m set --match-set {name} dst,dst -j ACCEPT")
+            nat.add("KUBE-SERVICES", f"-m set --match-set {fam.ipset(name)} dst,dst -j ACCEPT")
     flt.add("KUBE-FORWARD", '-m comment --comment "kubernetes forwarding rules" -m mark --mark '
             f"{MASQ_MARK:#x}/{MASQ_MARK:#x} -j ACCEPT")
     flt.add("KUBE-FORWARD", '-m comment --comment "kubernetes forwarding conntrack rule" '
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
     flt.add("KUBE-NODE-PORT", '-m comment --comment "Kubernetes health check node port" '
-            "-m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT")
+            f"-m set --match-set {fam.ipset('KUBE-HEALTH-CHECK-NODE-PORT')} dst -j ACCEPT")
     for name, flags in (("KUBE-LOAD-BALANCER", "dst,dst"), ("KUBE-CLUSTER-IP", "dst,dst"),
                         ("KUBE-EXTERNAL-IP", "dst,dst"), ("KUBE-HEALTH-CHECK-NODE-PORT", "dst")):
-        flt.add("KUBE-IPVS-FILTER", f"-m set --match-set {name} {flags} -j RETURN")
-    flt.add("KUBE-IPVS-FILTER", "-m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst "
-            "-j REJECT --reject-with icmp-port-unreachable")
+        flt.add("KUBE-IPVS-FILTER", f"-m set --match-set {fam.ipset(name)} {flags} -j RETURN")
+    flt.add("KUBE-IPVS-FILTER", "-m conntrack --ctstate NEW -m set --match-set "
+            f"{fam.ipset('KUBE-IPVS-IPS')} dst -j REJECT --reject-with {fam.reject_with}")
     _postrouting_rules(nat)
-    return "\n".join(mangle.render() + flt.render() + nat.render()) + "\n"
+    tool = "ip6tables-save" if fam.version == 6 else "iptables-save"
+    return "\n".join(mangle.render(tool) + flt.render(tool) + nat.render(tool)) + "\n"
 
 
 def _ipset_size(kind: str, entries: int) -> int:
@@ -178,13 +185,17 @@ def _ipset_size(kind: str, entries: int) -> int:
     return base + per * entries
 
 
-def ipset_list(cluster: Cluster, node: str, iptables_text: str) -> str:
-    """``ipset list``: sets in creation order; hash members in (seeded) hash order."""
+def ipset_list(cluster: Cluster, node: str, iptables_text: str,
+               fam: Family | None = None) -> str:
+    """``ipset list``: sets in creation order; hash members in (seeded) hash order. For
+    ``fam`` IPv6, the IPv6 proxier's sets (KUBE-6-*, family inet6)."""
+    fam = fam or v4(CLUSTER_CIDR)
     sets = ipset_members(cluster, node)
-    rng = random.Random(f"{SEED}/{node}/ipset")
+    rng = random.Random(f"{SEED}/{node}/ipset" + ("/ipv6" if fam.version == 6 else ""))
     blocks = []
-    for name, kind, _ in IPSETS:
-        members = list(sets[name])
+    for base, kind, _ in IPSETS:
+        name = fam.ipset(base)
+        members = list(sets[base])
         if kind == "bitmap:port":
             members.sort(key=int)
             header, revision = "range 0-65535", 3
@@ -192,7 +203,7 @@ def ipset_list(cluster: Cluster, node: str, iptables_text: str) -> str:
             rng.shuffle(members)
             revision = {"hash:ip": 6, "hash:ip,port": 7, "hash:ip,port,ip": 6,
                         "hash:ip,port,net": 8}[kind]
-            header = (f"family inet hashsize 1024 maxelem 65536 bucketsize 12 "
+            header = (f"family {fam.ipset_family} hashsize 1024 maxelem 65536 bucketsize 12 "
                       f"initval {rng.getrandbits(32):#010x}")
         references = iptables_text.count(f"--match-set {name} ")
         blocks.append("\n".join([f"Name: {name}", f"Type: {kind}", f"Revision: {revision}",
@@ -235,21 +246,29 @@ def _addr_port_key(item: tuple[str, int]) -> tuple[int, int]:
     return int(ipaddress.ip_address(item[0])), item[1]
 
 
-def ipvsadm(cluster: Cluster, node: str) -> str:
-    """``ipvsadm -Ln`` (ipvsadm sorts services by protocol, address, port)."""
+def ipvsadm(cluster: Cluster, node: str, also: Cluster | None = None) -> str:
+    """``ipvsadm -Ln`` (ipvsadm sorts services by protocol, address, port); ``also``: the
+    cluster as the IPv6 proxier sees it, whose virtual servers the same table lists (IPv6
+    addresses bracketed, after the IPv4 ones of the same protocol)."""
     rng = random.Random(f"{SEED}/{node}/ipvs-conns")
     proto_order = {"TCP": 6, "UDP": 17, "SCTP": 132}
     lines = ["IP Virtual Server version 1.2.1 (size=4096)",
              "Prot LocalAddress:Port Scheduler Flags",
              "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn"]
-    servers = sorted(virtual_servers(cluster, node), key=lambda s: (
-        proto_order[s.protocol], int(ipaddress.ip_address(s.address)), s.port))
+    found = virtual_servers(cluster, node) + (virtual_servers(also, node) if also else [])
+    servers = sorted(found, key=lambda s: (
+        proto_order[s.protocol], ipaddress.ip_address(s.address).version,
+        int(ipaddress.ip_address(s.address)), s.port))
     for vs in servers:
         flags = f" persistent {vs.persistent}" if vs.persistent else ""
-        lines.append(f"{vs.protocol:<4} {vs.address}:{vs.port} rr{flags}")
+        lines.append(f"{vs.protocol:<4} {_hostport(vs.address, vs.port)} rr{flags}")
         for ip, port in vs.destinations:
             active = rng.choice((0, 0, 0, 1, 2)) if vs.protocol == "TCP" else 0
             inactive = rng.choice((0, 0, 1, 3, 7))
-            lines.append(f"  -> {f'{ip}:{port}':<28} {'Masq':<7} {1:<6} {active:<10} "
+            lines.append(f"  -> {_hostport(ip, port):<28} {'Masq':<7} {1:<6} {active:<10} "
                          f"{inactive}".rstrip())
     return "\n".join(lines) + "\n"
+
+
+def _hostport(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

@@ -7,6 +7,7 @@ import ipaddress
 import random
 
 from kube_proxy_gen.cluster import CLUSTER_CIDR, Cluster, MASQ_MARK, PortView, SEED, port_views
+from kube_proxy_gen.family import Family, v4
 
 
 def _nft_timeout(seconds: int) -> str:
@@ -17,8 +18,12 @@ def _nft_timeout(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def nft_ruleset(cluster: Cluster, node: str) -> str:
-    """The kube-proxy table as ``nft list table ip kube-proxy`` prints it (pkg/proxy/nftables)."""
+def nft_ruleset(cluster: Cluster, node: str, fam: Family | None = None) -> str:
+    """The kube-proxy table as ``nft list table ip kube-proxy`` prints it (pkg/proxy/nftables);
+    ``table ip6 kube-proxy`` for ``fam`` IPv6 (ipX, ipvX_addr and noLocalhost of the IPv6
+    proxier)."""
+    fam = fam or v4(CLUSTER_CIDR)
+    ipx = fam.nft
     chains: dict[str, list[str]] = {}
     headers: dict[str, list[str]] = {}
     maps: dict[str, list[str]] = {"no-endpoint-services": [], "no-endpoint-nodeports": [],
@@ -46,12 +51,12 @@ def nft_ruleset(cluster: Cluster, node: str) -> str:
     chain("nat-prerouting", "jump services")
     chain("nat-postrouting", "jump masquerading")
     chain("endpoints-check",
-          "ip daddr . meta l4proto . th dport vmap @no-endpoint-services",
-          "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap "
+          f"{ipx} daddr . meta l4proto . th dport vmap @no-endpoint-services",
+          f"fib daddr type local {fam.nft_no_localhost} meta l4proto . th dport vmap "
           "@no-endpoint-nodeports")
-    chain("firewall-check", "ip daddr . meta l4proto . th dport vmap @firewall-ips")
-    chain("services", "ip daddr . meta l4proto . th dport vmap @service-ips",
-          "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap "
+    chain("firewall-check", f"{ipx} daddr . meta l4proto . th dport vmap @firewall-ips")
+    chain("services", f"{ipx} daddr . meta l4proto . th dport vmap @service-ips",
+          f"fib daddr type local {fam.nft_no_localhost} meta l4proto . th dport vmap "
           "@service-nodeports")
     chain("masquerading", f"meta mark & {MASQ_MARK:#010x} == 0x00000000 return",
           f"meta mark set meta mark ^ {MASQ_MARK:#010x}", "masquerade fully-random")
@@ -61,17 +66,18 @@ def nft_ruleset(cluster: Cluster, node: str) -> str:
     chain("reject-chain", "reject")
 
     for v in port_views(cluster, node):
-        _nft_service_port(v, chain, maps, affinity_sets)
+        _nft_service_port(v, chain, maps, affinity_sets, fam)
 
+    addr = fam.nft_addr
     map_meta = {
-        "no-endpoint-services": ("ipv4_addr . inet_proto . inet_service : verdict",
+        "no-endpoint-services": (f"{addr} . inet_proto . inet_service : verdict",
                                  "vmap to drop or reject packets to services with no endpoints"),
         "no-endpoint-nodeports": ("inet_proto . inet_service : verdict",
                                   ("vmap to drop or reject packets to service nodeports with no "
                                    "endpoints")),
-        "firewall-ips": ("ipv4_addr . inet_proto . inet_service : verdict",
+        "firewall-ips": (f"{addr} . inet_proto . inet_service : verdict",
                          "destinations that are subject to LoadBalancerSourceRanges"),
-        "service-ips": ("ipv4_addr . inet_proto . inet_service : verdict",
+        "service-ips": (f"{addr} . inet_proto . inet_service : verdict",
                         "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
         "service-nodeports": ("inet_proto . inet_service : verdict", "NodePort traffic"),
     }
@@ -85,11 +91,11 @@ def nft_ruleset(cluster: Cluster, node: str) -> str:
             body.append("elements = { " + ",\n\t\t\t     ".join(elements) + " }")
         blocks.append((f"map {name}", body))
     for name, timeout in affinity_sets:
-        blocks.append((f"set {name}", ["type ipv4_addr", "size 65535", "flags dynamic,timeout",
+        blocks.append((f"set {name}", [f"type {addr}", "size 65535", "flags dynamic,timeout",
                                        f"timeout {_nft_timeout(timeout)}"]))
     for name, rules in chains.items():
         blocks.append((f"chain {name}", headers.get(name, []) + rules))
-    out = ["table ip kube-proxy {", '\tcomment "rules for kube-proxy"']
+    out = [f"table {ipx} kube-proxy {{", '\tcomment "rules for kube-proxy"']
     for i, (title, body) in enumerate(blocks):
         if i:
             out.append("")
@@ -99,9 +105,10 @@ def nft_ruleset(cluster: Cluster, node: str) -> str:
     return "\n".join(out + ["}"]) + "\n"
 
 
-def _nft_service_port(v: PortView, chain, maps, affinity_sets) -> None:
+def _nft_service_port(v: PortView, chain, maps, affinity_sets, fam: Family) -> None:
     """The nftables proxier's loop body for one service port."""
     svc, p, proto, name = v.svc, v.port, v.proto, v.name
+    ipx = fam.nft
     key = f"{proto} . {p.port}"
     internal_verdict = "goto reject-chain"
     external_verdict = "goto reject-chain" if not v.has_endpoints else "drop"
@@ -124,7 +131,7 @@ def _nft_service_port(v: PortView, chain, maps, affinity_sets) -> None:
             maps["no-endpoint-services"].append(f'{ip} . {key} comment "{name}" : '
                                                 f"{external_verdict}")
     if svc.lb_source_ranges and svc.lb_ips:
-        chain(v.nft_firewall, "ip saddr != { " + ", ".join(sorted(
+        chain(v.nft_firewall, f"{ipx} saddr != {{ " + ", ".join(sorted(
             svc.lb_source_ranges, key=lambda c: ipaddress.ip_network(c))) + " } drop")
     for ip in svc.lb_ips:
         if v.has_endpoints:
@@ -143,14 +150,14 @@ def _nft_service_port(v: PortView, chain, maps, affinity_sets) -> None:
                                                  f"{external_verdict}")
     if not v.has_endpoints:
         return
-    chain(v.nft_service, f"ip daddr {svc.cluster_ip} {proto} dport {p.port} "
-          f"ip saddr != {CLUSTER_CIDR} jump mark-for-masquerade")
+    chain(v.nft_service, f"{ipx} daddr {svc.cluster_ip} {proto} dport {p.port} "
+          f"{ipx} saddr != {fam.cluster_cidr} jump mark-for-masquerade")
     if svc.externally_accessible:
         if not svc.etp_local:
             chain(v.nft_external, "jump mark-for-masquerade")
         else:
             chain(v.nft_external,
-                  f'ip saddr {CLUSTER_CIDR} goto {v.nft_service} comment "short-circuit pod '
+                  f'{ipx} saddr {fam.cluster_cidr} goto {v.nft_service} comment "short-circuit pod '
                   'traffic"',
                   'fib saddr type local jump mark-for-masquerade comment "masquerade local '
                   'traffic"',
@@ -161,20 +168,20 @@ def _nft_service_port(v: PortView, chain, maps, affinity_sets) -> None:
     if svc.affinity_timeout:
         affinity_sets.extend((v.nft_affinity(ep), svc.affinity_timeout)
                              for ep in v.reachable_endpoints)
-    _nft_lb_rules(v, chain, v.nft_service, v.cluster_endpoints)
+    _nft_lb_rules(v, chain, v.nft_service, v.cluster_endpoints, ipx)
     if v.local_endpoints:
-        _nft_lb_rules(v, chain, v.nft_local, v.local_endpoints)
+        _nft_lb_rules(v, chain, v.nft_local, v.local_endpoints, ipx)
     for ep in v.reachable_endpoints:
-        rules = [f"ip saddr {ep.ip} jump mark-for-masquerade"]
+        rules = [f"{ipx} saddr {ep.ip} jump mark-for-masquerade"]
         if svc.affinity_timeout:
-            rules.append(f"update @{v.nft_affinity(ep)} {{ ip saddr }}")
+            rules.append(f"update @{v.nft_affinity(ep)} {{ {ipx} saddr }}")
         rules.append(f"meta l4proto {proto} dnat to {v.ep_string(ep)}")
         chain(v.nft_endpoint(ep), *rules)
 
 
-def _nft_lb_rules(v: PortView, chain, name: str, endpoints) -> None:
+def _nft_lb_rules(v: PortView, chain, name: str, endpoints, ipx: str = "ip") -> None:
     if v.svc.affinity_timeout:
         for ep in endpoints:
-            chain(name, f"ip saddr @{v.nft_affinity(ep)} goto {v.nft_endpoint(ep)}")
+            chain(name, f"{ipx} saddr @{v.nft_affinity(ep)} goto {v.nft_endpoint(ep)}")
     choices = ", ".join(f"{i} : goto {v.nft_endpoint(ep)}" for i, ep in enumerate(endpoints))
     chain(name, f"numgen random mod {len(endpoints)} vmap {{ {choices} }}")

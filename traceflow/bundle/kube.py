@@ -2,13 +2,20 @@
 
 Only the facts a trace needs are kept: pods (IP, node, labels), services (cluster IP, ports,
 selector), endpoints, nodes (InternalIP, pod CIDR) and NetworkPolicies (for explaining a drop).
+
+Dual-stack objects are read as they are: a pod's ``status.podIPs``, a Service's
+``spec.clusterIPs`` and ``spec.ipFamilies``, a node's InternalIP of each family and its
+``podCIDRs``; EndpointSlices of both address types. ``ip``/``cluster_ip``/``internal_ip`` stay
+the primary (first) address; ``address(family)`` gives the one of a family.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import difflib
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from traceflow.model.errors import InputError
@@ -27,10 +34,20 @@ class Pod:
     owners: tuple = ()           # (kind, name) of metadata.ownerReferences, e.g. ("ReplicaSet", "web-6f8d")
     container_ports: tuple = ()  # (name, containerPort, protocol) of every container
     host_ports: tuple = ()       # (hostPort, containerPort, protocol, hostIP or "") declared
+    ips: tuple = ()              # status.podIPs (dual-stack: one per family), primary first
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def addresses(self) -> tuple:
+        """Every address of the pod: its podIPs, else its podIP."""
+        return self.ips or ((self.ip,) if self.ip else ())
+
+    def address(self, family: int | None) -> str | None:
+        """The pod's address of ``family`` (4 or 6; None: the primary)."""
+        return _of_family(self.addresses, family) if family else self.ip
 
 
 @dataclass(frozen=True)
@@ -56,10 +73,29 @@ class Service:
     lb_source_ranges: tuple = ()         # spec.loadBalancerSourceRanges
     external_name: str | None = None     # spec.externalName (type ExternalName)
     health_check_node_port: int | None = None
+    cluster_ips: tuple = ()              # spec.clusterIPs (dual-stack: one per family)
+    ip_families: tuple = ()              # spec.ipFamilies ("IPv4", "IPv6"), in that order
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def addresses(self) -> tuple:
+        """Every cluster IP: spec.clusterIPs, else spec.clusterIP (none for a headless one)."""
+        ips = self.cluster_ips or ((self.cluster_ip,) if self.cluster_ip else ())
+        return tuple(ip for ip in ips if ip and ip != "None")
+
+    def address(self, family: int | None) -> str | None:
+        """The cluster IP of ``family`` (4 or 6; None: the primary)."""
+        return _of_family(self.addresses, family) if family else self.cluster_ip
+
+    @property
+    def families(self) -> tuple:
+        """The families the Service serves (4, 6): spec.ipFamilies, else its cluster IPs'."""
+        named = tuple({"IPv4": 4, "IPv6": 6}[f] for f in self.ip_families
+                      if f in ("IPv4", "IPv6"))
+        return named or tuple(dict.fromkeys(_family(a) for a in self.addresses))
 
     @property
     def headless(self) -> bool:
@@ -71,6 +107,23 @@ class Node:
     name: str
     internal_ip: str | None
     pod_cidrs: tuple
+    internal_ips: tuple = ()     # every InternalIP (dual-stack: one per family), first first
+
+    @property
+    def addresses(self) -> tuple:
+        return self.internal_ips or ((self.internal_ip,) if self.internal_ip else ())
+
+    def address(self, family: int | None) -> str | None:
+        """The node's InternalIP of ``family`` (None: the first)."""
+        return _of_family(self.addresses, family) if family else self.internal_ip
+
+
+def _family(address: str) -> int:
+    return 6 if ":" in address else 4
+
+
+def _of_family(addresses, family: int) -> str | None:
+    return next((a for a in addresses if a and _family(a) == family), None)
 
 
 @dataclass(frozen=True)
@@ -161,16 +214,21 @@ class Cluster:
             found = self._at_ip.get(ip)       # (a walk asks most hops: read once per address)
             if found is None:
                 pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
-                found = self._at_ip[ip] = [p for p in pods if p.ip == ip]
+                if not any(p.ip == ip for p in pods):
+                    # a dual-stack pod's second address is in status.podIPs only, which the
+                    # catalog does not key: the items whose text holds the address
+                    pods = [_pod_from(i) for i in _items_mentioning(self._objects, PODS, ip)]
+                found = self._at_ip[ip] = [p for p in pods if ip in p.addresses]
             return list(found)
-        # pods read whole: by address through an index over that list (a walk asks this at
-        # most hops; rebuilt when the list is replaced)
+        # pods read whole: by address (every family's) through an index over that list (a
+        # walk asks this at most hops; rebuilt when the list is replaced)
         pods = self.pods
         index = self._by_ip
         if index is None or index[0] is not pods or index[1] != len(pods):
             by_ip: dict = {}
             for p in pods:
-                by_ip.setdefault(p.ip, []).append(p)
+                for addr in dict.fromkeys(p.addresses):
+                    by_ip.setdefault(addr, []).append(p)
             index = self._by_ip = (pods, len(pods), by_ip)
         return list(index[2].get(ip, ()))
 
@@ -184,21 +242,29 @@ class Cluster:
     def service_at(self, ip: str) -> Service | None:
         """The (first) Service whose cluster IP is ``ip``."""
         if self._located(self._services):
-            svcs = (_service_from(i) for i in self._objects.lookup(SERVICES, "ip", ip))
+            svcs = [_service_from(i) for i in self._objects.lookup(SERVICES, "ip", ip)]
+            if not any(s.cluster_ip == ip for s in svcs):     # a second family's clusterIPs
+                svcs = [_service_from(i) for i in _items_mentioning(self._objects, SERVICES, ip)]
         else:
-            svcs = iter(self.services)
-        return next((s for s in svcs if s.cluster_ip == ip), None)
+            svcs = self.services
+        return next((s for s in svcs if ip in s.addresses), None)
 
-    def endpoints_of(self, key: str) -> list:
-        """[(ip, pod key or None, node)] of Service ``key`` (namespace/name)."""
+    def endpoints_of(self, key: str, family: int | None = None) -> list:
+        """[(ip, pod key or None, node)] of Service ``key`` (namespace/name): of both
+        families (a dual-stack Service has an EndpointSlice per address type), or of
+        ``family`` (4, 6) only."""
         if not self._located(self._endpoints):
-            return self.endpoints.get(key, [])
-        ns, _, name = key.partition("/")
-        if self._objects.has_items(SLICES):
-            rows = _endpoint_rows(self._objects.lookup(SLICES, "service", name), ())
+            rows = self.endpoints.get(key, [])
         else:
-            rows = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
-        return [(addr, pod, node) for k, addr, pod, node in rows if k == key]
+            ns, _, name = key.partition("/")
+            if self._objects.has_items(SLICES):
+                found = _endpoint_rows(self._objects.lookup(SLICES, "service", name), ())
+            else:
+                found = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
+            rows = [(addr, pod, node) for k, addr, pod, node in found if k == key]
+        if family is None:
+            return rows
+        return [r for r in rows if r[0] and _family(r[0]) == family]
 
     def pods_owned(self, prefix: str, namespace: str | None = None) -> list:
         """The pods with an owner whose name starts with ``prefix`` (in ``namespace``, or
@@ -247,12 +313,12 @@ class Cluster:
 
     def node_by_ip(self, ip: str) -> Node | None:
         for n in self.nodes:
-            if n.internal_ip == ip:
+            if ip in n.addresses:
                 return n
         return None
 
     def node_ips(self) -> dict[str, str]:
-        return {n.internal_ip: n.name for n in self.nodes if n.internal_ip}
+        return {a: n.name for n in self.nodes for a in n.addresses}
 
     def node_for_pod_ip(self, ip: str) -> Node | None:
         addr = ipaddress.ip_address(ip)
@@ -372,13 +438,37 @@ def _load_small(c: Cluster, get) -> None:
         c.policies = [_policy_from(i) for i in get("k8s/networkpolicies.yaml")]
 
 
+def _items_mentioning(objects, name: str, address: str) -> list:
+    """The items of a located ``k8s/`` file whose text holds ``address`` as a whole word (a
+    superset the caller narrows by the parsed values): lookups by an address the catalog does
+    not key (a dual-stack object's second address). A C-speed text search, no parse."""
+    cat = objects.catalog(name)
+    if cat is None:
+        return []
+    if cat._whole is not None:
+        return cat._whole
+    if address not in cat.text:
+        return []
+    starts = [s for s, _, _ in cat.items]
+    found = []
+    for m in re.finditer(r"(?<![0-9A-Fa-f:.])%s(?![0-9A-Fa-f:.])" % re.escape(address),
+                         cat.text):
+        i = bisect.bisect_right(starts, m.start()) - 1
+        if i >= 0 and (not found or found[-1] != i):
+            found.append(i)
+    return [cat.get(i) for i in found]
+
+
 def _pod_from(item: dict) -> Pod:
     with _shape(PODS):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+        ips = tuple(str(e["ip"]) for e in status.get("podIPs") or []
+                    if isinstance(e, dict) and e.get("ip"))
         return Pod(meta.get("namespace", "default"), meta.get("name", ""),
                    status.get("podIP"), spec.get("nodeName"), meta.get("labels") or {},
                    status.get("phase", "Unknown"), bool(spec.get("hostNetwork")),
-                   _owners(meta), _container_ports(spec), _host_ports(spec))
+                   _owners(meta), _container_ports(spec), _host_ports(spec),
+                   ips if len(ips) > 1 else ())
 
 
 def _owners(meta: dict) -> tuple:
@@ -415,15 +505,19 @@ def _service_from(item: dict) -> Service:
                        tuple(str(i["ip"]) for i in ingress if isinstance(i, dict) and i.get("ip")),
                        str(spec.get("externalTrafficPolicy") or "Cluster"),
                        tuple(str(r) for r in spec.get("loadBalancerSourceRanges") or ()),
-                       spec.get("externalName"), spec.get("healthCheckNodePort"))
+                       spec.get("externalName"), spec.get("healthCheckNodePort"),
+                       tuple(str(ip) for ip in spec.get("clusterIPs") or ()
+                             if len(spec.get("clusterIPs") or ()) > 1),
+                       tuple(str(f) for f in spec.get("ipFamilies") or ()))
 
 
 def _node_from(item: dict) -> Node:
     meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
-    ip = next((a.get("address") for a in status.get("addresses") or []
-               if a.get("type") == "InternalIP"), None)
+    ips = tuple(str(a.get("address")) for a in status.get("addresses") or []
+                if a.get("type") == "InternalIP" and a.get("address"))
     cidrs = tuple(spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else []))
-    return Node(meta.get("name", ""), ip, cidrs)
+    return Node(meta.get("name", ""), ips[0] if ips else None, cidrs,
+                ips if len(ips) > 1 else ())
 
 
 def _policy_from(item: dict) -> NetworkPolicy:

@@ -46,6 +46,10 @@ def first_hop(files: dict, pod_key: str, pod_ip: str, dst_ip: str,
     from traceflow.engines.routing import Router, parse_ip_addr, parse_ip_routes, parse_ip_rules
     routes_text, routes_name = files["ip-route.txt"]
     tables = parse_ip_routes(routes_text, routes_name)
+    if ":" in dst_ip and not any(r.family == 6 for r in tables):
+        # `ip route show` lists IPv4 routes only: the file says nothing of IPv6 (the caller
+        # uses the CNI's conventions and says so)
+        return None
     interfaces = parse_ip_addr(*files["ip-addr.txt"]) if "ip-addr.txt" in files else None
     rules = parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n"
                            "32767:\tfrom all lookup default\n", "(the kernel's default rules)")

@@ -51,6 +51,36 @@ class Conventions(Protocol):
     # pod IP -> (OVS port name, MAC) (ovs-trace fills a pod port's packet from it)
 
 
+class WithoutOvs:
+    """The OVS part of the conventions for a CNI without an OVS bridge (Cilium's BPF, the
+    kernel datapath's CNIs): no gateway or tunnel port, no table names, no special MAC."""
+
+    @staticmethod
+    def annotator(node):
+        from traceflow.engines.ovs.annotator import Annotator
+        return Annotator()
+
+    @staticmethod
+    def gateway_port(ports) -> str | None:
+        return None
+
+    @staticmethod
+    def tunnel_port(ports) -> str | None:
+        return None
+
+    @staticmethod
+    def describe_mac(mac):
+        return None
+
+    @staticmethod
+    def policy_direction(table_name):
+        return None
+
+    @staticmethod
+    def drop_reason(*args):
+        return None
+
+
 def manifest_cni(manifest: dict) -> tuple[str, Any]:
     """(cni in lower case, "" when absent; cni_version) as the manifest says."""
     return str(manifest.get("cni", "")).lower(), manifest.get("cni_version")
@@ -150,6 +180,33 @@ class NodeModel:
                               "are not seen")
         return rs
 
+    def netfilter_for(self, family: int):
+        """The packet filter an IPv4 or IPv6 packet meets: `nft list ruleset` holds both
+        families (ip6 and inet tables); iptables-save holds IPv4 only, ip6tables-save IPv6."""
+        return self.netfilter if family != 6 else self.netfilter6
+
+    @cached_property
+    def netfilter6(self):
+        """The node's IPv6 packet filter: the nftables ruleset in nftables mode (its ip6 and
+        inet tables), else `ip6tables-save`. A node with IPv4 rules and no ip6tables-save.txt
+        is Missing for an IPv6 packet: kube-proxy writes its IPv6 Services there, and walking
+        without them would be an answer about rules nobody read."""
+        v4 = self.netfilter
+        if v4 is not None and hasattr(v4, "evaluate_hook"):
+            return v4                               # nft: one ruleset, both families
+        got = self._file("ip6tables-save.txt")
+        if got is None:
+            if v4 is None:
+                return None
+            raise Missing(f"nodes/{self.name}/ip6tables-save.txt",
+                          "the node's IPv6 packet filter (ip6tables-save); the bundle has its "
+                          "IPv4 rules only")
+        from traceflow.bundle.index import parse_iptables_save as read_save
+        with paused():
+            rs = read_save(*got)
+        rs.raise_for_errors()
+        return rs
+
     @cached_property
     def ipvs(self):
         """IPVS virtual servers (`ipvsadm -Ln`), when the node has them."""
@@ -183,16 +240,50 @@ class NodeModel:
                                   f"(default rules: nodes/{self.name}/ip-rule.txt absent)")
         return parse_ip_rules(*got)
 
+    def ip_rules_for(self, family: int):
+        """`ip rule` holds IPv4 rules only; IPv6's are `ip -6 rule` (ip-6-rule.txt)."""
+        return self.ip_rules if family != 6 else self.ip6_rules
+
+    @cached_property
+    def ip6_rules(self):
+        from traceflow.engines.routing.parse import parse_ip_rules
+        got = self._file("ip-6-rule.txt")
+        if got is None or not got[0].strip():
+            # the kernel's IPv6 defaults are two rules: no table default (fib6_rules_net_init)
+            self.snapshot.notes.append(
+                f"nodes/{self.name}/ip-6-rule.txt is {'empty' if got else 'missing'}: the "
+                "kernel's default IPv6 rules (local, main) are assumed")
+            return parse_ip_rules("0:\tfrom all lookup local\n32766:\tfrom all lookup main\n",
+                                  f"(default IPv6 rules: nodes/{self.name}/ip-6-rule.txt "
+                                  "absent)")
+        return parse_ip_rules(*got)
+
     @cached_property
     def routes(self):
-        from traceflow.engines.routing.parse import parse_ip_routes
-        return parse_ip_routes(*self._need("ip-route.txt", "routing table"))
+        """Both families: `ip route show table all` lists IPv4 and IPv6 routes. When the
+        bundle has ip-6-route.txt (`ip -6 route show table all`), its routes are the IPv6
+        ones (ip-route.txt's IPv6 lines, if any, are then not read twice)."""
+        from traceflow.engines.routing.parse import RoutingTables, parse_ip_routes
+        tables = parse_ip_routes(*self._need("ip-route.txt", "routing table"))
+        got = self._file("ip-6-route.txt")
+        if got is None:
+            return tables
+        v6 = parse_ip_routes(*got, family=6)
+        return RoutingTables([r for r in tables if r.family == 4] +
+                             [r for r in v6 if r.family == 6], tables.notes + v6.notes)
 
     @cached_property
     def neighbours(self):
+        """`ip neigh show` lists both families; ip-6-neigh.txt (`ip -6 neigh show`), when
+        present, is read for IPv6 in place of ip-neigh.txt's IPv6 lines."""
         from traceflow.engines.neigh import parse_ip_neigh
         got = self._file("ip-neigh.txt")
-        return parse_ip_neigh(*got) if got else None
+        found = parse_ip_neigh(*got) if got else None
+        got6 = self._file("ip-6-neigh.txt")
+        if got6 is None:
+            return found
+        return [n for n in found or () if n.family == 4] + \
+            [n for n in parse_ip_neigh(*got6) if n.family == 6]
 
     @cached_property
     def sysctls(self):
@@ -211,10 +302,10 @@ class NodeModel:
 
     @cached_property
     def local_addresses(self) -> set[str]:
-        addrs = {a.address for i in self.interfaces for a in i.addresses if a.family == 4}
+        addrs = {a.address for i in self.interfaces for a in i.addresses}
         node = next((n for n in self.snapshot.cluster.nodes if n.name == self.name), None)
-        if node and node.internal_ip:
-            addrs.add(node.internal_ip)
+        if node:
+            addrs.update(node.addresses)
         return addrs
 
     @cached_property

@@ -195,6 +195,18 @@ def cidr(value, path) -> Problem:
     return None
 
 
+def cidr_list(value, path) -> Problem:
+    """A CIDR, or one per family separated by a comma (kube-apiserver's
+    --service-cluster-ip-range on a dual-stack cluster: ``10.96.0.0/12,fd00:10:96::/112``)."""
+    if isinstance(value, str) and "," in value:
+        for part in value.split(","):
+            found = cidr(part.strip(), path)
+            if found:
+                return found
+        return None
+    return cidr(value, path)
+
+
 def one_of(*allowed):
     def check(value, path) -> Problem:
         if value is None or value in allowed:
@@ -233,13 +245,16 @@ POD = mapping({
                          "name": STR, "containerPort": port(), "hostPort": port(),
                          "protocol": STR, "hostIP": ip(("",))},
                          null=False))}, null=False))}, null=False),
-    "status": mapping({"podIP": ip(("",)), "phase": STR}, null=False),
+    "status": mapping({"podIP": ip(("",)), "phase": STR,
+                       "podIPs": listof(mapping({"ip": ip()}, null=False))}, null=False),
 }, null=False)
 
 SERVICE = mapping({
     "metadata": METADATA,
     "spec": mapping({
         "type": STR, "clusterIP": ip(("None", "")), "selector": LABELS,
+        "clusterIPs": listof(ip(("None", ""))),
+        "ipFamilies": listof(one_of("IPv4", "IPv6")),
         "ports": listof(mapping({"name": STR, "port": port(null=False), "protocol": STR,
                                  "targetPort": int_or_name, "nodePort": port()},
                                 null=False, required=("port",))),
@@ -279,7 +294,7 @@ NETWORK_POLICY = mapping({
 }, null=False)
 
 ENDPOINT_SLICE = mapping({
-    "metadata": METADATA,
+    "metadata": METADATA, "addressType": STR,
     "endpoints": listof(mapping({"addresses": listof(ip()), "targetRef": TARGET_REF,
                                  "nodeName": STR}, null=False)),
 }, null=False)
@@ -298,7 +313,7 @@ K8S_SHAPES = {
 
 MANIFEST = mapping({
     "format": STR, "cni": STR, "cni_version": scalar(str, int, float), "kube_proxy": STR,
-    "service_cidr": cidr,
+    "service_cidr": lambda v, path: cidr_list(v, path),
     "nodes": mapping(values=mapping({"agent_pod": STR, "tunnel_dev": STR}, null=False)),
     "files": mapping(values=scalar(str, what="the command that produced the file")),
     "lacks": listof(STR),

@@ -15,7 +15,9 @@ import typer
 
 from traceflow import __version__
 from traceflow.cli import capture, completion
+from traceflow.cli.families import FamilyOpt, Ipv4Opt, Ipv6Opt, per_family, write_both
 from traceflow.model.errors import CollectionError, ExitCode, InputError
+from traceflow.questions.support import say_host_only
 
 app = typer.Typer(
     name="traceflow",
@@ -235,6 +237,11 @@ def _closed_pipe() -> None:
 
 def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
            wide: bool = False, hop: Optional[str] = None, context: Optional[str] = None) -> None:
+    if hasattr(trace, "traces"):        # --family both: traceflow.questions.family.Comparison
+        if output is Output.pcap:
+            _fail(InputError("-o pcap writes the packets of one trace: give -4 or -6 with it, "
+                             "not --family both", "--output"))
+        return write_both(trace, output, width, verbose, wide, hop, context, _traced, _fail)
     if output is Output.pcap:
         return capture.write_pcap(trace, _traced, context)
     if output is Output.json:
@@ -279,20 +286,6 @@ def _write(trace, output: Output, width: Optional[int], verbose: bool = False,
     else:
         from renderers.text import render_text
         render_text(trace, console, about, verbose=verbose)
-
-
-def _say_host_only(trace, snap, source, bundle) -> None:
-    """A pod's trace on a host-only bundle: say first what the bundle answers instead."""
-    from traceflow.model.trace import Verdict
-    if trace.verdict is Verdict.DELIVERED or source is None:
-        return
-    from traceflow.questions.support import host_only_hint
-    q = trace.query or {}
-    hint = host_only_hint(snap, source, q.get("dst_ip") or (
-        (q.get("destination_endpoint") or {}).get("address")), q.get("dst_port"),
-        q.get("protocol"), str(bundle) if bundle is not None else "PATH")
-    if hint and hint not in trace.warnings:
-        trace.warnings.insert(0, hint)
 
 
 def _exit_for(trace, live: "_Live | None" = None) -> None:
@@ -360,6 +353,7 @@ def trace_cmd(
     wide: bool = WideOpt,
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a connection between any two ends: pods, nodes, frontends, outside addresses.
 
@@ -373,15 +367,18 @@ def trace_cmd(
                                                   force)
 
     def build():
-        from traceflow.questions import resolve
+        from traceflow.questions import family as fam, resolve
         from traceflow.questions.solver import Solver
+        chosen = fam.option(ipv4, ipv6, family)
         snap = live.collect_all(namespace) if live is not None else _open_snapshot(bundle)
-        q = resolve.trace_query(snap, source, destination, namespace, port,
-                                protocol.value if protocol is not None else None, src_port,
-                                via, endpoint, not no_reply)
-        got = Solver(snap).trace(q)
-        _say_host_only(got, snap, getattr(q.src, "pod", None), bundle)
-        return got
+        def one(family):
+            q = resolve.trace_query(snap, source, destination, namespace, port,
+                                    protocol.value if protocol is not None else None, src_port,
+                                    via, endpoint, not no_reply, family)
+            got = Solver(snap).trace(q)
+            say_host_only(got, snap, getattr(q.src, "pod", None), bundle)
+            return got
+        return per_family(chosen, one)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -414,6 +411,7 @@ def pod_to_svc(
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a pod's connection to a Service: every load-balancer branch, request and reply.
 
@@ -443,13 +441,18 @@ def pod_to_svc(
         proto = sp.protocol.upper()
         _check_pod(pod, snap)
         pin = resolve.endpoint(snap.cluster, endpoint, namespace, svc)
+        from traceflow.questions import family as fam
         from traceflow.questions.ports import unserved
         note = unserved(svc, sp)
-        q = Query("pod-to-svc", pod, svc.cluster_ip, sp.port, proto, src_port, svc.key, svc,
-                  pin, not no_reply, assumptions=(note,) if note else ())
-        got = Solver(snap).trace(q)
-        _say_host_only(got, snap, pod, bundle)
-        return got
+
+        def one(f):
+            got = Solver(snap).trace(Query(
+                "pod-to-svc", pod, fam.svc_question_ip(svc, pod, f, svc_ref, snap.bundle),
+                sp.port, proto, src_port, svc.key, svc, pin, not no_reply,
+                assumptions=(note,) if note else ()))
+            say_host_only(got, snap, pod, bundle)
+            return got
+        return per_family(fam.option(ipv4, ipv6, family), one)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -481,6 +484,7 @@ def pod_to_pod(
     hop: Optional[str] = HopOpt,
     force: bool = ForceOpt,
     app_exec: bool = AppExecOpt,
+    ipv4: bool = Ipv4Opt, ipv6: bool = Ipv6Opt, family: Optional[str] = FamilyOpt,
 ):
     """Trace a connection from one pod to another pod's IP, request and reply.
 
@@ -507,12 +511,15 @@ def pod_to_pod(
         from traceflow.cli.help import given_on_command_line
         chosen = protocol.value if given_on_command_line("protocol") else None
         number, named_proto = resolve.pod_port(dst, port, chosen)
-        from traceflow.walk.endpoints import Endpoint
-        q = Query("pod-to-pod", src, dst.ip, number, (chosen or named_proto or "tcp").upper(),
-                  src_port, dst.key, reply=not no_reply, dst=Endpoint.of_pod(dst))
-        got = Solver(snap).trace(q)
-        _say_host_only(got, snap, src, bundle)
-        return got
+        from traceflow.questions import family as fam
+
+        def one(f):
+            got = Solver(snap).trace(fam.pod_to_pod_query(
+                src, dst, f, src_ref, dst_ref, number, (chosen or named_proto or "tcp").upper(),
+                src_port, not no_reply, snap.bundle))
+            say_host_only(got, snap, src, bundle)
+            return got
+        return per_family(fam.option(ipv4, ipv6, family), one)
     trace = _run(build)
     _emit(trace, output, width, verbose, wide, hop, context)
     _exit_for(trace, live)
@@ -543,7 +550,7 @@ def demo(
     """Trace `frontend -> backendsvc` on the bundled example (no cluster needed)."""
     pod_to_svc("frontend", "backendsvc", "default", None, None, 54321, None, False,
                example_path(), output, width, None, None, None, 60.0, 300.0, None, False,
-               verbose=verbose, wide=wide, hop=hop)
+               verbose=verbose, wide=wide, hop=hop, ipv4=False, ipv6=False, family=None)
 
 
 class Via(str, enum.Enum):

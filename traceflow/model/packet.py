@@ -2,6 +2,13 @@
 
 Engines copy a Packet, change the copy and return it, so every hop can show the headers
 after it and what changed (``diff``).
+
+Both IP families: ``nw_src``/``nw_dst`` hold an IPv4 or an IPv6 address (OVS reads them as
+``ipv6_src``/``ipv6_dst`` when ``dl_type`` is 0x86dd), ``nw_proto`` is IPv6's next header and
+``nw_ttl`` its hop limit (OVS's own reading of ``nw_ttl`` for IPv6), ``ipv6_label`` the flow
+label. An ICMP or ICMPv6 type and code are ``tp_src``/``tp_dst``, as OVS keeps them; neighbour
+discovery adds ``nd_target`` and the link-layer option ``nd_sll`` (NS) / ``nd_tll`` (NA). The
+family follows the addresses: a Packet built with IPv6 addresses is 0x86dd.
 """
 
 from __future__ import annotations
@@ -10,8 +17,31 @@ import dataclasses
 from copy import copy as _shallow
 from dataclasses import dataclass, field
 
-PROTO_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "sctp": 132}
+PROTO_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "sctp": 132, "icmpv6": 58}
 PROTO_NAMES = {v: k for k, v in PROTO_NUMBERS.items()}
+# protocol names as iptables prints them: xtables' own table (libxtables xtables_chain_protos)
+# first, then the /etc/protocols names getprotobynumber() gives (iptables-save of Calico's
+# IPIP rules says `-p ipencap`, Debian's name for 4; others print `ipip` or the number)
+IP_PROTOCOL_NAMES = {**PROTO_NUMBERS, "udplite": 136, "icmpv6": 58, "ipv6-icmp": 58,
+                     "icmp6": 58, "esp": 50, "ah": 51, "ipv6-mh": 135, "mh": 135, "ipencap": 4,
+                     "ipip": 4, "ip-encap": 4, "gre": 47, "igmp": 2, "ipv6": 41, "ospf": 89,
+                     "ospfigp": 89, "vrrp": 112, "pim": 103, "dccp": 33, "l2tp": 115, "ipcomp": 108,
+                     "ipv6-route": 43, "ipv6-frag": 44, "ipv6-nonxt": 59, "ipv6-opts": 60,
+                     "ggp": 3, "egp": 8, "rsvp": 46, "etherip": 97, "encap": 98,
+                     "mpls-in-ip": 137, "hip": 139, "shim6": 140, "wesp": 141, "rohc": 142}
+
+ETH_IP, ETH_IPV6 = 0x0800, 0x86DD
+# ICMPv6 types (RFC 4443, RFC 4861) that the walk names
+ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY = 128, 129
+ICMPV6_NS, ICMPV6_NA = 135, 136
+_ECHO_ANSWER = {8: 0, ICMPV6_ECHO_REQUEST: ICMPV6_ECHO_REPLY}   # ICMP / ICMPv6 echo -> reply
+
+
+def family_of(address: str | None) -> int | None:
+    """4 or 6 for an address as the walk writes it (no parsing: an IPv6 address has a colon)."""
+    if not address:
+        return None
+    return 6 if ":" in address else 4
 
 
 @dataclass
@@ -40,10 +70,31 @@ class Packet:
     mark: int = 0                       # skb->mark on the host (fwmark)
     tunnel: Tunnel | None = None        # set while the packet travels encapsulated
     extra: dict = field(default_factory=dict)  # engine-specific carried state (e.g. tun_dst)
+    ipv6_label: int = 0                 # IPv6 flow label (20 bits)
+    nd_target: str | None = None        # ICMPv6 neighbour solicitation/advertisement target
+    nd_sll: str | None = None           # NS: the source link-layer address option
+    nd_tll: str | None = None           # NA: the target link-layer address option
 
-    # headers shown in traces, in this order
+    # headers shown in traces, in this order (an IPv6 packet adds SHOWN_V6 after them)
     SHOWN = ("dl_src", "dl_dst", "nw_src", "nw_dst", "nw_proto", "tp_src", "tp_dst", "nw_ttl",
              "mark")
+    SHOWN_V6 = ("ipv6_label",)
+    SHOWN_ND = ("nd_target", "nd_sll", "nd_tll")
+
+    def __post_init__(self) -> None:
+        # the family follows the addresses: an IPv6 address makes the frame IPv6 (0x86dd)
+        if self.dl_type == ETH_IP and (family_of(self.nw_src) == 6
+                                       or family_of(self.nw_dst) == 6):
+            self.dl_type = ETH_IPV6
+
+    @property
+    def family(self) -> int:
+        """4 or 6: IPv6 when the frame says so (0x86dd)."""
+        return 6 if self.dl_type == ETH_IPV6 else 4
+
+    @property
+    def is_v6(self) -> bool:
+        return self.dl_type == ETH_IPV6
 
     def copy(self) -> "Packet":
         # copy.copy and two fields set again: the same as dataclasses.replace, five times
@@ -61,6 +112,10 @@ class Packet:
     def headers(self) -> dict:
         """The shown headers as a plain dict (for JSON and for diffs)."""
         out = {name: getattr(self, name) for name in self.SHOWN}
+        if self.dl_type == ETH_IPV6:      # an IPv4 packet's headers stay as they always were
+            out.update((name, getattr(self, name)) for name in self.SHOWN_V6)
+            if self.nw_proto == 58 and self.nd_target is not None:
+                out.update((name, getattr(self, name)) for name in self.SHOWN_ND)
         if self.tunnel:
             out["tun_src"] = self.tunnel.src
             out["tun_dst"] = self.tunnel.dst
@@ -76,12 +131,19 @@ class Packet:
         return {k: (old.get(k), new.get(k)) for k in set(old) | set(new) if old.get(k) != new.get(k)}
 
     def reversed(self) -> "Packet":
-        """The reply's headers: addresses and ports swapped (L2 filled in by the replier)."""
+        """The reply's headers: addresses and ports swapped (L2 filled in by the replier); an
+        ICMP/ICMPv6 echo request is answered by an echo reply (type and code are not ports).
+        The replier's flow label is its own: 0 here, as the request's."""
+        if self.nw_proto in (1, 58):
+            tp_src, tp_dst = _ECHO_ANSWER.get(self.tp_src, self.tp_src), self.tp_dst
+        else:
+            tp_src, tp_dst = self.tp_dst, self.tp_src
         return dataclasses.replace(self, dl_src=self.dl_dst, dl_dst=self.dl_src,
                                    nw_src=self.nw_dst, nw_dst=self.nw_src,
-                                   tp_src=self.tp_dst, tp_dst=self.tp_src, nw_ttl=64,
+                                   tp_src=tp_src, tp_dst=tp_dst, nw_ttl=64,
                                    tcp_flags="syn,ack" if self.nw_proto == 6 else None,
-                                   mark=0, tunnel=None, extra={})
+                                   mark=0, tunnel=None, extra={}, ipv6_label=0,
+                                   nd_target=None, nd_sll=None, nd_tll=None)
 
     def five_tuple(self) -> tuple:
         return (self.nw_proto, self.nw_src, self.tp_src, self.nw_dst, self.tp_dst)

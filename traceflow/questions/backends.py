@@ -31,7 +31,9 @@ class NetfilterReader:
 
     def balanced(self, node, client_ip: str, vip: str, port: int, proto: str):
         from traceflow.engines.netfilter.engine import NodeContext, evaluate_hook
-        rs = node.netfilter
+        rs = node.netfilter_for(6 if ":" in vip else 4)      # ip6tables-save for IPv6
+        if rs is None:
+            return None
         pkt = Packet(nw_src=client_ip, nw_dst=vip, nw_proto=PROTO_NUMBERS[proto.lower()],
                      tp_src=54321, tp_dst=port)
         ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets,

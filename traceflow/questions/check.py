@@ -93,19 +93,66 @@ def run_check(suite: Suite, tracer: Tracer, bundle_name: str, progress: bool | N
     if len(work) < 50 and progress is None:
         bar.enabled = False
     for exp, pod, dst in work:
-        s = time.monotonic()
-        trace = tracer.trace(pod, dst, exp.src_port, exp.via)
-        passed, observed, message, details = evaluate(exp, trace)
-        report.results.append(Result(exp, pod.key, f"{dst.label} ({dst.ip}:{dst.port}/"
-                                                   f"{dst.protocol})", passed, observed, message,
-                                     details, time.monotonic() - s, trace,
-                                     trace.query.get("scope", "end-to-end"),
-                                     failing_paths(trace, details)))
+        for family, fsrc, fdst in _families(exp, pod, dst, resolver, suite.file):
+            s = time.monotonic()
+            trace = tracer.trace(fsrc, fdst, exp.src_port, exp.via)
+            passed, observed, message, details = evaluate(exp, trace)
+            key = pod.key + (f" ({'IPv6' if family == 6 else 'IPv4'})"
+                             if exp.family == "both" else "")
+            where = (f"[{fdst.ip}]" if ":" in fdst.ip else fdst.ip)
+            report.results.append(Result(exp, key, f"{fdst.label} ({where}:{fdst.port}/"
+                                                   f"{fdst.protocol})", passed, observed,
+                                         message, details, time.monotonic() - s, trace,
+                                         trace.query.get("scope", "end-to-end"),
+                                         failing_paths(trace, details)))
         bar.step()
     bar.close()
     report.seconds = time.monotonic() - t0
     report.traced = tracer.traced
     return report
+
+
+def _families(exp: Expectation, pod, dst, resolver, file: str) -> list[tuple]:
+    """[(family, source, destination)] of one question: as resolved, or with ``family:``
+    the named ends re-addressed in that family (both: one question per family). A named end
+    without an address of the family fails the suite, naming the expectation's line."""
+    from traceflow.questions import family as fam
+    if exp.family is None:
+        return [(None, pod, dst)]
+    out = []
+    for f in ((4, 6) if exp.family == fam.BOTH else (exp.family,)):
+        try:
+            out.append((f, _source_in(pod, f, resolver), _destination_in(dst, f, resolver)))
+        except InputError as err:
+            raise InputError(f"{err.reason} (family: {exp.family})", file,
+                             exp.line_of("family")) from None
+    return out
+
+
+def _source_in(pod, family: int, resolver):
+    from traceflow.questions import family as fam
+    from traceflow.bundle.kube import Pod
+    if isinstance(pod, Pod):
+        fam.pod_address(pod, family)
+        return pod
+    return fam.readdress(resolver.cluster, pod, family) if fam._fam(pod.address) != family \
+        else pod
+
+
+def _destination_in(dst, family: int, resolver):
+    import dataclasses
+    from traceflow.questions import family as fam
+    if fam._fam(dst.ip) == family:
+        return dst
+    if dst.endpoint is not None:
+        end = fam.readdress(resolver.cluster, dst.endpoint, family)
+        return dataclasses.replace(dst, ip=end.address, endpoint=end)
+    if dst.service is not None:
+        return dataclasses.replace(dst, ip=fam.service_address(dst.service, family))
+    if dst.pod is not None:
+        return dataclasses.replace(dst, ip=fam.pod_address(dst.pod, family))
+    raise InputError(f"{dst.ip} is an {fam.NAMES[fam._fam(dst.ip)]} address, not "
+                     f"{fam.NAMES[family]}", "family")
 
 
 def evaluate(exp: Expectation, trace: Trace) -> tuple[bool, str, str, list]:

@@ -97,13 +97,20 @@ def parse_ct_states(states: list[str]) -> list[int]:
 
 def _packet_from_state(state: dict) -> Packet:
     fmt = F.format_value
+    v6 = state.get("dl_type") == 0x86DD        # an IPv6 flow: ipv6_src/ipv6_dst, not nw_*
+    src, dst = ("ipv6_src", "ipv6_dst") if v6 else ("nw_src", "nw_dst")
+    icmp = state.get("nw_proto") in (1, 58)
     return Packet(dl_src=fmt(F.FIELDS["dl_src"], state.get("dl_src", 0)),
                   dl_dst=fmt(F.FIELDS["dl_dst"], state.get("dl_dst", 0)),
                   dl_type=state.get("dl_type", 0),
-                  nw_src=fmt(F.FIELDS["nw_src"], state.get("nw_src", 0)),
-                  nw_dst=fmt(F.FIELDS["nw_dst"], state.get("nw_dst", 0)),
+                  nw_src=fmt(F.FIELDS[src], state.get(src, 0)),
+                  nw_dst=fmt(F.FIELDS[dst], state.get(dst, 0)),
                   nw_proto=state.get("nw_proto"), nw_ttl=state.get("nw_ttl", 0),
-                  tp_src=state.get("tp_src"), tp_dst=state.get("tp_dst"))
+                  tp_src=state.get("icmp_type") if icmp else state.get("tp_src"),
+                  tp_dst=state.get("icmp_code") if icmp else state.get("tp_dst"),
+                  ipv6_label=state.get("ipv6_label", 0) if v6 else 0,
+                  nd_target=fmt(F.FIELDS["nd_target"], state["nd_target"])
+                  if v6 and "nd_target" in state else None)
 
 
 def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
@@ -278,11 +285,15 @@ HOOKS = ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING")
 _IPVS_HOOKS = ("INPUT", "OUTPUT")
 
 
-def node_packet_filter(snap: Snapshot, model) -> tuple[object, str, object]:
+def node_packet_filter(snap: Snapshot, model, family: int = 4) -> tuple[object, str, object]:
     """(rule set, component name, IPVS table or None) the node's kernel runs, chosen by the
     bundle's kube-proxy mode and the rule files present: nftables (`nft list ruleset`),
-    iptables (with IPVS's virtual servers and ipsets in IPVS mode)."""
-    rs = model.netfilter
+    iptables (with IPVS's virtual servers and ipsets in IPVS mode); for an IPv6 packet
+    (``family`` 6) the same nftables ruleset, else ip6tables-save."""
+    try:
+        rs = model.netfilter_for(family)
+    except Missing as miss:
+        raise InputError(str(miss), miss.name) from None
     if rs is None and model._file("nft.txt") is not None:
         # an nftables-only node whatever the manifest says: the file is what the kernel has
         from traceflow.bundle.index import parse_nft_ruleset   # lazily, like Node.netfilter
@@ -317,7 +328,9 @@ def nf_component_trace(snap: Snapshot, node: str, hook: str, src: str, dst: str,
     if hook not in HOOKS:
         raise InputError(f"unknown hook {hook!r}: give one of {', '.join(HOOKS)}", "--hook")
     model = _node(snap, node)
-    rs, component, ipvs = node_packet_filter(snap, model)
+    if (":" in src) != (":" in dst):
+        raise InputError(f"--src {src} and --dst {dst} are of different IP families", "--dst")
+    rs, component, ipvs = node_packet_filter(snap, model, 6 if ":" in dst else 4)
     if dport is None:
         # a rule that matches a port (every kube-proxy Service rule) cannot be decided for a
         # packet without one: ask, rather than answer unknown
@@ -410,6 +423,9 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
         routes = model.routes
     except Missing as miss:
         raise InputError(str(miss), miss.name) from None
+    family = 6 if ":" in dst else 4
+    if src and (":" in src) != (family == 6):
+        raise InputError(f"--from {src} and {dst} are of different IP families", "--from")
     try:
         devices = sorted(i.name for i in (model.interfaces or ()))
     except Missing:                 # no ip-addr/ip-link: the lookup says what it lacks
@@ -417,7 +433,7 @@ def route_component_trace(snap: Snapshot, node: str, dst: str, src, iif, mark: i
     if iif is not None and devices and iif not in devices:
         raise InputError(f"no device {iif!r} on {node}: give one of {', '.join(devices)}",
                          "--iif")
-    dec = route_lookup(model.ip_rules, routes, dst, src=src, iif=iif, mark=mark,
+    dec = route_lookup(model.ip_rules_for(family), routes, dst, src=src, iif=iif, mark=mark,
                        local_addresses=model.local_addresses, interfaces=model.interfaces or None,
                        sysctls=model.sysctls)
     route = dec.route

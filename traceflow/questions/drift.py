@@ -185,7 +185,7 @@ def _path_evidence(path) -> list[str]:
 # ---- (b) EndpointSlices vs balanced backends ---------------------------------------------------
 def expected_endpoints(bundle) -> dict:
     """(service key, port name, PROTO) -> {(ip, port): "file:line"} of ready endpoints
-    (EndpointSlices, else Endpoints)."""
+    (EndpointSlices, else Endpoints); an IPv6 EndpointSlice's under (key, name, PROTO, 6)."""
     out: dict = {}
     for name in ("k8s/endpointslices.yaml", "k8s/endpoints.yaml"):
         text = bundle.text(name)
@@ -210,11 +210,13 @@ def _endpoints_of(item: dict, where: str, is_slice: bool, out: dict) -> None:
     meta = item.get("metadata") or {}
     if is_slice:
         svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
-        if not svc or item.get("addressType", "IPv4") != "IPv4":
+        family = {"IPv4": (), "IPv6": (6,)}.get(item.get("addressType", "IPv4"))
+        if not svc or family is None:
             return
         key = f"{meta.get('namespace', 'default')}/{svc}"
         for p in item.get("ports") or [{}]:
-            slot = out.setdefault((key, p.get("name") or "", p.get("protocol") or "TCP"), {})
+            slot = out.setdefault((key, p.get("name") or "", p.get("protocol") or "TCP")
+                                  + family, {})
             for ep in item.get("endpoints") or []:
                 if (ep.get("conditions") or {}).get("ready") is False:
                     continue
@@ -254,11 +256,13 @@ def backend_drift(snap, nodes=None) -> list[Finding]:
         except Missing:
             continue
         client = pods_by_node.get(node_name) or fallback_client
-        client_ip = client.ip if client else "10.255.255.254"
         for dst in ports:
             svc = dst.service
+            v6 = ":" in dst.ip
+            client_ip = ((client.address(6) if v6 else client.ip) if client else None) or \
+                ("fd00:ffff::fffe" if v6 else "10.255.255.254")
             sp = next(p for p in svc.ports if p.port == dst.port and p.protocol.upper() == dst.protocol)
-            want = expected.get((svc.key, sp.name or "", dst.protocol))
+            want = expected.get((svc.key, sp.name or "", dst.protocol) + ((6,) if v6 else ()))
             if want is None:
                 want = {} if svc.key not in listed else None
             if want is None:
@@ -334,10 +338,8 @@ def peer_route_drift(snap, nodes=None) -> list[Finding]:
                 continue
             for cidr in peer.pod_cidrs:
                 net = ipaddress.ip_network(cidr, strict=False)
-                if net.version != 4:
-                    continue
                 probe = str(next(net.hosts()))
-                dec = route_lookup(node.ip_rules, node.routes, probe,
+                dec = route_lookup(node.ip_rules_for(net.version), node.routes, probe,
                                    local_addresses=node.local_addresses)
                 route = dec.route
                 subject = f"{name} -> {peer.name} pods {cidr}"
@@ -374,6 +376,10 @@ def _tunnel_flows(snap, node) -> str | None:
 
 
 def _has_tunnel_flow(text: str, cidr: str) -> bool:
+    if ":" in cidr:          # an IPv6 pod CIDR: its flow sets the tunnel's IPv6 destination
+        return any(f"ipv6_dst={cidr}" in line and ("tun_ipv6_dst" in line
+                                                   or "TUN_IPV6_DST" in line)
+                   for line in text.splitlines())
     for line in text.splitlines():
         if f"nw_dst={cidr}" in line and ("tun_dst" in line or "TUN_IPV4_DST" in line):
             return True

@@ -48,34 +48,6 @@ def _running_first(pods: list) -> list:
     return sorted(pods, key=lambda p: (p.phase != "Running", not p.ip, p.name))
 
 
-
-
-def _ip(text: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        return None
-
-
-def _split(ref: str, namespace: str) -> tuple[str, str]:
-    if "/" in ref:
-        ns, name = ref.split("/", 1)
-        return ns, name
-    return namespace, ref
-
-
-def _strip(ref: str, prefixes) -> str | None:
-    """``ref`` without one of ``prefixes`` (``ns/deploy/x`` style is not a Kubernetes form)."""
-    for p in prefixes:
-        if ref.startswith(p):
-            return ref[len(p):]
-    return None
-
-
-def _running_first(pods: list) -> list:
-    return sorted(pods, key=lambda p: (p.phase != "Running", not p.ip, p.name))
-
-
 def _by_key(cluster: Cluster, what: str):
     """A resolver of names for callers that have none of their own (the suites resolve pod
     and Service names before they get here): ``namespace/name`` or a name, exactly."""
@@ -139,12 +111,13 @@ def _inside_cluster(cluster: Cluster, ip: str, service_cidr: str | None) -> str 
     owner = cluster.node_for_pod_ip(ip)
     if owner is not None:
         return f"is inside {owner.name}'s pod CIDR ({', '.join(owner.pod_cidrs)})"
-    if service_cidr:
+    for part in (service_cidr or "").split(","):      # one per family on a dual-stack cluster
         try:
-            if ipaddress.ip_address(ip) in ipaddress.ip_network(service_cidr, strict=False):
-                return f"is inside the Service CIDR {service_cidr}"
+            if part.strip() and ipaddress.ip_address(ip) in ipaddress.ip_network(part.strip(),
+                                                                                 strict=False):
+                return f"is inside the Service CIDR {part.strip()}"
         except ValueError:
-            return None
+            continue
     return None
 
 

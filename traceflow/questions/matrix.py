@@ -32,18 +32,20 @@ def client_groups(cluster, all_pods: bool = False) -> list[tuple[str, list]]:
 
 
 def service_ports(cluster) -> list[Destination]:
+    """Every Service port at every cluster IP: a dual-stack Service's IPv6 one too."""
     out = []
     for svc in sorted(cluster.services, key=lambda s: s.key):
         if not svc.cluster_ip or svc.cluster_ip == "None":
             continue
-        for sp in svc.ports:
-            out.append(Destination("service", svc.key, svc.cluster_ip, sp.port,
-                                   sp.protocol.upper(), service=svc))
+        for ip in svc.addresses or (svc.cluster_ip,):
+            for sp in svc.ports:
+                out.append(Destination("service", svc.key, ip, sp.port, sp.protocol.upper(),
+                                       service=svc))
     return out
 
 
 def pair_label(dst: Destination) -> str:
-    return f"{dst.label}:{dst.port}/{dst.protocol}"
+    return f"{dst.label}:{dst.port}/{dst.protocol}" + (" (IPv6)" if ":" in dst.ip else "")
 
 
 class Matrix:

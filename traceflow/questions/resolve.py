@@ -338,10 +338,13 @@ def destination_endpoint(cluster: Cluster, ref: str, namespace: str, port: str |
 
 def trace_query(snap, source: str, destination: str, namespace: str = "default",
                 port: str | None = None, protocol: str | None = None, src_port: int = 54321,
-                via: str | None = None, pin: str | None = None, reply: bool = True):
+                via: str | None = None, pin: str | None = None, reply: bool = True,
+                family: int | None = None):
     """The Query (traceflow.walk.state) of `traceflow trace SOURCE DESTINATION`: both ends
     typed, the port and protocol settled, the nodes an outside client may enter by and what
-    that assumes. Every refusal is an InputError that says what to type."""
+    that assumes. ``family`` (4, 6) picks the addresses of named dual-stack ends
+    (traceflow.questions.family); an address typed fixes it. Every refusal is an InputError
+    that says what to type."""
     from traceflow.walk.endpoints import Kind, query_kind
     from traceflow.walk.hostnet import check_node
     from traceflow.walk.state import Query
@@ -352,6 +355,8 @@ def trace_query(snap, source: str, destination: str, namespace: str = "default",
     src = source_endpoint(cluster, source, namespace, cidr)
     dst, number, proto, notes = destination_endpoint(cluster, destination, namespace, port,
                                                      protocol, cidr)
+    from traceflow.questions.family import settle
+    src, dst, _ = settle(cluster, src, dst, family, source, destination, snap.bundle)
     if src.kind is Kind.POD:
         check_pod(src.pod, snap)
     elif src.kind is Kind.NODE:

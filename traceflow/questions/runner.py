@@ -74,7 +74,8 @@ class Tracer:
     def _classed(self, pod, dst: Destination, src_port: int, via: str | None) -> Trace:
         from traceflow.model.reads import recording
         from traceflow.questions.classes import Recorder, _Values
-        ident = self.identity(pod) if self.share else None
+        # (an IPv6 question is traced alone: the identity holds the IPv4 address, MAC and port)
+        ident = self.identity(pod) if self.share and ":" not in dst.ip else None
         if ident is None:
             self.traced += 1
             return self._trace(pod, dst, src_port, via)
@@ -143,7 +144,7 @@ class Tracer:
                 return _unknown_trace(pod, dst, problem)
             if not pod.host_network and not self._has_ovs(pod.node) and dst.endpoint is None:
                 return host_service_trace(self.snap, pod, dst, src_port)
-        src = source_endpoint_of(pod)
+        src = source_endpoint_of(pod, 6 if ":" in dst.ip else 4)
         end = destination_endpoint_of(dst)
         entries, assumed = entry_nodes(self.snap.cluster, src, end, via,
                                        self.snap.bundle.node_names())
@@ -199,10 +200,11 @@ class _Representative:
         self.stands_for = 1
 
 
-def source_endpoint_of(source):
-    """A suite source as a typed end: a pod's Endpoint, or the Endpoint itself."""
+def source_endpoint_of(source, family: int | None = None):
+    """A suite source as a typed end: a pod's Endpoint (at its address of ``family``, a
+    dual-stack pod having one per family), or the Endpoint itself."""
     from traceflow.walk.endpoints import Endpoint
-    return Endpoint.of_pod(source) if isinstance(source, Pod) else source
+    return Endpoint.of_pod(source, family) if isinstance(source, Pod) else source
 
 
 def destination_endpoint_of(dst: Destination):
@@ -214,7 +216,7 @@ def destination_endpoint_of(dst: Destination):
     if dst.service is not None:
         return Endpoint.of_service(dst.service, Frontend.CLUSTERIP, dst.ip, dst.port)
     if dst.pod is not None:
-        return Endpoint.of_pod(dst.pod)
+        return Endpoint.of_pod(dst.pod, 6 if ":" in dst.ip else 4)
     return Endpoint(Kind.POD, dst.ip, None, dst.label)
 
 
@@ -252,14 +254,15 @@ def host_service_trace(snap: Snapshot, pod: Pod, dst: Destination, src_port: int
     trace.warnings.append(f"nodes/{pod.node} has no OVS flows (host-only bundle): only the "
                           f"Service translation on {pod.node} is traced, not the pod-to-pod "
                           "forwarding")
+    family = 6 if ":" in dst.ip else 4
     try:
         node = snap.node(pod.node)
-        rs = node.netfilter
+        rs = node.netfilter_for(family)      # ip6tables-save for an IPv6 Service
         ipvs = node.ipvs
     except Missing as miss:
         return _unknown_trace(pod, dst, f"cannot continue: {miss}")
-    pkt = Packet(nw_src=pod.ip, nw_dst=dst.ip, nw_proto=PROTO_NUMBERS[dst.protocol.lower()],
-                 tp_src=src_port, tp_dst=dst.port)
+    pkt = Packet(nw_src=pod.address(family) or pod.ip, nw_dst=dst.ip,
+                 nw_proto=PROTO_NUMBERS[dst.protocol.lower()], tp_src=src_port, tp_dst=dst.port)
     ctx = NodeContext(local_addresses=node.local_addresses, ipsets=node.ipsets, node=pod.node,
                       ct_state={"NEW"}, ct_dir="ORIGINAL")
     if rs is None:

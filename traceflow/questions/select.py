@@ -163,6 +163,8 @@ class Resolver:
                 namespace, name = name.split("/", 1)
             return self._service(self.cluster.service(name, namespace), p or port, protocol, where)
         host, _, p = ref.rpartition(":") if ref.count(":") == 1 else (ref, "", "")
+        if ref.startswith("[") and "]:" in ref:          # [IPv6]:PORT
+            host, _, p = ref[1:].partition("]:")
         if ref.startswith(("node/", "nodes/", "no/")):
             return self._typed(ref, None, port, protocol, namespace, where)
         if is_ip(host):
@@ -192,7 +194,7 @@ class Resolver:
         return Destination(kind, ep.label, ep.address, number, proto, ep.service, ep.pod, ep,
                            tuple(notes))
 
-    def _service(self, svc: Service, port, protocol, where) -> Destination:
+    def _service(self, svc: Service, port, protocol, where, ip: str | None = None) -> Destination:
         if not svc.cluster_ip or svc.cluster_ip == "None":
             raise InputError(f"service {svc.key} has no cluster IP (headless)", where)
         try:   # the CLI's rules: a number served over TCP and UDP (DNS) is never guessed
@@ -200,22 +202,23 @@ class Resolver:
         except InputError as err:
             raise InputError(err.reason.replace("--protocol", "protocol:").replace("--port", "port:"),
                              where) from None
-        return Destination("service", svc.key, svc.cluster_ip, sp.port, sp.protocol.upper(),
-                           service=svc)
+        return Destination("service", svc.key, ip or svc.cluster_ip, sp.port,
+                           sp.protocol.upper(), service=svc)
 
-    def _pod(self, pod: Pod, port, protocol) -> Destination:
+    def _pod(self, pod: Pod, port, protocol, ip: str | None = None) -> Destination:
         if not pod.ip:
             raise InputError(f"pod {pod.key} has no IP", "k8s/pods.yaml")
-        return Destination("pod", pod.key, pod.ip, int(port or 80), (protocol or "TCP").upper(),
-                           pod=pod)
+        return Destination("pod", pod.key, ip or pod.ip, int(port or 80),
+                           (protocol or "TCP").upper(), pod=pod)
 
     def _ip(self, ip: str, port, protocol, where) -> Destination:
-        svc = next((s for s in self.cluster.services if s.cluster_ip == ip), None)
+        # a dual-stack Service's or pod's address of either family, kept as written
+        svc = self.cluster.service_at(ip)
         if svc is not None:
-            return self._service(svc, port, protocol, where)
+            return self._service(svc, port, protocol, where, ip)
         pod = self.cluster.pod_by_ip(ip)
         if pod is not None:
-            return self._pod(pod, port, protocol)
+            return self._pod(pod, port, protocol, ip)
         return Destination("ip", ip, ip, int(port or 80), (protocol or "TCP").upper())
 
 

@@ -16,6 +16,9 @@
         allow-unknown: false             # an unknown verdict fails unless this is true
         protocol: TCP                    # default: the Service port's, else TCP
         port: 80                         # for pod/IP destinations (default 80)
+        family: both                     # 4 | 6 | both: the named ends' addresses of that
+                                         # family (both: one result per family); default:
+                                         # the family of the addresses given, else the primary
 
 PyYAML's composer keeps each node's line, so the loader works on nodes, not plain dicts.
 """
@@ -36,7 +39,7 @@ DISPOSITIONS = ("delivered-pod", "delivered-host", "left-cluster", "dropped-poli
 EXPECTS = ("delivered", "dropped", "dropped-by-policy", "unknown") + DISPOSITIONS
 TOP_KEYS = {"suite", "namespace", "expectations"}
 KEYS = {"name", "from", "to", "expect", "branches", "policy", "allow-unknown", "protocol", "port",
-        "namespace", "src-port", "via"}
+        "namespace", "src-port", "via", "family"}
 MAX_BYTES = 8 * 1024 * 1024     # a suite is hand-written; refuse anything absurd
 
 
@@ -55,6 +58,7 @@ class Expectation:
     namespace: str = "default"
     src_port: int = 54321
     via: str | None = None          # the node an outside client's packet enters by
+    family: object = None           # 4, 6, "both" or None (traceflow.questions.family)
     key_lines: dict = field(default_factory=dict)   # key -> its line, for located errors
 
     def line_of(self, key: str) -> int:
@@ -162,11 +166,19 @@ def _expectation(file: str, node, path: str, namespace: str) -> Expectation:
     src_port = _port(file, m, "src-port", path) or 54321
     ns = _scalar(file, m, "namespace", str, namespace, path)
     via = _scalar(file, m, "via", str, None, path)
+    family = _scalar(file, m, "family", str, None, path)
+    if family is not None:
+        from traceflow.questions.family import option
+        try:
+            family = option(family=family)
+        except InputError as err:
+            raise SuiteError(file, m["family"][1], f"{path}.family",
+                             err.reason.replace("--family ", "")) from None
     return Expectation(
         name=name, source=_endpoint(file, m, "from", path), line=node.start_mark.line + 1,
         destination=_endpoint(file, m, "to", path), expect=expect, branches=branches,
         policy=policy, allow_unknown=bool(_scalar(file, m, "allow-unknown", bool, False, path)),
-        protocol=protocol, port=port, namespace=ns, src_port=src_port, via=via,
+        protocol=protocol, port=port, namespace=ns, src_port=src_port, via=via, family=family,
         key_lines={k: v.start_mark.line + 1 for k, (_, v) in m.items()})
 
 

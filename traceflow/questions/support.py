@@ -41,3 +41,16 @@ def host_only_hint(snap, source, dst_ip: str | None, dst_port, protocol: str | N
             f"outside sources end to end: `traceflow trace node/{node} "
             f"{dst}{':' + str(dst_port) if dst_port else ''} {bundle}`; and `traceflow check` "
             f"suites (the Service translation per client)")
+
+
+def say_host_only(trace, snap, source, bundle) -> None:
+    """A pod's trace on a host-only bundle: say first what the bundle answers instead."""
+    from traceflow.model.trace import Verdict
+    if trace.verdict is Verdict.DELIVERED or source is None:
+        return
+    q = trace.query or {}
+    hint = host_only_hint(snap, source, q.get("dst_ip") or (
+        (q.get("destination_endpoint") or {}).get("address")), q.get("dst_port"),
+        q.get("protocol"), str(bundle) if bundle is not None else "PATH")
+    if hint and hint not in trace.warnings:
+        trace.warnings.insert(0, hint)

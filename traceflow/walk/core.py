@@ -25,7 +25,7 @@ from traceflow.model.trace import Disposition, Drop, Hop, Leg, Path, Trace, Verd
 from traceflow.walk import seen
 from traceflow.walk.endpoints import Kind
 from traceflow.walk.host import HostStack
-from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe
+from traceflow.walk.state import MAX_LOCATIONS, AtHost, Branch, Query, describe, hostport
 
 
 class Walk:
@@ -56,7 +56,10 @@ class Walk:
         start = Branch([Leg("request", Verdict.UNKNOWN, [], describe(first, q))])
         if q.service is None and q.dst.kind is Kind.POD:   # the destination pod, hostNetwork too
             start.target = q.destination_label
-        branches = self._request(start, first, q)
+        if first.family == 6 and not getattr(self.datapath, "ipv6", False):
+            branches = [self._no_ipv6(start, first, q)]
+        else:
+            branches = self._request(start, first, q)
         paths = []
         for b in branches:
             verdict, drop, endpoint = b.end
@@ -100,6 +103,15 @@ class Walk:
             return [self._path(rb, endpoint, request)]
         return [self._path(eb, eb.end[2] or endpoint, eb)
                 for eb in seen.established_leg(self, rb, endpoint, q)]
+
+    def _no_ipv6(self, b: Branch, packet: Packet, q: Query) -> Branch:
+        """A datapath that does not model IPv6 (its Datapath says ``ipv6 = False``) gets no
+        IPv6 walk: an IPv4 answer for an IPv6 question would be a wrong one."""
+        node = (q.src.node if q.src is not None and q.src.node else
+                q.entry_nodes[0] if q.entry_nodes else "?")
+        why = f"IPv6 not modelled for {self.datapath.name} yet: the IPv6 packet is not walked"
+        b.add(Hop(node, "pod", None, None, why, packet=packet.headers(), unknown=True))
+        return b.finish(Verdict.UNKNOWN, Drop(node, "pod", None, None, why, Disposition.UNKNOWN))
 
     def _path(self, b: Branch, endpoint, request: Branch | None = None) -> Path:
         verdict, drop, _ = b.end
@@ -151,7 +163,8 @@ class Walk:
         """From a pod's eth0 (or a hostNetwork pod's node stack) to wherever the packet ends."""
         if pod.host_network:        # sent by the node's own stack, not through the CNI
             from traceflow.walk.hostnet import Sender
-            return self._local_output(branch, Sender(pod.node, pod.key, pod.ip, True), packet, q)
+            return self._local_output(branch, Sender(pod.node, pod.key,
+                                                     pod.address(packet.family), True), packet, q)
         try:
             start = self.datapath.leave_pod(branch, pod, packet, q)
         except Missing as miss:
@@ -166,7 +179,8 @@ class Walk:
         from traceflow.walk.hostnet import Sender
         n = next((x for x in self.cluster.nodes if x.name == node), None)
         return self._local_output(branch, Sender(node, f"node/{node}",
-                                                 n.internal_ip if n else None), packet, q)
+                                                 n.address(packet.family) if n else None),
+                                  packet, q)
 
     def _local_output(self, branch: Branch, sender, packet: Packet, q: Query) -> list[Branch]:
         from traceflow.walk import hostnet
@@ -186,9 +200,9 @@ class Walk:
             device = device or self._entry_device(node, packet.nw_dst)
         except Missing as miss:
             return [self.missing(branch, node, "underlay", miss)]
-        whom = (f"{packet.nw_src} (outside the cluster) sends to {packet.nw_dst}:"
-                f"{packet.tp_dst}" if entering else
-                f"the answer from {packet.nw_src}:{packet.tp_src} (outside the cluster)")
+        whom = (f"{packet.nw_src} (outside the cluster) sends to "
+                f"{hostport(packet.nw_dst, packet.tp_dst)}" if entering else
+                f"the answer from {hostport(packet.nw_src, packet.tp_src)} (outside the cluster)")
         note = ("assumed: the network outside the cluster delivers it to this node's interface"
                 if entering else f"assumed: {packet.nw_src} answers, and the network routes the "
                 f"answer back to {packet.nw_dst}, the address the request left with")
@@ -210,16 +224,25 @@ class Walk:
             raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface of {node} the packet "
                                                        "arrives on")
         n = next((x for x in self.cluster.nodes if x.name == node), None)
-        for want in (address, n.internal_ip if n else None):
+        family = 6 if ":" in (address or "") else 4
+        internal = n.address(family) if n else None
+        for want in (address, internal):
             for iface in model.interfaces:
                 # an address held by a device that cannot receive from the network (a NOARP
                 # dummy such as kube-ipvs0, lo) arrives by the node's own interface instead
                 if iface.name == "lo" or "NOARP" in iface.flags:
                     continue
-                if want and any(a.address == want for a in iface.ipv4()):
+                if want and any(a.address == want for a in iface.of_family(family)):
                     return iface.name
-        raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface holding {node}'s InternalIP "
-                                                   f"{n.internal_ip if n else '?'}")
+            if family == 6 and want == address:
+                # an IPv6 address the node answers neighbour solicitations for (an NDP proxy
+                # entry, `ip -6 neigh show proxy`; ndisc_recv_ns -> pneigh_lookup): the
+                # network delivers it to the device the entry names
+                proxied = _ndp_proxy_device(model, address)
+                if proxied:
+                    return proxied
+        raise Missing(f"nodes/{node}/ip-addr.txt", f"the interface holding {node}'s "
+                      f"{'IPv6 ' if family == 6 else ''}InternalIP {internal or '?'}")
 
     def arrive(self, branch: Branch, node: str, packet: Packet):
         """Where a packet another node sends to ``node``'s own address goes first (the
@@ -360,8 +383,8 @@ class Walk:
                                               Disposition.REJECTED))
         elif (got.nw_src, got.tp_src) != (q.dst_ip, q.dst_port):
             done.finish(Verdict.DROPPED, Drop(where.node, "pod", None, None,
-                                              f"the reply arrives from {got.nw_src}:{got.tp_src}, "
-                                              f"but {src.key} talked to {q.dst_ip}:{q.dst_port}: "
+                                              f"the reply arrives from {hostport(got.nw_src, got.tp_src)}, "
+                                              f"but {src.key} talked to {hostport(q.dst_ip, q.dst_port)}: "
                                               "the un-NAT did not happen, the client resets",
                                               Disposition.REJECTED), None, None, done.exit)
 
@@ -369,6 +392,14 @@ class Walk:
     def _arp_via_ovs(self, node_name, node, dev, target):
         got = self.datapath.answer_arp(node_name, node, dev, target)
         return got[0] if got else None
+
+
+def _ndp_proxy_device(model, address: str | None) -> str | None:
+    """The device on which the node proxies neighbour discovery for ``address`` (an NDP
+    proxy entry: the kernel answers NS for it there, ndisc_recv_ns / pneigh_lookup)."""
+    neigh = model.neighbours or ()
+    return next((n.dev for n in neigh if n.ip == address and "proxy" in n.flags and n.dev),
+                None)
 
 
 def _endpoint_matches(endpoint: str | None, pin: str) -> bool:

@@ -50,6 +50,9 @@ class Balanced:
 
 class Datapath:
     name = "CNI"
+    # whether this datapath's IPv6 is modelled: an IPv6 question to one that is not ends
+    # unknown ("IPv6 not modelled for <name> yet"), never in an IPv4 answer
+    ipv6 = False
 
     def __init__(self, walk):
         self.walk = walk               # the Solver: snapshot, cluster, host stack, warnings

@@ -61,8 +61,10 @@ class Endpoint:
 
     # ---- constructors -----------------------------------------------------------------------
     @classmethod
-    def of_pod(cls, pod: Pod) -> "Endpoint":
-        return cls(Kind.POD, pod.ip, None, pod.key, None, pod.node, pod)
+    def of_pod(cls, pod: Pod, family: int | None = None) -> "Endpoint":
+        """The pod at its address of ``family`` (a dual-stack pod has one per family; None:
+        its primary, status.podIP)."""
+        return cls(Kind.POD, pod.address(family) or pod.ip, None, pod.key, None, pod.node, pod)
 
     @classmethod
     def of_node(cls, name: str, address: str | None, port: int | None = None) -> "Endpoint":

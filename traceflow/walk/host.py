@@ -12,7 +12,7 @@ from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import Missing, NodeModel
 from traceflow.model.trace import Disposition, Drop, Exit, Hop, Verdict
-from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, primary_ip as _primary_ip
+from traceflow.walk.state import HOST_ZONE, AtHost, Branch, Query, hostport, primary_ip as _primary_ip
 from traceflow.walk.state import tuple5 as _tuple
 from traceflow.walk.ct_hop import ct_hop as _ct_hop
 
@@ -46,7 +46,7 @@ class HostStack:
         ct = b.ct(loc.node)
         tup = _tuple(pkt)
         entry, is_reply = ct.lookup(HOST_ZONE, tup)
-        rs = node.netfilter
+        rs = node.netfilter_for(pkt.family)      # ip6tables-save for IPv6 (nft: both)
         for caveat in getattr(rs, "caveats", ()):
             self.warnings.append(f"{loc.node}: {caveat}")
         late_src = None
@@ -170,20 +170,23 @@ class HostStack:
         pkt = pkt.copy()
         pkt.nw_ttl -= 1
         outcomes = []
-        for fb, fpkt, _ in self._netfilter(b, node.netfilter, "FORWARD", pkt, ctx, loc.node):
+        for fb, fpkt, _ in self._netfilter(b, node.netfilter_for(pkt.family), "FORWARD", pkt,
+                                           ctx, loc.node):
             outcomes.extend(self._postrouting(fb, loc.node, node, fpkt, ctx, dec)
                             if not fb.end else [(fb, fpkt, dec)])
         return self._send_all(outcomes, loc, node, new_conn, orig_tuple, late_src)
 
     def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
                use_src: bool = True):
-        router = self._routers.get(node_name)
+        family = pkt.family
+        router = self._routers.get((node_name, family))
         if router is None or router[0] is not node:
-            # one Router per node for every lookup of this walk (route_lookup builds one a call)
+            # one Router per node and family for every lookup of this walk (route_lookup
+            # builds one a call)
             from traceflow.engines.routing.lookup import Router
-            router = self._routers[node_name] = (node, Router(
-                node.ip_rules, node.routes, node.interfaces or None, node.local_addresses,
-                node.sysctls))
+            router = self._routers[(node_name, family)] = (node, Router(
+                node.ip_rules_for(family), node.routes, node.interfaces or None,
+                node.local_addresses, node.sysctls))
         dec = router[1].lookup(pkt.nw_dst, pkt.nw_src if use_src else None, iif, None,
                                pkt.mark)
         recorder = _reads.active()
@@ -205,9 +208,10 @@ class HostStack:
                                               Disposition.NO_ROUTE))
 
     def _postrouting(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, ctx, dec):
-        ctx.masquerade_ip = _primary_ip(node.interface(dec.dev))
+        ctx.masquerade_ip = masquerade_source(node, dec.dev, pkt)
         return [(pb, ppkt, dec) for pb, ppkt, _ in
-                self._netfilter(b, node.netfilter, "POSTROUTING", pkt, ctx, node_name)]
+                self._netfilter(b, node.netfilter_for(pkt.family), "POSTROUTING", pkt, ctx,
+                                node_name)]
 
     def _send_all(self, outcomes, loc: AtHost, node: NodeModel, new_conn: bool, orig_tuple,
                   late_src=None):
@@ -251,7 +255,8 @@ class HostStack:
                                           b.leg.direction)
         ctx.out_iface = None
         results, outcomes = [], []
-        for ib, ipkt, _ in self._netfilter(b, node.netfilter, "INPUT", pkt, ctx, loc.node):
+        for ib, ipkt, _ in self._netfilter(b, node.netfilter_for(pkt.family), "INPUT", pkt, ctx,
+                                           loc.node):
             if ib.end:
                 results.append((ib, None))
                 continue
@@ -288,8 +293,9 @@ class HostStack:
             if nf.nat is not None and nf.nat.translated and nf.nat.translated[0]:
                 nb.choose_target(self.cluster, nf.nat.translated[0])
                 if len(branches) > 1:
-                    nb.choices.append(f"{loc.node} IPVS: real server {nf.nat.translated[0]}:"
-                                      f"{nf.nat.translated[1]} ({nf.weight:.0%} of new connections)")
+                    nb.choices.append(f"{loc.node} IPVS: real server "
+                                      f"{hostport(*nf.nat.translated[:2])} ({nf.weight:.0%} of "
+                                      "new connections)")
             if nf.verdict != "ACCEPT":
                 outcomes.append((self._nf_end(nb, loc.node, "ipvs", nf), nf.packet, None))
                 continue
@@ -379,7 +385,8 @@ class HostStack:
         owner = self.cluster.node_for_pod_ip(pkt.nw_dst)
         rule = dec.route.text if dec.route is not None else None
         if owner is not None:
-            cidr = ", ".join(owner.pod_cidrs)
+            cidr = ", ".join(c for c in owner.pod_cidrs if (":" in c) == pkt.is_v6) or \
+                ", ".join(owner.pod_cidrs)
             return (b.finish(Verdict.DROPPED, Drop(
                 loc.node, "route", dec.table, rule,
                 f"{pkt.nw_dst} is a Pod address of {owner.name} ({cidr}), but {loc.node} routes "
@@ -418,7 +425,7 @@ class HostStack:
         meant = self.walk.meant_to_leave(b, pkt)
         towards = f"towards {nexthop}" if nexthop and nexthop != pkt.nw_dst else "on-link"
         text = (f"leaves the cluster: {node_name} sends it out of {device} ({towards}) as "
-                f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}")
+                f"{hostport(pkt.nw_src, pkt.tp_src)} -> {hostport(pkt.nw_dst, pkt.tp_dst)}")
         b.add(Hop(node_name, "underlay", device, rule, text, packet=pkt.headers(), detail="exit",
                   device=device,
                   notes=[] if meant else [f"{pkt.nw_dst} is not where this leg was going: what "
@@ -462,9 +469,22 @@ class HostStack:
         return b.finish(Verdict.DELIVERED, None, pod)
 
 
+def masquerade_source(node: NodeModel, dev: str | None, pkt: Packet) -> str | None:
+    """The address MASQUERADE gives the packet leaving by ``dev``: IPv4's primary address of
+    the device (nf_nat_masquerade_ipv4: inet_select_addr); IPv6's the address the kernel
+    selects for the destination on that device (nf_nat_masquerade_ipv6: ipv6_dev_get_saddr)."""
+    if pkt.family != 6:
+        return _primary_ip(node.interface(dev))
+    if not node.interfaces:
+        return None
+    from traceflow.engines.routing.lookup import Router
+    router = Router(node.ip_rules_for(6), node.routes, node.interfaces)
+    return router.source_address_v6(dev, pkt.nw_dst)
+
+
 def _describe(pkt: Packet, q: Query | None) -> str:
     proto = pkt.proto_name
-    text = f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst} {proto}"
+    text = f"{hostport(pkt.nw_src, pkt.tp_src)} -> {hostport(pkt.nw_dst, pkt.tp_dst)} {proto}"
     if q is not None:
         text = f"{q.source.key} -> {q.destination_label}: " + text
     return text
@@ -472,7 +492,7 @@ def _describe(pkt: Packet, q: Query | None) -> str:
 
 def _branch_label(nf) -> str:
     if nf.nat is not None:
-        return f"{nf.nat.kind} to {nf.nat.translated[0]}:{nf.nat.translated[1]}" \
+        return f"{nf.nat.kind} to {hostport(*nf.nat.translated[:2])}" \
             if hasattr(nf.nat, "translated") else str(nf.nat)
     return "branch"
 

@@ -99,7 +99,7 @@ def send(host, branch, sender: Sender, packet, at_host):
     dec = host._route(branch, node_name, node, packet, iif=None, use_src=replying)
     if dec.kind not in ("unicast", "local"):
         return [(host._no_route(branch, node_name, dec), None)]
-    src = dec.prefsrc or _primary_ip(node.interface(dec.dev))
+    src = dec.prefsrc or _primary_ip(node.interface(dec.dev), packet.family)
     if new_conn and src and src != packet.nw_src:
         before = packet.copy()
         packet.nw_src = src
@@ -115,7 +115,8 @@ def send(host, branch, sender: Sender, packet, at_host):
                       out_iface=dec.dev, ct_state={"NEW"} if new_conn else {"ESTABLISHED"},
                       ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0, node=node_name)
     outcomes, untracked = [], set()
-    for ob, opkt, _ in host._netfilter(branch, node.netfilter, "OUTPUT", packet, ctx, node_name):
+    for ob, opkt, _ in host._netfilter(branch, node.netfilter_for(packet.family), "OUTPUT",
+                                       packet, ctx, node_name):
         if ob.end:
             outcomes.append((ob, opkt, dec))
             continue
@@ -160,7 +161,12 @@ def _over_loopback(b, node_name: str, pkt, dec):
     return b.finish(Verdict.UNKNOWN, Drop(
         node_name, "route", dec.table, dec.route.text if dec.route is not None else None,
         f"{pkt.nw_dst} is {node_name}'s own address: the packet goes over lo to a local socket "
-        f"on {pkt.nw_dst}:{pkt.tp_dst}, which the bundle does not describe", Disposition.UNKNOWN))
+        f"on {_hp(pkt.nw_dst, pkt.tp_dst)}, which the bundle does not describe", Disposition.UNKNOWN))
+
+
+def _hp(ip, port) -> str:
+    from traceflow.walk.state import hostport
+    return hostport(ip, port)
 
 
 def local_receiver(cluster, query, node_name: str, pkt, direction: str):
@@ -182,7 +188,7 @@ def local_receiver(cluster, query, node_name: str, pkt, direction: str):
     if want is None or not want.host_network or want.node != node_name:
         return None
     # a reply comes back to whichever local address the request left from
-    return want if direction == "reply" or want.ip == pkt.nw_dst else None
+    return want if direction == "reply" or pkt.nw_dst in want.addresses else None
 
 
 def _host_network_backend(cluster, svc, node_name: str, ip: str):
@@ -201,9 +207,9 @@ def _node_backend(cluster, svc, node_name: str, ip: str) -> bool:
                for addr, pod_key, node in cluster.endpoints_of(svc.key))
 
 
-def _primary_ip(iface) -> str | None:
+def _primary_ip(iface, family: int = 4) -> str | None:
     from traceflow.walk.state import primary_ip
-    return primary_ip(iface) if iface is not None else None
+    return primary_ip(iface, family) if iface is not None else None
 
 
 def receive(host, b, loc, node, ipkt, late_src, receiver, orig=None):
@@ -211,6 +217,7 @@ def receive(host, b, loc, node, ipkt, late_src, receiver, orig=None):
     the socket of ``receiver`` (a hostNetwork pod, or the node's own stack)."""
     from traceflow.walk.ct_hop import ct_hop as _ct_hop
     from traceflow.walk.endpoints import Endpoint
+    from traceflow.walk.state import hostport
     if late_src is None and b.leg.direction == "request" and orig is not None:
         # confirmed at LOCAL_IN (nf_confirm): the local socket's answer is ESTABLISHED
         from traceflow.walk.state import HOST_ZONE, tuple5
@@ -225,13 +232,14 @@ def receive(host, b, loc, node, ipkt, late_src, receiver, orig=None):
         b.add(_ct_hop(loc.node, entry, is_reply, before, ipkt, "INPUT"))
     if isinstance(receiver, Endpoint):
         b.add(Hop(loc.node, "host", None, None,
-                  f"delivered to {loc.node}'s own stack ({ipkt.nw_dst}:{ipkt.tp_dst}): a socket "
+                  f"delivered to {loc.node}'s own stack ({hostport(ipkt.nw_dst, ipkt.tp_dst)}): a socket "
                   "of the node itself receives it (whether one listens on that port is not in "
                   "the bundle)", packet=ipkt.headers(), detail="host"))
         b.final_packet = ipkt
         return b.finish(Verdict.DELIVERED, None, receiver.key, Disposition.DELIVERED_HOST)
     b.add(Hop(loc.node, "pod", None, None,
-              f"delivered to {receiver.key} ({receiver.ip}), which uses {loc.node}'s host network",
+              f"delivered to {receiver.key} ({ipkt.nw_dst if ipkt.nw_dst in receiver.addresses else receiver.ip}), "
+              f"which uses {loc.node}'s host network",
               packet=ipkt.headers(), detail="pod"))
     b.final_packet = ipkt
     return b.finish(Verdict.DELIVERED, None, receiver)

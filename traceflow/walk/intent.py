@@ -53,8 +53,10 @@ def note_disagreements(cluster: kube.Cluster, source: kube.Pod, proto: str, trac
         if pkt is None or not pkt.get("nw_dst"):
             continue
         dst_ip, port = pkt["nw_dst"], pkt.get("tp_dst")
+        # the source's address of the packet's family (a dual-stack pod has one per family)
+        src_ip = source.address(6 if ":" in dst_ip else 4) or source.ip
         found = [policy_denial(cluster, "egress", source, dst_ip, proto, port),
-                 policy_denial(cluster, "ingress", cluster.pod_by_ip(dst_ip), source.ip,
+                 policy_denial(cluster, "ingress", cluster.pod_by_ip(dst_ip), src_ip,
                                proto, port)]
         found = [f for f in found if f]
         if not found:

@@ -16,19 +16,38 @@ from traceflow.model.trace import Hop
 def to_state(pkt: Packet, in_port: int) -> dict:
     state = {"in_port": in_port, "dl_type": pkt.dl_type, "dl_src": F.parse_mac(pkt.dl_src),
              "dl_dst": F.parse_mac(pkt.dl_dst), "nw_ttl": pkt.nw_ttl, "pkt_mark": pkt.mark}
-    if pkt.nw_src:
-        state["nw_src"] = int(ipaddress.IPv4Address(pkt.nw_src))
-    if pkt.nw_dst:
-        state["nw_dst"] = int(ipaddress.IPv4Address(pkt.nw_dst))
+    if pkt.is_v6:
+        # OVS keeps an IPv6 packet's addresses in ipv6_src/ipv6_dst (nw_src/nw_dst are
+        # IPv4-only fields), its hop limit in nw_ttl, its flow label in ipv6_label
+        for key, value in (("ipv6_src", pkt.nw_src), ("ipv6_dst", pkt.nw_dst),
+                           ("nd_target", pkt.nd_target)):
+            if value:
+                state[key] = int(ipaddress.IPv6Address(value))
+        state["ipv6_label"] = pkt.ipv6_label
+        for key, value in (("nd_sll", pkt.nd_sll), ("nd_tll", pkt.nd_tll)):
+            if value:
+                state[key] = F.parse_mac(value)
+    else:
+        if pkt.nw_src:
+            state["nw_src"] = int(ipaddress.IPv4Address(pkt.nw_src))
+        if pkt.nw_dst:
+            state["nw_dst"] = int(ipaddress.IPv4Address(pkt.nw_dst))
     if pkt.nw_proto is not None:
         state["nw_proto"] = pkt.nw_proto
     if pkt.tp_src is not None:
         state["tp_src"] = pkt.tp_src
     if pkt.tp_dst is not None:
         state["tp_dst"] = pkt.tp_dst
+    if pkt.nw_proto in (1, 58):
+        # the packet keeps an ICMP/ICMPv6 type and code in tp_src/tp_dst (as OVS's struct
+        # flow does); the simulator matches them as icmp_type/icmp_code
+        state["icmp_type"], state["icmp_code"] = pkt.tp_src or 0, pkt.tp_dst or 0
     for key in ("tun_src", "tun_dst"):
-        if pkt.extra.get(key):
-            state[key] = int(ipaddress.IPv4Address(pkt.extra[key]))
+        value = pkt.extra.get(key)
+        if value and ":" in value:         # an IPv6 underlay: the tunnel's IPv6 fields
+            state[f"tun_ipv6_{key[4:]}"] = int(ipaddress.IPv6Address(value))
+        elif value:
+            state[key] = int(ipaddress.IPv4Address(value))
     return state
 
 
@@ -51,10 +70,19 @@ def from_state(state: dict, template: Packet) -> Packet:
         pkt.dl_src = _text("dl_src", state["dl_src"])
     if "dl_dst" in state:
         pkt.dl_dst = _text("dl_dst", state["dl_dst"])
-    if "nw_src" in state and template.nw_src is not None:
-        pkt.nw_src = _text("nw_src", state["nw_src"])
-    if "nw_dst" in state and template.nw_dst is not None:
-        pkt.nw_dst = _text("nw_dst", state["nw_dst"])
+    src, dst = ("ipv6_src", "ipv6_dst") if template.is_v6 else ("nw_src", "nw_dst")
+    if src in state and template.nw_src is not None:
+        pkt.nw_src = _text(src, state[src])
+    if dst in state and template.nw_dst is not None:
+        pkt.nw_dst = _text(dst, state[dst])
+    if template.is_v6:
+        if "ipv6_label" in state:
+            pkt.ipv6_label = state["ipv6_label"]
+        if "nd_target" in state and template.nd_target is not None:
+            pkt.nd_target = _text("nd_target", state["nd_target"])
+        for key in ("nd_sll", "nd_tll"):
+            if key in state and getattr(template, key) is not None:
+                setattr(pkt, key, _text(key, state[key]))
     for key in ("tp_src", "tp_dst", "nw_ttl"):
         if key in state and getattr(template, key) is not None:
             setattr(pkt, key, state[key])
@@ -63,6 +91,9 @@ def from_state(state: dict, template: Packet) -> Packet:
         # the host) carries the mark a flow set, which the host's rules and fwmark ip rules see
         # (Antrea's Egress: EgressMark's set_field:0x1/0xff->pkt_mark, matched by iptables)
         pkt.mark = state["pkt_mark"]
+    if template.nw_proto in (1, 58):
+        pkt.tp_src = state.get("icmp_type", pkt.tp_src)
+        pkt.tp_dst = state.get("icmp_code", pkt.tp_dst)
     pkt.extra = {k: v for k, v in pkt.extra.items() if k not in ("tun_src", "tun_dst")}
     return pkt
 

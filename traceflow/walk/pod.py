@@ -59,7 +59,8 @@ def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str |
     no ip-route.txt (the caller falls back to the CNI's conventions and says so)."""
     from traceflow.bundle.podside import first_hop
     from traceflow.model.trace import Disposition, Drop, Hop, Verdict
-    hop = first_hop(files, pod.key, pod.ip, packet.nw_dst, cni_gateway, datapath.name)
+    hop = first_hop(files, pod.key, packet.nw_src or pod.ip, packet.nw_dst, cni_gateway,
+                    datapath.name)
     if hop is None:
         return None
     if hop.drop or hop.unknown:
@@ -82,11 +83,14 @@ def own_first_hop(datapath, branch, pod, files: dict, packet, cni_gateway: str |
     return hop.gateway, hop.mac, hop.how, hop.rule, hop.source
 
 
-def conventions_warning(pod, files: dict, cni_name: str) -> str:
+def conventions_warning(pod, files: dict, cni_name: str, family: int = 4) -> str:
     """The warning for a first hop taken from the CNI's conventions, naming only the pod
-    files the bundle really lacks."""
+    files the bundle really lacks (for IPv6: that its ip-route.txt has no IPv6 route)."""
     missing = [f for f in ("ip-route.txt", "ip-neigh.txt") if f not in files]
     text = f"{pod.key}: gateway and its MAC derived from {cni_name}'s conventions"
     if missing:
         text += f" (no pods/{pod.namespace}/{pod.name}/" + " and ".join(missing) + ")"
+    elif family == 6:
+        text += (f" (pods/{pod.namespace}/{pod.name}/ip-route.txt lists no IPv6 route: "
+                 "`ip route show` prints IPv4 only)")
     return text

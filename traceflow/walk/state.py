@@ -41,7 +41,8 @@ class Query:
 
     def __post_init__(self) -> None:
         if self.src is None and self.source is not None:
-            self.src = Endpoint.of_pod(self.source)
+            # the source pod's address of the destination's family (a dual-stack pod)
+            self.src = Endpoint.of_pod(self.source, 6 if ":" in (self.dst_ip or "") else 4)
         if self.dst is None:
             if self.service is not None:
                 self.dst = Endpoint.of_service(self.service, Frontend.CLUSTERIP, self.dst_ip,
@@ -61,7 +62,13 @@ class Query:
                 "source_endpoint": self.src.as_dict() if self.src is not None else None,
                 "destination_endpoint": self.dst.as_dict() if self.dst is not None else None,
                 "via": self.via,
-                **({"capture": self.captured.as_dict()} if self.captured is not None else {})}
+                **({"capture": self.captured.as_dict()} if self.captured is not None else {}),
+                **({"family": "ipv6"} if self.family == 6 else {})}
+
+    @property
+    def family(self) -> int:
+        """4 or 6: the family of the addresses (an IPv6 question's JSON says "family")."""
+        return 6 if ":" in (self.dst_ip or "") else 4
 
 
 # ---- branch state -----------------------------------------------------------------------
@@ -271,24 +278,33 @@ def tuple5(pkt: Packet) -> tuple:
 
 
 def fmt(pkt: Packet) -> str:
-    return f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst}"
+    return f"{hostport(pkt.nw_src, pkt.tp_src)} -> {hostport(pkt.nw_dst, pkt.tp_dst)}"
 
 
 def describe(pkt: Packet, q: Query | None) -> str:
     proto = pkt.proto_name
-    text = f"{pkt.nw_src}:{pkt.tp_src} -> {pkt.nw_dst}:{pkt.tp_dst} {proto}"
+    text = f"{fmt(pkt)} {proto}"
     if q is not None:
         text = f"{q.source_label} -> {q.destination_label}: " + text
     return text
 
 
-def primary_ip(iface) -> str | None:
+def primary_ip(iface, family: int = 4) -> str | None:
+    """The device's first primary address of ``family`` (an IPv6 one of global scope first:
+    a link-local address is no source for routed traffic)."""
     if iface is None:
         return None
-    for a in iface.ipv4():
-        if not a.secondary:
-            return a.address
-    return None
+    addrs = [a for a in iface.addresses if a.family == family and not a.secondary]
+    if family == 6:
+        addrs.sort(key=lambda a: a.scope == "link")
+    return addrs[0].address if addrs else None
+
+
+def hostport(ip, port) -> str:
+    """``10.0.0.1:80``, ``[fd00::1]:80`` (an IPv6 address is bracketed before its port)."""
+    if port is None:
+        return str(ip)
+    return f"[{ip}]:{port}" if ip and ":" in str(ip) else f"{ip}:{port}"
 
 
 def new_leg(b: Branch, pkt: Packet) -> None:

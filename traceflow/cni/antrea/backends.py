@@ -1,6 +1,7 @@
 """Which backends Antrea's OVS balances a Service VIP:port to (the audit compares them with
 the EndpointSlices): the select group the Service flow sends to, each bucket naming its
-endpoint in Antrea's registers (the endpoint IP in reg3, the port in reg4[0..15]).
+endpoint in Antrea's registers (the endpoint IP in reg3, an IPv6 one in xxreg3: OVS dumps its
+load as two masked 64-bit writes; the port in reg4[0..15]).
 """
 
 from __future__ import annotations
@@ -14,6 +15,23 @@ from traceflow.walk.datapath import Balanced
 _REG3 = re.compile(r"(?:set_field:(0x[0-9a-f]+)->reg3|load:(0x[0-9a-f]+)->NXM_NX_REG3\[\])")
 _REG4 = re.compile(r"(?:set_field:(0x[0-9a-f]+)/0xffff->reg4|load:(0x[0-9a-f]+)->NXM_NX_REG4\[0\.\.15\])")
 _GROUP = re.compile(r"\bgroup:(\d+)")
+# an IPv6 Endpoint: xxreg3 (EndpointIP6Field), whole or in masked parts / bit ranges
+_XXREG3 = re.compile(r"set_field:(0x[0-9a-f]+)(?:/(0x[0-9a-f]+))?->xxreg3"
+                     r"|load:(0x[0-9a-f]+)->NXM_NX_XXREG3\[(?:(\d+)\.\.(\d+))?\]")
+
+
+def _xxreg3(text: str) -> int | None:
+    value, seen = 0, False
+    for m in _XXREG3.finditer(text):
+        seen = True
+        if m.group(1):
+            mask = int(m.group(2), 16) if m.group(2) else (1 << 128) - 1
+            value = (value & ~mask) | (int(m.group(1), 16) & mask)
+        else:
+            lo, hi = (int(m.group(4)), int(m.group(5))) if m.group(4) else (0, 127)
+            mask = ((1 << (hi - lo + 1)) - 1) << lo
+            value = (value & ~mask) | ((int(m.group(3), 16) << lo) & mask)
+    return value if seen else None
 
 
 class OvsGroupReader:
@@ -34,13 +52,14 @@ class OvsGroupReader:
         out = {}
         for lineno, line in enumerate(text.splitlines(), 1):
             g = _GROUP.search(line)
-            if not g or "nw_dst=" not in line:
+            if not g or ("nw_dst=" not in line and "ipv6_dst=" not in line):
                 continue
             match = line.split("actions=")[0]
             fields = dict(p.strip().partition("=")[::2] for p in match.replace(" ", ",").split(","))
-            vip, port = fields.get("nw_dst"), fields.get("tp_dst")
+            vip, port = fields.get("nw_dst") or fields.get("ipv6_dst"), fields.get("tp_dst")
             proto = next((p for p in ("tcp", "udp", "sctp") if f",{p}," in f",{match},"
-                          or f" {p}," in match), None)
+                          or f" {p}," in match or f",{p}6," in f",{match},"
+                          or f" {p}6," in match), None)
             if vip and port and proto and port.isdigit():
                 out.setdefault((vip, int(port), proto.upper()),
                                (int(g.group(1)), Source(name, lineno, line.strip())))
@@ -60,10 +79,15 @@ class OvsGroupReader:
         out = []
         for b in group.buckets:
             ip_m, port_m = _REG3.search(b.text), _REG4.search(b.text)
-            if not ip_m:
+            six = _xxreg3(b.text)
+            if not ip_m and six is None:
                 continue        # a bucket that names no endpoint (e.g. "no endpoint" marking)
-            value = int(ip_m.group(1) or ip_m.group(2), 16)
-            ip = ".".join(str((value >> s) & 0xFF) for s in (24, 16, 8, 0))
+            if six is not None:
+                import ipaddress
+                ip = str(ipaddress.IPv6Address(six))
+            else:
+                value = int(ip_m.group(1) or ip_m.group(2), 16)
+                ip = ".".join(str((value >> s) & 0xFF) for s in (24, 16, 8, 0))
             p = int(port_m.group(1) or port_m.group(2), 16) if port_m else None
             out.append(Balanced(ip, p, b.weight / total, group.source,
                                 f"group {gid} bucket {b.bucket_id}: {b.text.strip()}"))

@@ -316,6 +316,10 @@ class AntreaAnnotator(Annotator):
 # ---- Antrea's conventions for where things are --------------------------------------------
 
 _SPOOFGUARD_IP = re.compile(r'in_port="?([^",\s]+)"?.*?(?:dl_src=([0-9a-f:]{17}))?,nw_src=([\d.]+)\b')
+# a dual-stack Pod's IPv6 SpoofGuard flow (``ipv6,in_port=X,dl_src=M,ipv6_src=IP``,
+# pkg/agent/openflow/pipeline.go podIPSpoofGuardFlow: one flow per Pod IP)
+_SPOOFGUARD_IPV6 = re.compile(r'in_port="?([^",\s]+)"?.*?(?:dl_src=([0-9a-f:]{17}))?,'
+                              r'ipv6_src=([0-9a-f:]+)(?=[,\s]|$)')
 
 
 def pod_ports(flow_text: str) -> dict[str, tuple[str, str | None]]:
@@ -404,7 +408,12 @@ class PodPorts(Mapping):
 
 
 def _pod_port(line: str) -> tuple[str, str, str] | None:
-    if "nw_src=" not in line or "in_port=" not in line or ",ip," not in line.replace(" ", ","):
+    if "in_port=" not in line:
+        return None
+    if "ipv6_src=" in line and ",ipv6," in line.replace(" ", ","):
+        m = _SPOOFGUARD_IPV6.search(line)
+        return (m.group(3), m.group(1), m.group(2)) if m and m.group(2) else None
+    if "nw_src=" not in line or ",ip," not in line.replace(" ", ","):
         return None
     m = _SPOOFGUARD_IP.search(line)
     # a SpoofGuard flow always pins the Pod's MAC too; v2's Classifier flow
@@ -508,10 +517,14 @@ class AntreaConventions:
     def tunnel_port(ports: dict[str, Port]) -> str | None:
         return tunnel_port_name(ports)
 
-    def default_gateway(self, pod_cidrs: tuple, ports: dict[str, Port]) -> tuple[str, str | None, str]:
-        """(gateway IP, its MAC, how we know): the first address of the Node's pod CIDR,
-        answered by antrea-gw0."""
-        gw_ip = str(next(ipaddress.ip_network(pod_cidrs[0]).hosts())) if pod_cidrs else "?"
+    def default_gateway(self, pod_cidrs: tuple, ports: dict[str, Port],
+                        family: int | None = None) -> tuple[str, str | None, str]:
+        """(gateway IP, its MAC, how we know): the first address of the Node's pod CIDR (of
+        ``family`` on a dual-stack node: antrea-gw0 holds one per podCIDR), answered by
+        antrea-gw0."""
+        cidrs = [c for c in pod_cidrs if family is None or
+                 ipaddress.ip_network(c, strict=False).version == family] or list(pod_cidrs)
+        gw_ip = str(next(ipaddress.ip_network(cidrs[0]).hosts())) if cidrs else "?"
         gw_name = self.gateway_port(ports)
         gw_mac = ports[gw_name].mac if gw_name else None
         return gw_ip, gw_mac, ("derived from Antrea's conventions (first IP of the pod CIDR, "

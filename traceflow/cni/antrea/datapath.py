@@ -30,6 +30,7 @@ POLICY_HINTS = {"not_read": "Antrea-native policies are not read yet", "agent": 
 
 class AntreaDatapath(Datapath):
     name = "Antrea"
+    ipv6 = True        # its IPv6 pipeline and the host stack are walked for IPv6 packets
 
     def __init__(self, walk):
         super().__init__(walk)
@@ -51,23 +52,25 @@ class AntreaDatapath(Datapath):
     def _leave_pod(self, branch: Branch, pod: kube.Pod, packet: Packet) -> AtOvs | None:
         node = self.snap.node(pod.node)
         files = self.snap.pod_files(pod)
-        port_name, mac = node_pod_ports(node).get(pod.ip, (None, None))
+        own_ip = packet.nw_src or pod.ip      # the pod's address of the packet's family
+        port_name, mac = node_pod_ports(node).get(own_ip, (None, None))
         mismatch = None
         if port_name is None:      # the flows may know the pod by its MAC, with another IP
             port_name, known_ip = port_by_mac(node_pod_ports(node), pod_mac(files))
             if port_name is not None:
                 mac = pod_mac(files)
                 mismatch = (f"the flows bind OVS port {port_name} (MAC {mac}) to {known_ip}, "
-                            f"not to {pod.key}'s {pod.ip}: a SpoofGuard mismatch")
+                            f"not to {pod.key}'s {own_ip}: a SpoofGuard mismatch")
         if port_name is None:
             branch.add(Hop(pod.node, "pod", None, None,
-                           f"no OVS port for {pod.key} ({pod.ip}) in the SpoofGuard flows",
+                           f"no OVS port for {pod.key} ({own_ip}) in the SpoofGuard flows",
                            unknown=True))
             branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
                                                 f"cannot find the OVS port of {pod.key}"))
             return None
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
-        cni_gw, cni_mac, _ = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
+        cni_gw, cni_mac, _ = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports,
+                                                      packet.family)
         def mac_of(ip):            # who answers the pod's ARP request for its next hop
             if ip == cni_gw:
                 return cni_mac, f"from {self.cni.name}'s conventions (the gateway's MAC)", True
@@ -78,7 +81,8 @@ class AntreaDatapath(Datapath):
         own = own_first_hop(self, branch, pod, files, packet, cni_gw, mac_of)
         if own is False:
             return None
-        gw_ip, gw_mac, how, rule, src = own or self._pod_gateway(pod, node, files)
+        gw_ip, gw_mac, how, rule, src = own or self._pod_gateway(pod, node, files,
+                                                                 packet.family)
         pod_mac_ = pod_mac(files) or mac
         packet.dl_src = pod_mac_ or packet.dl_src
         packet.dl_dst = gw_mac or packet.dl_dst
@@ -92,11 +96,12 @@ class AntreaDatapath(Datapath):
                        notes=[how, REALISTIC_FIRST_PACKET] + ([mismatch] if mismatch else [])))
         return AtOvs(pod.node, port.number, packet)
 
-    def _pod_gateway(self, pod, node: NodeModel, files: dict):
+    def _pod_gateway(self, pod, node: NodeModel, files: dict, family: int = 4):
         """(gateway IP, gateway MAC, how we know, rule text, Source) from the CNI's conventions."""
         n = next((x for x in self.cluster.nodes if x.name == pod.node), None)
-        gw_ip, gw_mac, how = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports)
-        self.warnings.append(conventions_warning(pod, files, self.cni.name))
+        gw_ip, gw_mac, how = self.cni.default_gateway(n.pod_cidrs if n else (), node.bridge.ports,
+                                                      family)
+        self.warnings.append(conventions_warning(pod, files, self.cni.name, family))
         return gw_ip, gw_mac, how, f"default via {gw_ip} dev eth0", None
 
     def source_identity(self, pod):
@@ -218,10 +223,10 @@ class AntreaDatapath(Datapath):
 
     def _to_pod(self, b: Branch, node: str, pod: kube.Pod, port, name: str, pkt: Packet):
         """OVS sends the packet out of ``pod``'s port (``name``): its stack takes it."""
-        delivered = pkt.nw_dst == pod.ip
+        delivered = pkt.nw_dst in pod.addresses
         b.add(Hop(node, "pod", None, None,
-                  f"delivered to {pod.key} ({pod.ip}) on port {port} ({name})" if delivered else
-                  f"reaches {pod.key} ({pod.ip}) but is addressed to {pkt.nw_dst}",
+                  f"delivered to {pod.key} ({pkt.nw_dst}) on port {port} ({name})" if delivered
+                  else f"reaches {pod.key} ({pod.ip}) but is addressed to {pkt.nw_dst}",
                   packet=pkt.headers(), device=name))
         if not delivered:
             return (b.finish(Verdict.DROPPED, Drop(node, "pod", None, None,
@@ -285,8 +290,15 @@ class AntreaDatapath(Datapath):
     def _tunnel(self, b: Branch, loc: AtOvs, output, pkt: Packet, chooser=None):
         tun_dst = output.state.get("tun_dst", 0)
         dst_ip = str(ipaddress.IPv4Address(tun_dst)) if tun_dst else None
+        if not tun_dst and output.state.get("tun_ipv6_dst"):
+            # an IPv6 pod CIDR's peer is its node's IPv6 address (Antrea's node route
+            # controller: peerNodeIP of the podCIDR's family): an IPv6 underlay
+            tun_dst = output.state["tun_ipv6_dst"]
+            dst_ip = str(ipaddress.IPv6Address(tun_dst))
         peer = self.cluster.node_by_ip(dst_ip) if dst_ip else None
         src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
+        outer_src = (src_node.address(6 if ":" in dst_ip else 4) if src_node and dst_ip
+                     else None) or (src_node.internal_ip if src_node else None)
         held = None
         if peer is None and dst_ip:
             # an address that is no Node's InternalIP: Antrea's EgressMark tunnels a Pod's
@@ -306,13 +318,14 @@ class AntreaDatapath(Datapath):
                     None)
         dev = self._tunnel_dev(loc.node) or "the tunnel device"
         inner = pkt.copy()
-        inner.tunnel = Tunnel("geneve", src_node.internal_ip if src_node else "?", dst_ip)
+        inner.tunnel = Tunnel("geneve", outer_src or "?", dst_ip)
         # the flow that chose the tunnel destination is the one to blame for it
         b.add(Hop(loc.node, "tunnel", "geneve", chooser.text if chooser is not None else None,
                   f"encapsulate in Geneve on {dev}: outer {inner.tunnel.src} -> {dst_ip} UDP/6081 "
                   f"to {peer.name}; inner headers unchanged",
                   packet=inner.headers(), changed=inner.diff(pkt),
-                  notes=[f"tun_dst {hex(tun_dst)} = {dst_ip} ({peer.name})"] +
+                  notes=[f"{'tun_ipv6_dst' if ':' in dst_ip else 'tun_dst'} {hex(tun_dst)} = "
+                         f"{dst_ip} ({peer.name})"] +
                   ([held] if held else []),
                   device=self._uplink(loc.node, inner.tunnel.src),
                   source=chooser.source if chooser is not None else None))
@@ -330,7 +343,7 @@ class AntreaDatapath(Datapath):
                                                    "no tunnel port in ovs-show.txt")), None)
         arriving = pkt.copy()
         arriving.mark = 0          # Geneve carries no skb mark: the receiver's pkt_mark is 0
-        arriving.extra["tun_src"] = src_node.internal_ip if src_node else None
+        arriving.extra["tun_src"] = outer_src
         arriving.extra["tun_dst"] = dst_ip
         return (b, AtOvs(peer.name, peer_model.bridge.ports[tname].number, arriving))
 
@@ -456,6 +469,15 @@ class AntreaDatapath(Datapath):
         return (gw, f"nodes/{node_name}/ovs-flows.txt") if gw else None
 
     def answer_arp(self, node_name, node, dev, target):
+        if ":" in target:                      # IPv6: neighbour discovery
+            answered = self._nd_via_ovs(node, dev, target)
+            if answered:
+                return answered, (f"{target} is not in ip-neigh.txt; a neighbour solicitation "
+                                  f"on {dev} goes through OVS's IPv6 table (NS/NA switched as "
+                                  f"by a learning switch, NORMAL) to the local pod with that "
+                                  f"address, whose stack answers with {answered} (its MAC "
+                                  "from the SpoofGuard flows)")
+            return None
         answered = self._arp_via_ovs(node_name, node, dev, target)
         if answered:
             pod_mac = node_pod_ports(node).get(target, (None, None))[1]
@@ -463,6 +485,30 @@ class AntreaDatapath(Datapath):
                    if pod_mac and answered == pod_mac else "OVS's ARP responder")
             return answered, (f"{target} is not in ip-neigh.txt; an ARP request on {dev} is "
                               f"answered by {who} with {answered}")
+        return None
+
+    def _nd_via_ovs(self, node: NodeModel, dev: str, target: str) -> str | None:
+        """The host's neighbour solicitation for ``target`` on antrea-gw0, walked through OVS
+        (Antrea's IPv6 table: NS and NA go to NORMAL, pipeline.go ipv6Flows): when it reaches
+        the local pod holding ``target``, the pod's NA gives its MAC."""
+        gw = self.cni.gateway_port(node.bridge.ports)
+        iface = node.interface(dev)
+        port, mac = node_pod_ports(node).get(target, (None, None))
+        if dev != gw or iface is None or not iface.mac or not mac:
+            return None
+        own = _primary_ip(iface, 6) or "::"
+        t = int(ipaddress.IPv6Address(target))
+        solicited = int(ipaddress.IPv6Address("ff02::1:ff00:0")) | (t & 0xFFFFFF)
+        state = {"in_port": node.bridge.ports[gw].number, "dl_type": 0x86DD,
+                 "dl_src": F.parse_mac(iface.mac), "dl_dst": 0x3333FF000000 | (t & 0xFFFFFF),
+                 "ipv6_src": int(ipaddress.IPv6Address(own)), "ipv6_dst": solicited,
+                 "nw_proto": 58, "nw_ttl": 255, "icmp_type": 135, "icmp_code": 0,
+                 "tp_src": 135, "tp_dst": 0, "nd_target": t, "nd_sll": F.parse_mac(iface.mac)}
+        for run in simulate(node.bridge, state, Conntrack(), 0, node.annotator):
+            for out in run.outputs:
+                if out.port == "NORMAL" or (isinstance(out.port, int)
+                                            and node.bridge.port_name(out.port) == port):
+                    return mac
         return None
 
     def _arp_via_ovs(self, node_name: str, node: NodeModel, dev: str, target: str) -> str | None:
@@ -495,12 +541,13 @@ class AntreaDatapath(Datapath):
 
 
 def _tun_dst_setter(loc: AtOvs, run: OvsRun):
-    """The flow of ``run`` that last set tun_dst (L3Forwarding's load to NXM_NX_TUN_IPV4_DST):
-    where the tunnel's destination comes from."""
+    """The flow of ``run`` that last set tun_dst (L3Forwarding's load to NXM_NX_TUN_IPV4_DST,
+    or tun_ipv6_dst over an IPv6 underlay): where the tunnel's destination comes from."""
     known = loc.packet.extra.get("tun_dst")
-    value, flow = int(ipaddress.IPv4Address(known)) if known else None, None
+    value, flow = int(ipaddress.ip_address(known)) if known else None, None
     for hit in run.hits:
         after = hit.state_after or {}
-        if "tun_dst" in after and after["tun_dst"] != value:
-            value, flow = after["tun_dst"], hit.flow
+        for name in ("tun_dst", "tun_ipv6_dst"):
+            if after.get(name) and after[name] != value:
+                value, flow = after[name], hit.flow
     return flow

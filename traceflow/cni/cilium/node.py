@@ -14,7 +14,7 @@ from functools import cached_property
 
 from traceflow.model.errors import InputError
 
-from traceflow.bundle.snapshot import Missing
+from traceflow.bundle.snapshot import Missing, WithoutOvs
 
 CT_ZONE = "cilium"          # Cilium's own conntrack (cilium_ct4_global), apart from the kernel's
 SOCK = "sock4-connect"      # the cgroup connect() hook of socket LB (bpf_sock.c)
@@ -47,7 +47,7 @@ def program_role(name: str) -> str | None:
     return None
 
 
-class CiliumConventions:
+class CiliumConventions(WithoutOvs):
     """What the neutral parts may ask of any CNI (the protocol is
     traceflow.bundle.snapshot.Conventions; see also Antrea's, AntreaConventions)."""
 
@@ -64,31 +64,6 @@ class CiliumConventions:
     }
     # the BPF maps are read file by file as the walk needs them, a missing one said in the trace
     datapath_files = ()
-
-    @staticmethod
-    def annotator(node):
-        from traceflow.engines.ovs.annotator import Annotator
-        return Annotator()
-
-    @staticmethod
-    def gateway_port(ports) -> str | None:
-        return None
-
-    @staticmethod
-    def tunnel_port(ports) -> str | None:
-        return None
-
-    @staticmethod
-    def describe_mac(mac):
-        return None
-
-    @staticmethod
-    def policy_direction(table_name):
-        return None
-
-    @staticmethod
-    def drop_reason(*args):
-        return None
 
 
 class CiliumNode:

@@ -491,9 +491,10 @@ class IcmpMatch(Match):
 
     type: int | None                 # None = any
     code: int | None = None
+    proto = 1                        # ICMP; Icmp6Match: ICMPv6 (58)
 
     def _test(self, packet, ctx):
-        if packet.nw_proto != 1:
+        if packet.nw_proto != self.proto:
             return False
         if self.type is None:
             return True
@@ -507,6 +508,59 @@ class IcmpMatch(Match):
     def __str__(self):
         code = f"/{self.code}" if self.code is not None else ""
         return f"{self.bang}--icmp-type {'any' if self.type is None else self.type}{code}"
+
+
+# ip6tables' icmp6 type names (libxt_icmp6 / libip6t_icmp6.c), with their (type, code)
+ICMPV6_TYPES = {
+    "destination-unreachable": (1, None), "no-route": (1, 0),
+    "communication-prohibited": (1, 1), "beyond-scope": (1, 2), "address-unreachable": (1, 3),
+    "port-unreachable": (1, 4), "failed-policy": (1, 5), "reject-route": (1, 6),
+    "packet-too-big": (2, None), "time-exceeded": (3, None), "ttl-exceeded": (3, None),
+    "ttl-zero-during-transit": (3, 0), "ttl-zero-during-reassembly": (3, 1),
+    "parameter-problem": (4, None), "bad-header": (4, 0), "unknown-header-type": (4, 1),
+    "unknown-option": (4, 2), "echo-request": (128, None), "ping": (128, None),
+    "echo-reply": (129, None), "pong": (129, None),
+    "router-solicitation": (133, None), "router-advertisement": (134, None),
+    "neighbour-solicitation": (135, None), "neighbor-solicitation": (135, None),
+    "neighbour-advertisement": (136, None), "neighbor-advertisement": (136, None),
+    "redirect": (137, None)}
+
+
+@dataclass(frozen=True)
+class Icmp6Match(IcmpMatch):
+    """ip6tables' icmp6 ``--icmpv6-type``: the ICMPv6 type/code are ``tp_src``/``tp_dst``."""
+
+    proto = 58
+
+    def undecided(self, packet, ctx):
+        return "the packet has no ICMPv6 type/code (tp_src/tp_dst)"
+
+    def __str__(self):
+        code = f"/{self.code}" if self.code is not None else ""
+        return f"{self.bang}--icmpv6-type {'any' if self.type is None else self.type}{code}"
+
+
+@dataclass(frozen=True)
+class ExtHeaderMatch(Match):
+    """An ip6tables match on an IPv6 extension header (``-m frag``, ``rt``, ``hbh``, ``dst``,
+    ``mh``, ``srh``). The traced packet carries none (a first packet of a TCP/UDP/SCTP
+    connection: next header is the transport), and without the header the kernel's match
+    returns false whatever its options say, ``!`` included (frag_mt6, rt_mt6, hbh_mt6: the
+    header is not found -> false)."""
+
+    header: str
+
+    def check(self, packet, ctx):
+        return False if packet.family == 6 else None
+
+    def _test(self, packet, ctx):
+        return False
+
+    def undecided(self, packet, ctx):
+        return f"-m {self.header} is an IPv6 extension-header match, in an IPv4 rule set"
+
+    def __str__(self):
+        return f"-m {self.header}"
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ from typing import Callable
 from traceflow.model.errors import InputError, Source
 from traceflow.engines.netfilter.iptables_matches import (AddrMatch, AddrTypeMatch, CommentMatch,
                                                           ConnmarkMatch, CtDirMatch, CtStateMatch,
-                                                          CtTupleMatch, FragmentMatch, ICMP_TYPES,
-                                                          IcmpMatch, IfaceMatch, LengthMatch,
+                                                          CtTupleMatch, ExtHeaderMatch,
+                                                          FragmentMatch, ICMP_TYPES, ICMPV6_TYPES,
+                                                          Icmp6Match, IcmpMatch, IfaceMatch,
+                                                          LengthMatch,
                                                           LimitMatch, MacMatch, MarkMatch, Match,
                                                           MultiportMatch, PhysdevMatch, PortMatch,
                                                           ProtoMatch, RecentMatch, SetMatch,
@@ -24,7 +26,7 @@ from traceflow.engines.netfilter.iptables_model import (Chain, Rule, Ruleset, TA
                                                         _resolve_targets)
 from traceflow.engines.netfilter.iptables_values import (NotModelled, RuleSyntaxError, _network,
                                                          mark, port_range)
-from traceflow.model.packet import PROTO_NUMBERS
+from traceflow.model.packet import IP_PROTOCOL_NAMES
 
 # ---------------------------------------------------------------------------------------------
 # iptables-save grammar: core options and match modules, option -> decoder
@@ -50,18 +52,6 @@ Decoder = Callable[[Opt], "Match | None"]
 def _addr(field_name: str) -> Decoder:
     name = "-s" if field_name == "nw_src" else "-d"
     return lambda o: AddrMatch(name, field_name, _network(o.args[0]), negated=o.negated)
-
-
-# protocol names as iptables prints them: xtables' own table (libxtables xtables_chain_protos)
-# first, then the /etc/protocols names getprotobynumber() gives (iptables-save of Calico's
-# IPIP rules says `-p ipencap`, Debian's name for 4; others print `ipip` or the number)
-IP_PROTOCOL_NAMES = {**PROTO_NUMBERS, "udplite": 136, "icmpv6": 58, "ipv6-icmp": 58,
-                     "esp": 50, "ah": 51, "ipv6-mh": 135, "mh": 135, "ipencap": 4, "ipip": 4,
-                     "ip-encap": 4, "gre": 47, "igmp": 2, "ipv6": 41, "ospf": 89, "ospfigp": 89,
-                     "vrrp": 112, "pim": 103, "dccp": 33, "l2tp": 115, "ipcomp": 108,
-                     "ipv6-route": 43, "ipv6-frag": 44, "ipv6-nonxt": 59, "ipv6-opts": 60,
-                     "ggp": 3, "egp": 8, "rsvp": 46, "etherip": 97, "encap": 98,
-                     "mpls-in-ip": 137, "hip": 139, "shim6": 140, "wesp": 141, "rohc": 142}
 
 
 def _proto(o: Opt) -> Match | None:
@@ -129,6 +119,29 @@ def _icmp_type(o: Opt) -> Match:
         kind_text, _, code_text = value.partition("/")
         kind, code = int(kind_text), int(code_text) if code_text else None
     return IcmpMatch("--icmp-type", kind, code, negated=o.negated)
+
+
+def _icmpv6_type(o: Opt) -> Match:
+    value = o.args[0]
+    if value in ICMPV6_TYPES:
+        kind, code = ICMPV6_TYPES[value]
+    else:
+        kind_text, _, code_text = value.partition("/")
+        kind, code = int(kind_text), int(code_text) if code_text else None
+    return Icmp6Match("--icmpv6-type", kind, code, negated=o.negated)
+
+
+def _ext_header(name: str) -> "ModuleSpec":
+    """An IPv6 extension-header match module: whatever its options, the traced packet has no
+    such header, so it never matches (see ExtHeaderMatch)."""
+    options = {"frag": {"--fragid": 1, "--fraglen": 1, "--fragres": 0, "--fragfirst": 0,
+                        "--fragmore": 0, "--fraglast": 0},
+               "rt": {"--rt-type": 1, "--rt-segsleft": 1, "--rt-len": 1, "--rt-0-res": 0,
+                      "--rt-0-addrs": 1, "--rt-0-not-strict": 0},
+               "hbh": {"--hbh-len": 1, "--hbh-opts": 1},
+               "dst": {"--dst-len": 1, "--dst-opts": 1},
+               "mh": {"--mh-type": 1}}[name]
+    return ModuleSpec(options, lambda opts: [ExtHeaderMatch(name, name)])
 
 
 def _states(o: Opt) -> Match:
@@ -233,6 +246,8 @@ MODULES: dict[str, ModuleSpec] = {
     "udplite": _module(_TCP_UDP),
     "sctp": _module({**_TCP_UDP, "--chunk-types": (2, _not_modelled("sctp option"))}),
     "icmp": _module({"--icmp-type": (1, _icmp_type)}),
+    "icmp6": _module({"--icmpv6-type": (1, _icmpv6_type)}),
+    **{name: _ext_header(name) for name in ("frag", "rt", "hbh", "dst", "mh")},
     "multiport": _module({
         "--dports": (1, _ports("tp_dst")), "--destination-ports": (1, _ports("tp_dst")),
         "--sports": (1, _ports("tp_src")), "--source-ports": (1, _ports("tp_src")),
@@ -271,7 +286,7 @@ MODULES: dict[str, ModuleSpec] = {
 }
 
 # -p tcp lets tcp's options be used without -m tcp (iptables loads the module implicitly)
-IMPLICIT_MODULES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 136: "udplite"}
+IMPLICIT_MODULES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 136: "udplite", 58: "icmp6"}
 
 
 # --- the rule tokenizer and walker -----------------------------------------------------------

@@ -44,6 +44,15 @@ _SERVICES = {"ftp": 21, "ssh": 22, "telnet": 23, "smtp": 25, "domain": 53, "http
 _ICMP_TYPES = {"echo-reply": 0, "destination-unreachable": 3, "redirect": 5,
                "echo-request": 8, "router-advertisement": 9, "router-solicitation": 10,
                "time-exceeded": 11, "parameter-problem": 12}
+# nft's icmpv6 type names (src/proto.c, icmp6_type_tbl)
+_ICMPV6_TYPES = {"destination-unreachable": 1, "packet-too-big": 2, "time-exceeded": 3,
+                 "parameter-problem": 4, "echo-request": 128, "echo-reply": 129,
+                 "mld-listener-query": 130, "mld-listener-report": 131,
+                 "mld-listener-done": 132, "mld-listener-reduction": 132,
+                 "nd-router-solicit": 133, "nd-router-advert": 134, "nd-neighbor-solicit": 135,
+                 "nd-neighbor-advert": 136, "nd-redirect": 137, "router-renumbering": 138,
+                 "ind-neighbor-solicit": 141, "ind-neighbor-advert": 142,
+                 "mld2-listener-report": 143}
 _CT_STATES = frozenset({"new", "established", "related", "invalid", "untracked"})
 _CT_STATUSES = frozenset({"expected", "seen-reply", "assured", "confirmed", "snat", "dnat",
                           "dying"})
@@ -56,7 +65,7 @@ _NAME_TYPES = {"ct_state": _CT_STATES, "ct_status": _CT_STATUSES,
                "nf_proto": frozenset({"ipv4", "ipv6"}),
                "ether_type": frozenset({"ip", "ip6", "arp", "vlan", "8021q"})}
 _INT_TYPES = {"inet_service": _SERVICES, "inet_proto": _PROTOCOLS, "mark": {}, "integer": {},
-              "icmp_type": _ICMP_TYPES, "ct_mark": {}}
+              "icmp_type": _ICMP_TYPES, "icmpv6_type": _ICMPV6_TYPES, "ct_mark": {}}
 _ADDR_TYPES = ("ipv4_addr", "ipv6_addr")
 
 ABSENT = object()   # the header a selector reads is not in this packet: the expression misses
@@ -248,12 +257,15 @@ _PAYLOAD: dict[tuple[str, str], tuple[str, str | None]] = {
     ("ip", "protocol"): ("inet_proto", "protocol4"), ("ip", "ttl"): ("integer", "ttl"),
     ("ip6", "saddr"): ("ipv6_addr", "saddr6"), ("ip6", "daddr"): ("ipv6_addr", "daddr6"),
     ("ip6", "nexthdr"): ("inet_proto", "protocol6"), ("ip6", "hoplimit"): ("integer", "ttl"),
+    ("ip6", "flowlabel"): ("integer", "flowlabel"),
     ("tcp", "sport"): ("inet_service", "tcp_sport"), ("tcp", "dport"): ("inet_service", "tcp_dport"),
     ("udp", "sport"): ("inet_service", "udp_sport"), ("udp", "dport"): ("inet_service", "udp_dport"),
     ("sctp", "sport"): ("inet_service", "sctp_sport"),
     ("sctp", "dport"): ("inet_service", "sctp_dport"),
     ("th", "sport"): ("inet_service", "th_sport"), ("th", "dport"): ("inet_service", "th_dport"),
     ("icmp", "type"): ("icmp_type", "icmp_type"), ("icmp", "code"): ("integer", "icmp_code"),
+    ("icmpv6", "type"): ("icmpv6_type", "icmpv6_type"),
+    ("icmpv6", "code"): ("integer", "icmpv6_code"),
 }
 # headers whose other fields parse but are not modelled
 _PAYLOAD_HEADERS = frozenset({"ip", "ip6", "tcp", "udp", "udplite", "sctp", "dccp", "th",

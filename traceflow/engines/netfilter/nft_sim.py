@@ -78,11 +78,12 @@ def _fib(side: str, iif: bool):
     return get
 
 
-def _icmp(fld: str):
+def _icmp(fld: str, proto: int = 1):
+    """ICMP (1) or ICMPv6 (58) type/code: ``tp_src``/``tp_dst``, as OVS keeps them."""
     def get(p: Packet, ctx: NodeContext):
         if p.nw_proto is None:
             return None
-        return getattr(p, fld) if p.nw_proto == 1 else ABSENT
+        return getattr(p, fld) if p.nw_proto == proto else ABSENT
     return get
 
 
@@ -98,6 +99,8 @@ _GETTERS: dict[str, Callable[[Packet, NodeContext], object]] = {
     "sctp_sport": _port(132, "src"), "sctp_dport": _port(132, "dst"),
     "th_sport": _port(None, "src"), "th_dport": _port(None, "dst"),
     "icmp_type": _icmp("tp_src"), "icmp_code": _icmp("tp_dst"),
+    "icmpv6_type": _icmp("tp_src", 58), "icmpv6_code": _icmp("tp_dst", 58),
+    "flowlabel": lambda p, c: p.ipv6_label if _is_v6(p) else ABSENT,
     "mark": lambda p, c: p.mark, "ct_mark": lambda p, c: c.connmark,
     "iifname": lambda p, c: c.in_iface, "oifname": lambda p, c: c.out_iface,
     "nfproto": lambda p, c: frozenset({"ipv6" if _is_v6(p) else "ipv4"}),

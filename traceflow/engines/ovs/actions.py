@@ -10,6 +10,7 @@ Both syntaxes Antrea dumps use are read: OpenFlow 1.0 (``load:0x2->NXM_NX_REG0[0
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -562,11 +563,21 @@ def _nat(arg: str | None) -> Nat:
     ip_min = ip_max = None
     pmin = pmax = None
     if spec:
-        m = re.match(r"^\[?([0-9a-fA-F.:]+?)\]?(?:-\[?([0-9a-fA-F.:]+?)\]?)?(?::(\d+)(?:-(\d+))?)?$",
-                     spec)
-        if not m or "." not in m.group(1):
+        # IPv4 ``a[-b][:p[-q]]``; IPv6 ``[a][-[b]][:p[-q]]``, or ``a[-b]`` without brackets when
+        # there is no port (OVS format_NAT: ipv6_format_addr_bracket brackets only with ports)
+        m = (re.match(r"^\[([0-9a-fA-F:.]+)\](?:-\[([0-9a-fA-F:.]+)\])?(?::(\d+)(?:-(\d+))?)?$",
+                      spec)
+             or re.match(r"^([0-9a-fA-F]*:[0-9a-fA-F:.]*)(?:-([0-9a-fA-F]*:[0-9a-fA-F:.]*))?()()$",
+                         spec)
+             or re.match(r"^([0-9.]+)(?:-([0-9.]+))?(?::(\d+)(?:-(\d+))?)?$", spec))
+        if not m:
             raise ActionError(f"unsupported nat address {spec!r}")
         ip_min, ip_max = m.group(1), m.group(2) or m.group(1)
+        try:
+            ipaddress.ip_address(ip_min)
+            ipaddress.ip_address(ip_max)
+        except ValueError:
+            raise ActionError(f"unsupported nat address {spec!r}") from None
         pmin = int(m.group(3)) if m.group(3) else None
         pmax = int(m.group(4)) if m.group(4) else pmin
     return Nat(kind, ip_min, ip_max, pmin, pmax, tuple(flags))

@@ -33,8 +33,8 @@ class ConntrackSteps:
             zone = (state.get(sub.field.name, 0) >> sub.start) & ((1 << sub.width) - 1)
         else:
             zone = act.zone or 0
-        if state.get("dl_type") != 0x0800:
-            hit.effects.append(f"conntrack zone {zone}: not IPv4, untracked")
+        if state.get("dl_type") not in (0x0800, 0x86DD):
+            hit.effects.append(f"conntrack zone {zone}: not IP, untracked")
             return
         if self.ct_next is None:
             tracked, phrases = self._ct_lookup(act, state, hit, depth, zone)
@@ -89,13 +89,14 @@ class ConntrackSteps:
         if act.nat is not None and entry is not None and entry.nat:
             before = _tuple(tracked)
             target = entry.orig if is_reply else reverse_tuple(entry.reply)
+            src, dst = _addr_keys(tracked)
             if is_reply:
                 # reply: restore the original addresses (un-DNAT / un-SNAT)
-                tracked["nw_src"], tracked["tp_src"] = _ip(target[3]), target[4]
-                tracked["nw_dst"], tracked["tp_dst"] = _ip(target[1]), target[2]
+                tracked[src], tracked["tp_src"] = _ip(target[3]), target[4]
+                tracked[dst], tracked["tp_dst"] = _ip(target[1]), target[2]
             else:
-                tracked["nw_src"], tracked["tp_src"] = _ip(target[1]), target[2]
-                tracked["nw_dst"], tracked["tp_dst"] = _ip(target[3]), target[4]
+                tracked[src], tracked["tp_src"] = _ip(target[1]), target[2]
+                tracked[dst], tracked["tp_dst"] = _ip(target[3]), target[4]
             if _tuple(tracked) != before:
                 phrases.append(f"{'un-NAT' if is_reply else 'NAT'} by the existing connection: "
                                f"{_fmt_tuple(before)} -> {_fmt_tuple(_tuple(tracked))}")
@@ -107,13 +108,14 @@ class ConntrackSteps:
                 if act.nat is not None and act.nat.kind:
                     nat_kind = act.nat.kind
                     before = tup       # no connection: nothing has changed the packet yet
+                    src, dst = _addr_keys(tracked)
                     if act.nat.kind == "dst":
-                        tracked["nw_dst"] = _ip(act.nat.ip_min)
+                        tracked[dst] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_dst"] = act.nat.port_min
                         ct_state |= bits["dnat"]
                     else:
-                        tracked["nw_src"] = _ip(act.nat.ip_min)
+                        tracked[src] = _ip(act.nat.ip_min)
                         if act.nat.port_min is not None:
                             tracked["tp_src"] = act.nat.port_min
                         ct_state |= bits["snat"]
@@ -156,7 +158,7 @@ class ConntrackSteps:
         if act.nat is not None and act.nat.kind and act.nat.ip_min:
             before = _tuple(tracked)
             side = "src" if act.nat.kind == "src" else "dst"
-            tracked[f"nw_{side}"] = _ip(act.nat.ip_min)
+            tracked[_addr_keys(tracked)[side == "dst"]] = _ip(act.nat.ip_min)
             if act.nat.port_min is not None:
                 tracked[f"tp_{side}"] = act.nat.port_min
             phrases.append(f"{'SNAT' if side == 'src' else 'DNAT'} "
@@ -194,7 +196,7 @@ _TRK_EST = F.CT_STATE_BITS["trk"] | F.CT_STATE_BITS["est"]
 
 # The conntrack fields OVS clears from a pass after its ct() action.
 CT_FIELDS = ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst",
-             "ct_nw_proto", "ct_tp_src", "ct_tp_dst")
+             "ct_nw_proto", "ct_tp_src", "ct_tp_dst", "ct_ipv6_src", "ct_ipv6_dst")
 
 
 @functools.lru_cache(maxsize=256)
@@ -207,9 +209,24 @@ def reverse_tuple(t: tuple) -> tuple:
     return (proto, dst, dport, src, sport)
 
 
+def _addr_keys(state: dict) -> tuple[str, str]:
+    """Where the packet's addresses are: ipv6_src/ipv6_dst for IPv6 (conntrack tracks IPv6
+    as it does IPv4, nf_conntrack_l3proto_ipv6), nw_src/nw_dst for IPv4."""
+    return ("ipv6_src", "ipv6_dst") if state.get("dl_type") == 0x86DD else ("nw_src", "nw_dst")
+
+
 def _tuple(state: dict) -> tuple:
+    if state.get("dl_type") == 0x86DD:
+        return (state.get("nw_proto", 0), ipv6_text(state.get("ipv6_src", 0)),
+                state.get("tp_src", 0), ipv6_text(state.get("ipv6_dst", 0)),
+                state.get("tp_dst", 0))
     return (state.get("nw_proto", 0), ipv4_text(state.get("nw_src", 0)), state.get("tp_src", 0),
             ipv4_text(state.get("nw_dst", 0)), state.get("tp_dst", 0))
+
+
+@functools.lru_cache(maxsize=65536)
+def ipv6_text(v: int) -> str:
+    return str(ipaddress.IPv6Address(v & ((1 << 128) - 1)))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -221,8 +238,12 @@ def ipv4_text(v: int) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _ip(text: str) -> int:
-    return int(ipaddress.IPv4Address(text))
+    return int(ipaddress.ip_address(text))
 
 
 def _fmt_tuple(t: tuple) -> str:
-    return f"{t[1]}:{t[2]} -> {t[3]}:{t[4]}"
+    return f"{_hp(t[1], t[2])} -> {_hp(t[3], t[4])}"
+
+
+def _hp(ip: str, port) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

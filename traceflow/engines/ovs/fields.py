@@ -56,6 +56,7 @@ _CANONICAL = [
     # flow_set_vlan_vid/flow_set_dl_vlan/flow_set_vlan_pcp)
     _f("vlan_vid", 12, view="vlan_vid"), _f("dl_vlan", 12, view="dl_vlan"),
     _f("vlan_pcp", 3, view="vlan_pcp"), _f("dl_vlan_pcp", 3, view="vlan_pcp"),
+    _f("ipv6_label", 20), _f("ct_ipv6_src", 128, "ipv6"), _f("ct_ipv6_dst", 128, "ipv6"),
 ]
 _CANONICAL += [_f(f"reg{i}", 32) for i in range(16)]
 # OpenFlow 1.5's packet registers and Nicira's 128-bit registers overlay the 32-bit ones:
@@ -76,6 +77,14 @@ _ALIASES = {
     "tcp_src": "tp_src", "tcp_dst": "tp_dst", "udp_src": "tp_src", "udp_dst": "tp_dst",
     "sctp_src": "tp_src", "sctp_dst": "tp_dst", "icmpv4_type": "icmp_type",
     "icmpv4_code": "icmp_code", "icmpv6_type": "icmp_type", "icmpv6_code": "icmp_code",
+    "NXM_NX_IPV6_LABEL": "ipv6_label", "OXM_OF_IPV6_FLABEL": "ipv6_label",
+    "OXM_OF_IPV6_SRC": "ipv6_src", "OXM_OF_IPV6_DST": "ipv6_dst",
+    "NXM_NX_ND_TARGET": "nd_target", "OXM_OF_IPV6_ND_TARGET": "nd_target",
+    "ipv6_nd_target": "nd_target", "NXM_NX_ICMPV6_TYPE": "icmp_type",
+    "NXM_NX_ICMPV6_CODE": "icmp_code", "OXM_OF_ICMPV6_TYPE": "icmp_type",
+    "OXM_OF_ICMPV6_CODE": "icmp_code", "NXM_OF_ICMP_TYPE": "icmp_type",
+    "NXM_OF_ICMP_CODE": "icmp_code", "NXM_NX_CT_IPV6_SRC": "ct_ipv6_src",
+    "NXM_NX_CT_IPV6_DST": "ct_ipv6_dst",
     "tun_ipv4_src": "tun_src", "tun_ipv4_dst": "tun_dst", "tunnel_id": "tun_id",
     "NXM_OF_IN_PORT": "in_port", "OXM_OF_IN_PORT": "in_port_oxm",
     "NXM_OF_ETH_SRC": "dl_src", "NXM_OF_ETH_DST": "dl_dst", "NXM_OF_ETH_TYPE": "dl_type",
@@ -142,6 +151,43 @@ VLAN_CFI = 0x1000                        # the "VLAN header present" bit of vlan
 
 CT_STATE_BITS = {"new": 0x01, "est": 0x02, "rel": 0x04, "rpl": 0x08, "inv": 0x10,
                  "trk": 0x20, "snat": 0x40, "dnat": 0x80}
+
+
+# ---- register overlays: xregN = reg(2N):reg(2N+1), xxregN = reg(4N)..reg(4N+3), the first
+# register in the most significant bits (OVS lib/flow.h flow_get_xreg / flow_get_xxreg).
+# The simulator keeps each name's value; after a write to one, ``sync_registers`` brings the
+# others that share its bits up to date, so a load to xxreg3 is seen by a match on reg12
+# (Antrea's IPv6 Endpoint IP: loaded into xxreg3, matched as reg12..reg15 in dumps).
+_REG_OF = {f"reg{i}": i for i in range(16)}
+_XREG_OF = {f"xreg{i}": i for i in range(8)}
+_XXREG_OF = {f"xxreg{i}": i for i in range(4)}
+OVERLAID = frozenset(_REG_OF) | frozenset(_XREG_OF) | frozenset(_XXREG_OF)
+_M32, _M64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+
+def sync_registers(state: dict, name: str) -> None:
+    """After ``name`` (a reg, xreg or xxreg) was written in ``state``: its overlays."""
+    if name in _REG_OF:
+        i = _REG_OF[name]
+        regs = [state.get(f"reg{j}", 0) for j in range(i & ~3, (i & ~3) + 4)]
+        x = i // 2
+        state[f"xreg{x}"] = (state.get(f"reg{2 * x}", 0) << 32) | state.get(f"reg{2 * x + 1}", 0)
+        state[f"xxreg{i // 4}"] = (regs[0] << 96) | (regs[1] << 64) | (regs[2] << 32) | regs[3]
+        return
+    if name in _XREG_OF:
+        x = _XREG_OF[name]
+        value = state.get(name, 0)
+        state[f"reg{2 * x}"], state[f"reg{2 * x + 1}"] = (value >> 32) & _M32, value & _M32
+        base = (x // 2) * 2
+        state[f"xxreg{x // 2}"] = ((state.get(f"xreg{base}", 0) << 64)
+                                  | state.get(f"xreg{base + 1}", 0))
+        return
+    if name in _XXREG_OF:
+        n = _XXREG_OF[name]
+        value = state.get(name, 0)
+        for k in range(4):
+            state[f"reg{4 * n + k}"] = (value >> (96 - 32 * k)) & _M32
+        state[f"xreg{2 * n}"], state[f"xreg{2 * n + 1}"] = (value >> 64) & _M64, value & _M64
 
 
 def lookup(name: str) -> Field | None:

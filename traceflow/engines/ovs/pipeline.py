@@ -342,6 +342,8 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                 # only loads and set_fields before the resubmit: apply_actions, inlined
                 for name, mask, bits, start, end, value, text in writes:
                     state[name] = (state.get(name, 0) & ~mask) | bits
+                    if name in F.OVERLAID:       # reg/xreg/xxreg share bits
+                        F.sync_registers(state, name)
                     effects.append(text)
                     if notes_writes:
                         note = self._write_note(name, start, end, value, state)
@@ -530,6 +532,8 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                                    "no effect")
                     continue
                 state[name] = (state.get(name, 0) & ~mask) | bits
+                if name in F.OVERLAID:           # reg/xreg/xxreg share bits
+                    F.sync_registers(state, name)
                 effects.append(text)
                 if self.notes_writes:
                     note = self._write_note(name, start, end, value, state)
@@ -676,6 +680,8 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         if dst.field.view is None:          # A.write_bits, inlined
             mask = ((1 << dst.width) - 1) << dst.start
             state[name] = (state.get(name, 0) & ~mask) | ((value << dst.start) & mask)
+            if name in F.OVERLAID:
+                F.sync_registers(state, name)
         else:
             A.write_bits(state, dst, value)
         if not quiet:

@@ -262,6 +262,12 @@ class Interface:
     def ipv4(self) -> tuple[Address, ...]:
         return tuple(a for a in self.addresses if a.family == 4)
 
+    def ipv6(self) -> tuple[Address, ...]:
+        return tuple(a for a in self.addresses if a.family == 6)
+
+    def of_family(self, family: int) -> tuple[Address, ...]:
+        return tuple(a for a in self.addresses if a.family == family)
+
 
 PATH_FLAGS = frozenset({"onlink", "dead", "linkdown", "pervasive"})
 
@@ -516,16 +522,19 @@ class PrefixIndex:
                 yield same
 
 
-def parse_ip_routes(text: str, name: str, default_table: str = "main") -> RoutingTables:
+def parse_ip_routes(text: str, name: str, default_table: str = "main",
+                    family: int | None = None) -> RoutingTables:
     """Parse ``ip route show table all``, ``ip route``, ``ip route show table X``, ``ip -6 route``.
 
     Routes without a ``table`` attribute belong to ``default_table`` (``main`` for a plain
     ``ip route`` and ``table all``; pass the table for ``ip route show table X`` outputs).
+    ``family`` 6 reads ``ip -6 route`` output: a line that names no address (``unreachable
+    default dev lo ...``) is IPv6 there.
     """
     default_table = table_name(default_table)
     drafts: list[_RouteDraft] = []
     notes: list[str] = []
-    family_hint = 4
+    family_hint = family or 4
     for source in _lines(text, name):
         # iproute2 -o joins continuation lines with a backslash
         parts = source.text.split("\\")

@@ -169,6 +169,12 @@ class SourceAddresses:
         value = self._select_addr(dev, _addr_value(gateway), SCOPES[scope])
         return _fmt(4, value) if value else None
 
+    def source_address_v6(self, dev: str | None, dst: str) -> str | None:
+        """The source address the kernel picks for an IPv6 packet to ``dst`` leaving by
+        ``dev`` (ipv6_dev_get_saddr; what IPv6 MASQUERADE uses, nf_nat_masquerade_ipv6)."""
+        value = self._select_addr_v6(dev, _addr_value(dst))
+        return _fmt(6, value) if value else None
+
     def _has_no_ipv4(self, dev: str) -> bool:
         if self.interfaces is None or dev not in self.interfaces:
             return False             # unknown: assume the usual, an addressed device

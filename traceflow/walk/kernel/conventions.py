@@ -8,8 +8,10 @@ Every answer a convention gives in place of a file is said in the trace as an as
 
 from __future__ import annotations
 
+from traceflow.bundle.snapshot import WithoutOvs
 
-class KernelConventions:
+
+class KernelConventions(WithoutOvs):
     """The defaults describe no CNI in particular; each method says what it is asked."""
 
     name = "kernel"
@@ -20,32 +22,6 @@ class KernelConventions:
     # the underlay (a VPC, a VNet) routes pod addresses to the node that holds them, so a
     # pod's packet sent out of the uplink reaches its node without a route naming that node
     underlay_routes_pods = False
-
-    # ---- the conventions protocol (nothing of OVS here) --------------------------------------
-    @staticmethod
-    def annotator(node):
-        from traceflow.engines.ovs.annotator import Annotator
-        return Annotator()
-
-    @staticmethod
-    def gateway_port(ports) -> str | None:
-        return None
-
-    @staticmethod
-    def tunnel_port(ports) -> str | None:
-        return None
-
-    @staticmethod
-    def describe_mac(mac):
-        return None
-
-    @staticmethod
-    def policy_direction(table_name):
-        return None
-
-    @staticmethod
-    def drop_reason(*args):
-        return None
 
     # ---- devices ------------------------------------------------------------------------------
     def device_kind(self, dev: str) -> str | None:
