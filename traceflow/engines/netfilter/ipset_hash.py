@@ -2,15 +2,17 @@
 once into dicts keyed by their (masked) addresses and ports, by shape (a sequence of element
 kinds: an address with its prefix length, a protocol:port); the entries of other forms (port
 ranges, interfaces, ``tcpudp``) tested one by one as ``iptables_matches.ipset_contains`` does.
-The answer is the one ``ipset_contains`` gives entry by entry (tests/test_scale_lookups.py)."""
+The answer is the one ``ipset_contains`` gives entry by entry (tests/test_scale_lookups.py).
+The entry-by-entry test of one entry (``_set_entry_hit``) is here too."""
 
 from __future__ import annotations
 
 import re
 
-from traceflow.engines.netfilter.iptables_matches import _SET_PORT, _set_entry_bits, _set_entry_hit
-from traceflow.engines.netfilter.iptables_values import _address, _network
+from traceflow.engines.netfilter.iptables_values import _address, _in_network, _network
 from traceflow.model.packet import PROTO_NUMBERS, Packet
+
+_SET_PORT = re.compile(r"^(?:(?P<proto>[a-z]+):)?(?P<port>\d+)(?:-(?P<hi>\d+))?$")
 
 _BYTE = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _QUAD = re.compile(rf"{_BYTE}\.{_BYTE}\.{_BYTE}\.{_BYTE}(?:/(3[0-2]|[12]?[0-9]))?")
@@ -130,3 +132,49 @@ class _HashedSet:
             most = max(bits for bits, _ in hits)
             return not any(nomatch for bits, nomatch in hits if bits == most)
         return None if undecidable else False
+
+
+def _set_entry_bits(entry: str) -> int:
+    """How specific an entry is: the prefix lengths of its addresses (an address alone is a
+    full-length prefix)."""
+    bits = 0
+    for element in entry.split(","):
+        try:
+            bits += _network(element).prefixlen
+        except ValueError:
+            continue                                  # a port or an interface
+    return bits
+
+
+def _set_entry_hit(entry: str, flags: tuple[str, ...], packet: Packet) -> bool | None:
+    """One entry (``10.0.0.0/8``, ``10.0.0.1,tcp:80``, ``10.0.0.1,udp:53,10.0.0.2``)."""
+    results = []
+    for element, flag in zip(entry.split(","), flags):
+        port_only = flag.startswith("port-")      # bitmap:port
+        side = "src" if flag.removeprefix("port-") == "src" else "dst"
+        results.append(_set_element_hit(element, ("port-" if port_only else "") + side, packet))
+    if False in results:
+        return False
+    return None if None in results else True
+
+
+def _set_element_hit(element: str, side: str, packet: Packet) -> bool | None:
+    if side.startswith("port-"):                      # bitmap:port: the element is a port
+        return _port_element_hit(element, side[5:], packet)
+    try:
+        return _in_network(getattr(packet, f"nw_{side}"), _network(element))
+    except ValueError:
+        pass
+    return _port_element_hit(element, side, packet)
+
+
+def _port_element_hit(element: str, side: str, packet: Packet) -> bool | None:
+    port = _SET_PORT.match(element)
+    if not port:
+        return None                                   # interface names, MACs: not modelled
+    proto = port["proto"]
+    if proto and proto != "tcpudp" and PROTO_NUMBERS.get(proto) != packet.nw_proto:
+        return False
+    value = getattr(packet, f"tp_{side}")
+    lo = int(port["port"])
+    return None if value is None else lo <= value <= int(port["hi"] or lo)
