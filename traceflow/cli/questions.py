@@ -141,7 +141,13 @@ def register(app: typer.Typer, cli) -> None:
             sink = jsonl_writer(sys.stdout, str(bundle))
 
         def say(text):
-            if sys.stderr.isatty() or max_pairs is not None or max_seconds is not None:
+            if sys.stderr.isatty():             # fitted to the terminal, wrapped under it
+                import shutil
+                import textwrap
+                columns = width or shutil.get_terminal_size((80, 24)).columns
+                typer.echo(textwrap.fill(f"traceflow: {text}", max(40, columns),
+                                         subsequent_indent="  "), err=True)
+            elif max_pairs is not None or max_seconds is not None:
                 typer.echo(f"traceflow: {text}", err=True)
 
         def build():

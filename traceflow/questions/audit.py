@@ -258,6 +258,11 @@ def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = N
     else:
         stream = answer_nodes(snap, mx, chosen if nodes is not None else None, share, stats)
     n_groups = len(mx.groups)
+
+    def said(text):             # (the counter's line wiped first)
+        if announce is not None:
+            bar.clear()
+            announce(text)
     try:
         current, results, pods_of = None, [], []
         for answer in stream:
@@ -268,7 +273,7 @@ def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = N
                 current, results, pods_of = answer.index, [], []
                 elapsed = time.monotonic() - t0
                 _check_time(max_seconds, elapsed, answer.index, mx.pairs_total, n_groups,
-                            announce)
+                            said)
             results.append(answer.result)
             pods_of.append(answer.position)
             host_only = host_only or answer.result.host_only

@@ -373,14 +373,26 @@ class Progress:
                     f"{_duration(left)} left)")
             if self.status is not None:
                 line += f" {self.status()}"
+            line = line[:_columns()]            # one line of the terminal, never wrapped
             self._width = max(self._width, len(line))
             sys.stderr.write(line.ljust(self._width) + " ")
             sys.stderr.flush()
 
     def close(self) -> None:
         if self.enabled and self.done:
-            sys.stderr.write("\r" + " " * max(60, self._width + 1) + "\r")
+            self.clear()
+
+    def clear(self) -> None:
+        """Wipe the counter's line (before something else is said on stderr)."""
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * min(max(60, self._width + 1), _columns()) + "\r")
             sys.stderr.flush()
+
+
+def _columns() -> int:
+    """The terminal's width less one (the cursor's cell)."""
+    import shutil
+    return max(20, shutil.get_terminal_size((80, 24)).columns - 1)
 
 
 def _duration(seconds: float) -> str:
