@@ -134,10 +134,18 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
     def leave_pod(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query):
         cn = self.cilium(pod.node)
         node = cn.node
-        rec = cn.lxc.get(pod.ip)
+        own_ip = packet.nw_src or pod.ip        # the pod's address of the packet's family
+        if packet.family == 6 and ":" not in (own_ip or ""):
+            why = (f"{pod.key} has no IPv6 address (status.podIPs of k8s/pods.yaml): it cannot "
+                   f"send an IPv6 packet to {packet.nw_dst}")
+            branch.add(Hop(pod.node, "pod", None, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        rec = cn.lxc.get(own_ip)
         if rec is None:
             branch.add(Hop(pod.node, "pod", None, None,
-                           f"{pod.key} ({pod.ip}) is not in nodes/{pod.node}/cilium-bpf-endpoint-list.txt "
+                           f"{pod.key} ({own_ip}) is not in nodes/{pod.node}/cilium-bpf-endpoint-list.txt "
                            "(the cilium_lxc map): not a Cilium endpoint", unknown=True))
             branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
                                                 f"{pod.key} is not a Cilium endpoint on {pod.node}"))
