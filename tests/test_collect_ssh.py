@@ -65,6 +65,10 @@ def _free_port() -> int:
 
 
 NODE_SETUP = [
+    # no duplicate address detection: a link-local address's local route appears when DAD
+    # ends (~1 s after the device is up), which would make two listings of the routes differ
+    "sysctl -q -w net.ipv6.conf.all.accept_dad=0",
+    "sysctl -q -w net.ipv6.conf.default.accept_dad=0",
     "ip link set lo up",
     "ip link add tf-eth0 type veth peer name tf-eth0p",
     "ip link add antrea-gw0 type veth peer name tf-gwp",

@@ -630,14 +630,12 @@ def generated_kube_proxy(services: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def test_five_thousand_rules_parse_quickly():
+def test_five_thousand_rules_parse_and_the_service_is_found():
+    """5,003 rules of 625 Services (its speed is measured by benchmarks/nft_scale.py)."""
     text = generated_kube_proxy(625)
-    started = time.perf_counter()
     ruleset = parse_nft_ruleset(text, "big.txt")
-    elapsed = time.perf_counter() - started
     assert ruleset.diagnostics == []
     assert sum(1 for _ in ruleset.rules()) == 5003
-    assert elapsed < 5.0, f"parsing 5,003 rules took {elapsed:.2f}s"
     branches = ruleset.evaluate_hook("PREROUTING", tcp("10.244.9.9", "10.96.2.124"),
                                      NodeContext())
     assert [(b.packet.nw_dst, b.packet.tp_dst) for b in branches] == [

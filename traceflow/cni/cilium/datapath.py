@@ -22,6 +22,7 @@ from traceflow.engines.cilium import lookup as L
 from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_LOOPBACK, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
                                        POLICY, SOCK,
                                        SOCK_WHERE, CiliumNode)
+from traceflow.cni.cilium.family import V6_UNMODELLED, for_family, is_v6
 from traceflow.cni.cilium.lb import ServiceLB
 from traceflow.cni.cilium.masquerade import Egress
 from traceflow.cni.cilium.nodeport import NodePort
@@ -50,6 +51,7 @@ VXLAN_PORT = {"vxlan": 8472, "geneve": 6081}
 
 class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
     name = "Cilium"
+    ipv6 = True        # pod-to-pod and pod-to-Service over IPv6 (see _v6_unmodelled for what is not)
 
     def __init__(self, walk):
         super().__init__(walk)
@@ -76,6 +78,12 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
         """A BPF hop: ``rec`` is the map entry that decided (its text and file:line)."""
         program = program or loc.program
         src = getattr(rec, "source", None)
+        fam = 6 if is_v6(pkt if pkt is not None else getattr(loc, "packet", None)) else 4
+        if fam == 6:        # the same program's IPv6 twin (traceflow.cni.cilium.family)
+            v6 = self._v6_addresses()
+            effect, program = for_family(effect, 6, v6), for_family(program, 6)
+            map_ = for_family(map_, 6)
+            notes = [for_family(n, 6, v6) for n in notes]
         return Hop(loc.node, "bpf", program, src.text.strip() if src else None, effect,
                    source=src, packet=pkt.headers() if pkt is not None else None,
                    changed=pkt.diff(before) if pkt is not None and before is not None else {},
@@ -87,11 +95,34 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
         """End the branch at a program: a drop states its disposition (by Cilium's drop name
         where it has one: DROP_POLICY -> dropped-policy, DROP_NO_SERVICE -> no-backend ...)."""
         rule = rec.source.text.strip() if getattr(rec, "source", None) else None
+        if is_v6(getattr(loc, "packet", None)):
+            reason = for_family(reason, 6, self._v6_addresses())
         text = f"{drop_name}: {reason}" if drop_name else reason
         if disposition is None and verdict == Verdict.DROPPED:
             disposition = DROP_DISPOSITIONS[drop_name]
-        return (b.finish(verdict, Drop(loc.node, "bpf", loc.program, rule, text, disposition,
+        program = for_family(loc.program, 6) if is_v6(getattr(loc, "packet", None)) else loc.program
+        return (b.finish(verdict, Drop(loc.node, "bpf", program, rule, text, disposition,
                                        tuple(policies))), None)
+
+    def _v6_addresses(self) -> tuple:
+        """Every IPv6 address of the cluster's pods, Services and nodes: the ones a hop's text
+        writes before a port, to be bracketed (``[fd00::1]:80``)."""
+        if not hasattr(self, "_v6_cache"):
+            c = self.cluster
+            self._v6_cache = tuple(a for x in (*c.pods, *c.services, *c.nodes)
+                                   for a in x.addresses if a and ":" in a)
+        return self._v6_cache
+
+    def _say(self, text: str, pkt) -> str:
+        """``text`` in the packet's family (IPv6 names and bracketed addresses)."""
+        return for_family(text, 6, self._v6_addresses()) if is_v6(pkt) else text
+
+    def _unmodelled_v6(self, b: Branch, loc, what: str, pkt=None) -> tuple:
+        """An IPv6 case Cilium's walk does not model: unknown with the reason, never the
+        IPv4 answer (traceflow.cni.cilium.family V6_UNMODELLED)."""
+        why = V6_UNMODELLED[what]
+        b.add(self._hop(loc, why, pkt=pkt if pkt is not None else loc.packet, unknown=True))
+        return self._end(b, loc, Verdict.UNKNOWN, why)
 
     def _attached(self, cn: CiliumNode, dev: str, hook: str) -> str:
         prog = cn.program_at(dev, hook)
@@ -103,10 +134,18 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
     def leave_pod(self, branch: Branch, pod: kube.Pod, packet: Packet, q: Query):
         cn = self.cilium(pod.node)
         node = cn.node
-        rec = cn.lxc.get(pod.ip)
+        own_ip = packet.nw_src or pod.ip        # the pod's address of the packet's family
+        if packet.family == 6 and ":" not in (own_ip or ""):
+            why = (f"{pod.key} has no IPv6 address (status.podIPs of k8s/pods.yaml): it cannot "
+                   f"send an IPv6 packet to {packet.nw_dst}")
+            branch.add(Hop(pod.node, "pod", None, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None, why,
+                                                Disposition.UNKNOWN))
+            return None
+        rec = cn.lxc.get(own_ip)
         if rec is None:
             branch.add(Hop(pod.node, "pod", None, None,
-                           f"{pod.key} ({pod.ip}) is not in nodes/{pod.node}/cilium-bpf-endpoint-list.txt "
+                           f"{pod.key} ({own_ip}) is not in nodes/{pod.node}/cilium-bpf-endpoint-list.txt "
                            "(the cilium_lxc map): not a Cilium endpoint", unknown=True))
             branch.finish(Verdict.UNKNOWN, Drop(pod.node, "pod", None, None,
                                                 f"{pod.key} is not a Cilium endpoint on {pod.node}"))
@@ -116,7 +155,7 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
             raise Missing(f"nodes/{pod.node}/ip-addr.txt",
                           f"the lxc device with ifindex {rec.ifindex} of {pod.key}")
         files = self.snap.pod_files(pod)
-        host_ip = primary_ip(node.interface("cilium_host"))
+        host_ip = self._router_ip(node, packet.family)
         lxc_mac = (rec.node_mac or "").lower() or None
         # every next hop of a Cilium pod answers with the lxc device's MAC (the veth's host side)
         own = own_first_hop(self, branch, pod, files, packet, host_ip,
@@ -124,7 +163,8 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                                                  " every ARP request from the pod", False))
         if own is False:           # the pod's own files say it cannot send: finished
             return None
-        got = pod_gateway(files)   # with the neighbour entry, for the ARP hop below
+        # with the neighbour entry, for the ARP hop below (the pod's IPv4 default route only)
+        got = pod_gateway(files) if packet.family == 4 else None
         if got is not None and (own is None or got[0] == own[0]):
             gw_ip, gw_mac, how, rule, src, neigh = got
         elif own is not None:
@@ -134,7 +174,7 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
             gw_mac, how, rule, src, neigh = lxc_mac, (
                 "derived from Cilium's conventions (the cilium_host address as gateway, answered "
                 "by the lxc device's MAC)"), f"default via {gw_ip} dev eth0", None, None
-            self.warnings.append(conventions_warning(pod, files, "Cilium"))
+            self.warnings.append(conventions_warning(pod, files, "Cilium", packet.family))
         packet.dl_src = pod_mac(files) or (rec.mac or "").lower() or packet.dl_src
         packet.dl_dst = gw_mac or packet.dl_dst
         branch.add(Hop(pod.node, "pod", "main", rule,
@@ -145,14 +185,27 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
         if gw_mac and lxc_mac and gw_mac.lower() == lxc_mac:
             notes.append(f"{gw_mac} is the MAC of {dev}, the host side of the pod's veth: "
                          "every packet the pod routes goes to the lxc device")
+        asks = "neighbour solicitation: " if packet.family == 6 else ""
         branch.add(Hop(pod.node, "neigh", "eth0", neigh.text if neigh is not None else None,
-                       f"{gw_ip} is at {gw_mac}: the frame goes out of eth0 into {dev}",
+                       f"{asks}{gw_ip} is at {gw_mac}: the frame goes out of eth0 into {dev}",
                        source=neigh.source if neigh is not None else None,
                        packet=packet.headers(), notes=notes))
         if (q.service is not None and branch.leg.direction == "request"
                 and packet.nw_dst == q.dst_ip and cn.settings.socket_lb):
             return AtBpf(pod.node, dev, "connect", SOCK, packet)
         return AtBpf(pod.node, dev, "ingress", "from-container", packet)
+
+    @staticmethod
+    def _router_ip(node, family: int) -> str | None:
+        """cilium_host's address of ``family``: the router IP every Cilium pod routes through
+        (for IPv6 its global address, not the link-local one)."""
+        if family != 6:
+            return primary_ip(node.interface("cilium_host"))
+        iface = node.interface("cilium_host")
+        for a in (iface.addresses if iface is not None else ()):
+            if ":" in a.address and not a.address.lower().startswith("fe80"):
+                return a.address
+        return None
 
     # ---- dispatch ------------------------------------------------------------------------------
     def _bpf(self, b: Branch, loc: AtBpf, q: Query) -> list:
@@ -305,7 +358,7 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                 before = pkt.copy()
                 out = pkt.copy()
                 src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
-                out.tunnel = Tunnel(proto, src_node.internal_ip if src_node else "?", ep,
+                out.tunnel = Tunnel(proto, self._underlay_source(src_node, ep), ep,
                                     vni=pkt.extra.get("src_identity") or 0,
                                     dport=VXLAN_PORT.get(proto, 8472))
                 b.add(self._hop(loc, f"tunnel mode: {pkt.nw_dst} has tunnel endpoint {ep} in the "
@@ -353,6 +406,14 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
                              "packet (ip rules, routes, neighbours, netfilter)", pkt=pkt))
         self._kernel_caveat(loc.node)
         return [(b, AtHost(loc.node, loc.device, pkt))]
+
+    @staticmethod
+    def _underlay_source(src_node, endpoint: str) -> str:
+        """The outer source: the node's InternalIP of the tunnel endpoint's family (an IPv6
+        pod packet rides an IPv4 underlay when the ipcache gives an IPv4 endpoint)."""
+        if src_node is None:
+            return "?"
+        return src_node.address(6 if ":" in endpoint else 4) or src_node.internal_ip
 
     def _kernel_caveat(self, node_name: str) -> None:
         """The kernel stack is walked: say so when its netfilter rules are not in the bundle."""
@@ -511,6 +572,12 @@ class CiliumDatapath(ServiceLB, EndpointPolicy, NodePort, Egress, Datapath):
         not modelled for Cilium yet, said. Other devices are the host's."""
         cn = self.cilium(node_name)
         rec = cn.endpoint_by_device(device)
+        if packet.family == 6:
+            why = V6_UNMODELLED["captured"]
+            branch.add(Hop(node_name, "bpf", device, None, why, unknown=True))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", device, None, why,
+                                                Disposition.UNKNOWN))
+            return None
         if sent is None and rec is not None:
             sent = packet.nw_dst == rec.ip and packet.nw_src != rec.ip
         ingress = cn.program_at(device, "ingress")

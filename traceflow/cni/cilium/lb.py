@@ -136,8 +136,9 @@ class ServiceLB:
             # itself is missing) -> DROP_NO_SERVICE, one slot's share of new connections
             nb = b.fork()
             nb.weight *= 1.0 / count
-            nb.choices.append(f"{loc.node} {program}: slot {slot} -> backend id {beid} "
-                              f"({1.0 / count:.0%} of new connections, {algo})")
+            nb.choices.append(self._say(f"{loc.node} {program}: slot {slot} -> backend id "
+                                        f"{beid} ({1.0 / count:.0%} of new connections, {algo})",
+                                        pkt))
             gone = (f"points to backend id {beid}, which {svc.source.file} does not hold"
                     if beid is not None else f"has no entry in {svc.source.file}")
             reason = (f"slot {slot} of {pkt.nw_dst}:{pkt.tp_dst} {gone} (lb4_lookup_backend fails)"
@@ -173,6 +174,13 @@ class ServiceLB:
             effect = (f"backend {be.ip}:{be.port}: DNAT {before.nw_dst}:{before.tp_dst} -> "
                       f"{be.ip}:{be.port}")
             if (program != "cil_sock4_connect" and be.ip == pkt.nw_src
+                    and from_cluster and pkt.family == 6):
+                # bpf_lxc.c (1.17.0-dev line 487): no hairpin/loopback support for IPv6
+                nb.add(self._hop(loc, effect, map_="cilium_lb4_backends", rec=be, pkt=npkt,
+                                 before=before, notes=notes2, program=program))
+                out.append((self._unmodelled_v6(nb, loc, "hairpin", npkt)[0], npkt, hit))
+                continue
+            if (program != "cil_sock4_connect" and be.ip == pkt.nw_src
                     and from_cluster):
                 # lb4_local (lb.h 1.17 line 1817): saddr == backend: the source becomes
                 # IPV4_LOOPBACK so the pod can receive its own packet; policy is skipped both
@@ -190,8 +198,8 @@ class ServiceLB:
             nb.add(self._hop(loc, effect, map_="cilium_lb4_backends",
                              rec=be, pkt=npkt, before=before, notes=notes2, program=program))
             if not single:
-                nb.choices.append(f"{loc.node} {program}: backend {be.ip}:{be.port} "
-                                  f"({share:.0%} of new connections, {algo})")
+                nb.choices.append(self._say(f"{loc.node} {program}: backend {be.ip}:{be.port} "
+                                            f"({share:.0%} of new connections, {algo})", pkt))
             nb.choose_target(self.cluster, be.ip)
             hairpin = bool(npkt.extra.get("hairpin"))
             nb.ct(loc.node).commit(CT_ZONE, tuple5(pkt), tuple5(npkt),

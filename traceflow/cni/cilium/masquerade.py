@@ -54,6 +54,8 @@ class Egress:
         if snat_done:
             b.add(self._hop(loc, "host egress: the packet was already translated (ctx_snat_done): "
                                  "no further SNAT; TC_ACT_OK", pkt=pkt, notes=notes))
+        elif s.masquerade == "bpf" and s.kpr is not False and pkt.family == 6:
+            return [self._unmodelled_v6(b, loc, "masquerade", pkt)]
         elif s.masquerade == "bpf" and s.kpr is not False:
             return self._bpf_masquerade(b, loc, pkt, cn, notes)
         else:

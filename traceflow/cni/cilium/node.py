@@ -178,7 +178,8 @@ class CiliumNode:
     @cached_property
     def endpoints(self) -> dict:
         """Endpoint IP -> `cilium endpoint list` record (identity, labels, enforcement)."""
-        return {e.ipv4: e for e in self.maps.endpoints or () if e.ipv4}
+        # the IPv6 column too: one endpoint, one identity, both families (dual-stack)
+        return {ip: e for e in self.maps.endpoints or () for ip in (e.ipv4, e.ipv6) if ip}
 
     @cached_property
     def lxc(self) -> dict:

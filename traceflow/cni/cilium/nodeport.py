@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 
 from traceflow.engines.cilium import lookup as L
+from traceflow.cni.cilium.family import V6_UNMODELLED
 from traceflow.cni.cilium.node import (FIB_OUT, CT_DSR, CT_EGRESS_GW, CT_NODE_PORT, CT_ZONE, NAT_ZONE,
                                        POLICY, CiliumNode)
 from traceflow.model.packet import Packet, Tunnel
@@ -52,7 +53,16 @@ class NodePort:
                              f"{cn.identity_text(identity)} (ipcache)",
                         map_="cilium_ipcache", rec=entry, pkt=pkt, notes=notes)
         b.add(hop)
-        if cn.settings.kpr and not pkt.extra.pop("skip_nodeport", False):
+        if pkt.family == 6 and cn.settings.kpr and L.service_lookup(
+                cn.services, pkt.nw_dst, pkt.tp_dst, pkt.proto_name, from_cluster=False,
+                version=cn.version) is not None:
+            # handle_ipv6 (bpf_host.c) -> nodeport_lb6 would load-balance it: not modelled
+            return [self._unmodelled_v6(b, loc, "outside", pkt)]
+        if pkt.family == 6:
+            # nodeport_lb6 finds no service for it (and the walk made no IPv6 SNAT state):
+            # handle_ipv6_cont goes on (bpf_host.c line 232)
+            pkt.extra.pop("skip_nodeport", None)
+        elif cn.settings.kpr and not pkt.extra.pop("skip_nodeport", False):
             got = self._nodeport_lb4(b, loc, pkt, q, cn, hop)
             if got is not None:
                 return got
@@ -140,7 +150,7 @@ class NodePort:
             vni = 6
         before, out = pkt.copy(), pkt.copy()
         src_node = next((n for n in self.cluster.nodes if n.name == loc.node), None)
-        out.tunnel = Tunnel(proto, src_node.internal_ip if src_node else "?", endpoint,
+        out.tunnel = Tunnel(proto, self._underlay_source(src_node, endpoint), endpoint,
                             vni=vni, dport=VXLAN_PORT.get(proto, 8472))
         b.add(self._hop(loc, f"{why}: encapsulated in {proto.upper()} to {endpoint} (source "
                              f"identity {vni} in the VNI), redirected to {dev}",
@@ -379,6 +389,14 @@ class NodePort:
         traffic, nodeport_lb4); without a program there, the kernel stack (kube-proxy)."""
         cn = self.cilium(node_name)
         prog = cn.program_at(device, "ingress")
+        if packet.family == 6 and (prog is not None or cn.settings.kpr):
+            why = V6_UNMODELLED["outside"]
+            branch.add(Hop(node_name, "bpf", "from-netdev", None, why, unknown=True,
+                           packet=packet.headers(), program="from-netdev",
+                           detail="bpf-program"))
+            branch.finish(Verdict.UNKNOWN, Drop(node_name, "bpf", "from-netdev", None, why,
+                                                Disposition.UNKNOWN))
+            return None
         if prog is not None and prog.program == "from-netdev":
             return AtBpf(node_name, device, "ingress", "from-netdev", packet)
         if cn.settings.kpr:
