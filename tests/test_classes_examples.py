@@ -22,7 +22,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 
 # example -> whether its clients may share traces (False: the datapath gives no identity)
 CASES = {"calico-vxlan": False, "flannel-vxlan": False, "cilium-vxlan-policy": False,
-         "cilium-kpr-native": False, "antrea-dualstack": True, "kube-proxy-dualstack": True}
+         "cilium-kpr-native": False, "cilium-dualstack": False, "antrea-dualstack": True,
+         "kube-proxy-dualstack": True}
 
 
 def _snap(name: str):
