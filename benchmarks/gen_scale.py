@@ -256,6 +256,64 @@ def build(dest: Path, nodes: int = 2, flows: int = 100_000, services: int = 100,
     return dest
 
 
+# ---- host-only: the kube-proxy example (no OVS flows) with many more Services --------------
+
+HOST_ONLY = ROOT / "traceflow" / "examples" / "kube-proxy-iptables"
+
+
+def build_host_only(dest: Path, services: int) -> Path:
+    """``examples/kube-proxy-iptables`` (3 nodes, host files only) with ``services`` more
+    ClusterIP Services, each with two endpoints that are the example's own Running pods (taken
+    in turn), in k8s/services.yaml, k8s/endpointslices.yaml and every node's iptables-save.txt
+    (kube-proxy's rule shape, above): the client groups stay the example's, the Services grow."""
+    import yaml
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(HOST_ONLY, dest)
+    pods = [(p["metadata"]["namespace"], p["metadata"]["name"], p["status"]["podIP"],
+             p["spec"].get("nodeName"))
+            for p in yaml.load((dest / "k8s/pods.yaml").read_text(),
+                               Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["items"]
+            if p.get("status", {}).get("phase") == "Running" and p["status"].get("podIP")
+            and not p["spec"].get("hostNetwork")]
+    eps = [[pods[(2 * i) % len(pods)], pods[(2 * i + 1) % len(pods)]] for i in range(services)]
+    k8s = dest / "k8s"
+    _insert_items(k8s / "services.yaml", (_service_yaml(i) for i in range(services)))
+    slices = []
+    for i in range(services):
+        ns, name, _ = _svc(i)
+        body = "".join(f"  - addresses:\n    - {ip}\n    conditions:\n      ready: true\n"
+                       f"    nodeName: {node}\n    targetRef:\n      kind: Pod\n"
+                       f"      name: {pname}\n      namespace: {pns}\n"
+                       for pns, pname, ip, node in eps[i])
+        slices.append(f"- addressType: IPv4\n  apiVersion: discovery.k8s.io/v1\n  endpoints:\n"
+                      f"{body}  kind: EndpointSlice\n  metadata:\n    labels:\n"
+                      f"      kubernetes.io/service-name: {name}\n    name: {name}-abcde\n"
+                      f"    namespace: {ns}\n  ports:\n  - name: http\n    port: 8080\n"
+                      f"    protocol: TCP\n")
+    _insert_items(k8s / "endpointslices.yaml", slices)
+    for node_dir in sorted((dest / "nodes").iterdir()):
+        path = node_dir / "iptables-save.txt"
+        text = path.read_text()
+        chains: list[str] = []
+        svc_rules: list[str] = []
+        rules: list[str] = []
+        for i in range(services):
+            ns, name, vip = _svc(i)
+            _service_rules(f"{ns}/{name}:http", vip, 80, "tcp",
+                           [f"{ip}:8080" for _, _, ip, _ in eps[i]], svc_rules, chains, rules)
+        nat = text.index("*nat\n")
+        last_decl = text.rindex("\n:", nat) + 1
+        last_decl = text.index("\n", last_decl) + 1
+        text = text[:last_decl] + "".join(f":{c} - [0:0]\n" for c in chains) + text[last_decl:]
+        marker = text.index("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports;")
+        text = text[:marker] + "".join(r + "\n" for r in svc_rules) + text[marker:]
+        commit = text.index("COMMIT\n", text.index("*nat\n"))
+        text = text[:commit] + "".join(r + "\n" for r in rules) + text[commit:]
+        path.write_text(text)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", type=Path)
@@ -264,8 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=2)
     ap.add_argument("--jsonl", action="store_true", help="k8s objects as k8s/<kind>.jsonl")
+    ap.add_argument("--host-only", action="store_true", help="examples/kube-proxy-iptables "
+                    "(no OVS flows) with --services more Services instead")
     a = ap.parse_args(argv)
-    build(a.outdir, a.nodes, a.flows, a.services, a.endpoints, a.jsonl)
+    if a.host_only:
+        build_host_only(a.outdir, a.services)
+    else:
+        build(a.outdir, a.nodes, a.flows, a.services, a.endpoints, a.jsonl)
     print(a.outdir)
     return 0
 

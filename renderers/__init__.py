@@ -12,10 +12,17 @@
 forms); ``renderers.textfit`` escapes bundle text and fits it to a width.
 """
 
-from renderers.json_out import SCHEMA, render_json, trace_to_dict
-from renderers.table import make_console, render_table
-from renderers.theme import THEME, VERDICT_STYLES
-from renderers.yaml_out import render_yaml
+# imported when first asked for: ``-o json`` never loads Rich (renderers.table, theme)
+_WHERE = {"SCHEMA": "json_out", "render_json": "json_out", "trace_to_dict": "json_out",
+          "make_console": "table", "render_table": "table", "THEME": "theme",
+          "VERDICT_STYLES": "theme", "render_yaml": "yaml_out"}
 
 __all__ = ["SCHEMA", "THEME", "VERDICT_STYLES", "make_console", "render_json", "render_table",
            "render_yaml", "trace_to_dict"]
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'renderers' has no attribute {name!r}")
+    return getattr(__import__(f"renderers.{where}", fromlist=[name]), name)

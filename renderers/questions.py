@@ -7,15 +7,12 @@ Text goes through Rich (colour on a terminal, plain when piped); JSON documents 
 from __future__ import annotations
 
 import json
-
 from contextlib import nullcontext
 
-from rich.console import Console
-
-from renderers import walk
 from renderers.json_out import trace_to_dict
-from renderers.textfit import escape as escape_text
-from renderers.theme import missing_styles
+
+# Rich (and the renderers that use it) are imported by the text views only: -o json does
+# not load it.
 
 
 # ---- check ---------------------------------------------------------------------------------
@@ -53,6 +50,7 @@ def _dispositions(trace) -> list:
 def _themed(render):
     """Run ``render`` with the ``tf.*`` styles the console lacks (any console will do)."""
     def run(report, console: Console, *args, **kwargs):
+        from renderers.theme import missing_styles
         theme = missing_styles(console)
         with console.use_theme(theme) if theme else nullcontext():
             return render(report, console, *args, **kwargs)
@@ -66,6 +64,7 @@ def _out(console: Console):
 
 
 def _e(text) -> str:
+    from renderers.textfit import escape as escape_text
     return escape_text("" if text is None else str(text))
 
 
@@ -75,6 +74,7 @@ def render_check_text(report, console: Console, about=None) -> None:
     whom and what was seen; a failure adds the suite's file:line and, for each failing path,
     the human answer (the policy and what it allows) then the datapath's detail. Every line
     is fitted to the terminal: long ones wrap under their label, never mid-word."""
+    from renderers import walk
     out = _out(console)
     n, bad = len(report.results), len(report.failed)
     out.parts_wrapped([("FAIL" if bad else "PASS", "tf.dropped" if bad else "tf.delivered"),
@@ -115,11 +115,14 @@ def audit_to_dict(report) -> dict:
 
 @_themed
 def render_audit_text(report, console: Console, about=None) -> None:
-    """The counts first, then drift findings with their evidence, then the pairs that were not
-    delivered grouped by how they ended: the human answer (the policy and what it allows),
-    the datapath's reason, the pairs. Fitted to the terminal, wrapped under each label."""
+    """The counts first (and how many questions each trace answered), then drift findings
+    with their evidence, then the pairs that were not delivered grouped by how they ended: the
+    human answer (the policy and what it allows), the datapath's reason, a few pairs (they
+    stream past: ``report.groups`` keeps a count and the first ones of each group). Fitted to
+    the terminal, wrapped under each label."""
+    from renderers import walk
     out = _out(console)
-    d = report.to_dict()
+    d = report.head()           # the pairs stay in their spool: grouped below, not listed
     s = d["summary"]
     bad = s["pairs_not_delivered"] + s["findings"]
     out.parts_wrapped([("audit", "tf.unknown" if bad else "tf.delivered"),
@@ -131,6 +134,12 @@ def render_audit_text(report, console: Console, about=None) -> None:
                     "(k8s/services.yaml): there are no pairs to audit; trace one connection "
                     "with `traceflow trace SOURCE DESTINATION --bundle ...`",
                     head_style="tf.warning")
+    if s.get("pod_questions"):
+        out.wrapped("  ", f"{s['pod_questions']} pod questions answered by "
+                    f"{s['distinct_traces']} traces: each stands for "
+                    f"{s['questions_per_trace']} on average"
+                    + (f", up to {s['most_shared'][0]['stands_for']}" if s["most_shared"]
+                       else ""))
     by = s["by_verdict"]
     out.wrapped("  ", f"delivered {s['pairs_delivered']}, not delivered "
                 f"{s['pairs_not_delivered']} (dropped {by.get('dropped', 0)}, partial "
@@ -148,39 +157,44 @@ def render_audit_text(report, console: Console, about=None) -> None:
                                (f" {_e(f['subject'])}: {_e(f['message'])}", None)], 4)
             for e in f.get("evidence", []):
                 out.wrapped("    ", _e(e), "tf.source")
-    groups: dict = {}
-    for p in d["pairs"]:
-        if p["verdict"] != "delivered":
-            groups.setdefault((p.get("disposition") or "", p["reason"]), []).append(p)
+    groups = report.groups      # (disposition, reason) -> [count, first pairs]
     if not groups:
         return
     out.blank()
     out.line(("Pairs not delivered", "tf.title"),
              (" (grouped by how they ended)", "tf.muted"))
     words = about.policies if about is not None else None
-    for (disposition, reason), pairs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+    for (disposition, reason), (count, pairs) in sorted(groups.items(),
+                                                        key=lambda kv: -kv[1][0]):
         first = pairs[0]
-        if disposition == "dropped-policy" and first.get("policies"):
-            answer = walk.policy_answer(first["policies"], words)
+        if disposition == "dropped-policy" and first.policies:
+            answer = walk.policy_answer(first.policies, words)
         else:
             answer = walk.DISPOSITION_ANSWERS.get(disposition, "")
         label = f"{disposition}: " if disposition else ""
-        out.parts_wrapped([(f"{len(pairs)} x ", "tf.dropped"),
+        out.parts_wrapped([(f"{count} x ", "tf.dropped"),
                            (_e(label + (answer or reason)), "tf.answer")], 4)
         if answer:
             out.wrapped("    datapath: ", _e(reason))
-        for p in pairs[:8]:
-            out.parts_wrapped([(f"    {_e(p['client'])} -> {_e(p['service'])} "
-                                f"[{p['verdict']}]", "tf.muted")], 8)
-        if len(pairs) > 8:
-            out.wrapped("    ", f"... and {len(pairs) - 8} more (-o json lists all)", "tf.muted")
+        for p in pairs:
+            out.parts_wrapped([(f"    {_e(p.client)} -> {_e(p.service)} [{p.verdict}]",
+                                "tf.muted")], 8)
+        if count > len(pairs):
+            out.wrapped("    ", f"... and {count - len(pairs)} more (-o json lists all)",
+                        "tf.muted")
 
 
 # ---- diff ------------------------------------------------------------------------------------
+GROUPS_SHOWN = 12           # groups of changed questions listed (then "N more")
+RAW_SHOWN = 12              # raw-change groups listed
+
+
 @_themed
-def render_diff_text(report, console: Console) -> None:
-    """The counts, then each question that changed (the first divergence, the rule on each
-    side with file:line, the diff), then the raw changes, used ones first; fitted to the
+def render_diff_text(report, console: Console, paths: bool = False) -> None:
+    """The counts, the changed questions grouped (traceflow.questions.diff: by how they
+    changed and where the walks first diverge, the rule on each side with file:line), the raw
+    changes counted per node and component, used ones first; ``paths``: every changed
+    question (with the diff of the two walks) and raw change as well. Fitted to the
     terminal."""
     out = _out(console)
     d = report.to_dict()
@@ -192,6 +206,43 @@ def render_diff_text(report, console: Console) -> None:
                            if s.get("disposition_changed") else "")
                         + f"{s['path_changed']} path only); {s['raw_changes']} raw changes "
                         f"({s['raw_used']} on a traced path)", None)], 2)
+    groups = d["groups"]
+    for g in groups[:GROUPS_SHOWN]:
+        nodes = (f" on {', '.join(g['nodes'][:4])}" + (" ..." if len(g["nodes"]) > 4 else "")
+                 if g["nodes"] else "")
+        out.blank()
+        out.parts_wrapped([(f"{g['count']} x ", "tf.dropped" if g["kind"] == "verdict"
+                            else "tf.warning"),
+                           (_e(g["cause"] + nodes), None)], 4)
+        dv = g.get("divergence")
+        if dv:
+            for side in ("before", "after"):
+                h = dv[side]
+                out.wrapped(f"  {side:6} ", f"{_e(h['at'] or '-')}: "
+                            f"{_e(h['rule'] or h['effect'] or '-')}")
+        if g["kind"] != "path" or paths:
+            for q in g["examples"]:
+                out.wrapped("    ", _e(q), "tf.muted")
+            if g["more"] and not paths:
+                out.wrapped("    ", f"... and {g['more']} more (--paths lists them)", "tf.muted")
+    if len(groups) > GROUPS_SHOWN:
+        rest = sum(g["count"] for g in groups[GROUPS_SHOWN:])
+        out.blank()
+        out.wrapped("", f"... {len(groups) - GROUPS_SHOWN} more groups ({rest} questions; "
+                    "--paths or -o json lists them)", "tf.muted")
+    if d["raw_groups"]:
+        out.blank()
+        out.line(("Raw changes", "tf.title"), (" (used by a traced path first)", "tf.muted"))
+        for r in d["raw_groups"][:RAW_SHOWN]:
+            out.parts_wrapped([("used" if r["used"] else "unused",
+                                "tf.dropped" if r["used"] else "tf.muted"),
+                               (f" {_e(r['node'])} {_e(r['component'])}: +{r['added']} "
+                                f"-{r['removed']}", None)], 4)
+        if len(d["raw_groups"]) > RAW_SHOWN:
+            out.wrapped("", f"... {len(d['raw_groups']) - RAW_SHOWN} more (--paths lists "
+                        "them)", "tf.muted")
+    if not paths:
+        return
     for c in d["changed"]:
         out.blank()
         out.parts_wrapped([(_e(c["question"]), "tf.warning"),
@@ -213,7 +264,7 @@ def render_diff_text(report, console: Console) -> None:
             out.wrapped("  - ", _e(note))
     if d["raw"]:
         out.blank()
-        out.line(("Raw changes", "tf.title"), (" (used by a traced path first)", "tf.muted"))
+        out.line(("Raw changes", "tf.title"))
         for r in d["raw"]:
             out.parts_wrapped([("used" if r["used"] else "unused",
                                 "tf.dropped" if r["used"] else "tf.muted"),

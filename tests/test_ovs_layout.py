@@ -26,6 +26,9 @@ EXAMPLE = ROOT / "traceflow" / "examples" / "antrea-encap-kube-proxy" / "nodes" 
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACEFLOW_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRACEFLOW_NO_INDEX", raising=False)
+    # the whole layout stored when the dump is read (a command stores the visited tables'
+    # part after it answers: test_layout_stored_after_the_answer below)
+    monkeypatch.setattr(bundleindex, "STORE_AT_ONCE", True)
     return tmp_path
 
 

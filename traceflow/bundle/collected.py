@@ -125,8 +125,13 @@ def empty_files_read(bundle) -> list[str]:
     for name in sorted(getattr(bundle, "read_names", ()) or ()):
         if not name.startswith(("nodes/", "pods/")):
             continue
-        raw = bundle.raw(name)
-        if raw is not None and not raw.strip():
+        is_empty = getattr(bundle, "is_empty", None)
+        if is_empty is not None:
+            empty = is_empty(name)
+        else:
+            raw = bundle.raw(name)
+            empty = raw is not None and not raw.strip()
+        if empty:
             out.append(f"{name} is empty (0 bytes): read as an empty table; an empty capture "
                        "is more often a failed one")
     return out

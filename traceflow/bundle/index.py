@@ -87,7 +87,7 @@ def load_cluster(bundle):
     layouts from the index when there is one, else located now and stored for the next
     command."""
     from traceflow.bundle.kube import located_cluster
-    from traceflow.bundle.kubecatalog import Objects, layout_to_json
+    from traceflow.bundle.kubecatalog import Objects
     if not enabled():
         return located_cluster(Objects(bundle.text))
     digest = bundle.content_hash("k8s/")
@@ -95,14 +95,43 @@ def load_cluster(bundle):
     objects = Objects(bundle.text, layouts if isinstance(layouts, dict) else None,
                       whole=lambda name: _stored_items(digest, name),
                       keep_whole=lambda name, items: _store_items(digest, name, items))
-    if not isinstance(layouts, dict):
-        # the big files located now (that is the first command's cost), so that the next
-        # command starts from their layouts
-        for name in K8S_FILES:
-            objects.catalog(name)
+    if not isinstance(layouts, dict) and STORE_AT_ONCE:
+        from traceflow.bundle.kubecatalog import layout_to_json
+        for name in K8S_FILES:          # every big file located now and stored
+            cat = objects.catalog(name)
+            if cat is not None:
+                cat.locate()
         found = {name: layout_to_json(cat) for name, cat in objects.located.items()}
         store_blob("k8s-layout", digest, {k: v for k, v in found.items() if v is not None})
+        return located_cluster(objects)
+    # the files this command locates (one that reads them all; a trace only searches them
+    # for what it looks up: kubecatalog._Search) are stored after it answers, for the next
+    _later_k8s(objects, digest, layouts if isinstance(layouts, dict) else {})
     return located_cluster(objects)
+
+
+def _later_k8s(objects, digest: str, stored: dict) -> None:
+    import atexit
+    import weakref
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
+        atexit.register(store_pending)
+    _PENDING_K8S.append((weakref.ref(objects), digest, set(stored), stored))
+
+
+_PENDING_K8S: list = []
+
+
+def _store_k8s_layouts() -> None:
+    from traceflow.bundle.kubecatalog import layout_to_json
+    while _PENDING_K8S:
+        ref, digest, had, stored = _PENDING_K8S.pop()
+        objects = ref()
+        if objects is None:
+            continue
+        found = {name: layout_to_json(cat) for name, cat in objects.located.items()}
+        found = {k: v for k, v in found.items() if v is not None}
+        if set(found) - had:
+            store_blob("k8s-layout", digest, {**stored, **found})
 
 
 def _items_key(digest: str, name: str) -> str:
@@ -230,9 +259,12 @@ def parse_iptables_save(text: str, name: str):
         except (ValueError, TypeError, KeyError, IndexError):
             pass                       # a layout that does not fit: read the file
     ruleset = parse(text, name, lazy=True)
-    layout = save_layout(ruleset)
-    if layout is not None:
-        store_blob("iptables-save", digest, layout)
+    if STORE_AT_ONCE:
+        layout = save_layout(ruleset)
+        if layout is not None:
+            store_blob("iptables-save", digest, layout)
+    else:           # after the command answered (as flow layouts)
+        _later_store("iptables-save", digest, ruleset, save_layout)
     return ruleset
 
 
@@ -298,16 +330,74 @@ def load_flow_dump(text: str, name: str):
         else:
             dump.digest = digest
             dump.on_stale = lambda: _remove(path)
+            _later(dump, path, digest, dump.indexed_tables())
             return dump
     dump = FlowDump(text, name)
     dump.digest = digest
-    try:
-        layout = dump.layout()
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError):
-        layout = None                  # not laid out: read every time, as without an index
-    if layout is not None:
-        _store_flow_layout(path, digest, layout)
+    if STORE_AT_ONCE:                  # every big table indexed and stored now
+        try:
+            layout = dump.layout()
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+            layout = None
+        if layout is not None:
+            _store_flow_layout(path, digest, layout)
+        return dump
+    _later(dump, path, digest, -1)
     return dump
+
+
+# Flow layouts are stored after the command has answered (atexit), with the indexes of the
+# tables its walks visited only: building every big table's index first would put a pass
+# over every line of every table before the answer. A layout loaded by a later command that
+# visits more tables is stored again, with theirs.
+_PENDING: list = []
+# everything located, indexed and stored as soon as a file is read (the index's own tests);
+# else a command stores what it located and indexed after it answers
+STORE_AT_ONCE = False
+
+
+def _later(dump, path: Path, digest: str, indexed: int) -> None:
+    import weakref
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
+        import atexit
+        atexit.register(store_pending)
+    # weakly: a dump nobody uses any more (a long test session's) is not kept for this
+    _PENDING.append((weakref.ref(dump), path, digest, indexed))
+
+
+_PENDING_BLOBS: list = []
+
+
+def _later_store(kind: str, digest: str, source, make) -> None:
+    """Store ``make(source)`` as blob ``kind``/``digest`` after the command answered."""
+    import weakref
+    if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
+        import atexit
+        atexit.register(store_pending)
+    _PENDING_BLOBS.append((kind, digest, weakref.ref(source), make))
+
+
+def store_pending() -> None:
+    """Store what this command learnt about its bundle (after it answered: atexit): the
+    Kubernetes files it located, the flow dumps that gained an index, the rulesets' layouts."""
+    while _PENDING_BLOBS:
+        kind, digest, ref, make = _PENDING_BLOBS.pop()
+        source = ref()
+        value = make(source) if source is not None else None
+        if value is not None:
+            store_blob(kind, digest, value)
+    _store_k8s_layouts()
+    while _PENDING:
+        ref, path, digest, indexed = _PENDING.pop()
+        dump = ref()
+        if dump is None or dump.indexed_tables() <= indexed:
+            continue                   # nothing new since it was loaded
+        try:
+            layout = dump.layout(built_only=True)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+            layout = None              # not laid out: read every time, as without an index
+        if layout is not None:
+            _store_flow_layout(path, digest, layout)
 
 
 def _pack_values(values) -> tuple[bytes, bytes | None]:

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from traceflow.model.errors import InputError
+from traceflow.model import reads as _reads
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,8 @@ class Cluster:
         self._pods = None if objects is not None else list(pods or [])
         self._services = None if objects is not None else list(services or [])
         self._endpoints = None if objects is not None else dict(endpoints or {})
+        self._by_ip: tuple | None = None     # (pods list, its length, ip -> [pods])
+        self._at_ip: dict = {}               # located: ip -> [pods] found so far
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Cluster) and (self.pods, self.services, self.nodes,
@@ -208,14 +211,26 @@ class Cluster:
     def pods_at(self, ip: str) -> list:
         """Every pod whose podIP is ``ip`` (hostNetwork pods included), in bundle order."""
         if self._located(self._pods):
-            pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
-            if not any(p.ip == ip for p in pods):
-                # a dual-stack pod's second address is in status.podIPs only, which the
-                # catalog does not key: the items whose text holds the address
-                pods = [_pod_from(i) for i in _items_mentioning(self._objects, PODS, ip)]
-        else:
-            pods = self.pods
-        return [p for p in pods if ip in p.addresses]
+            found = self._at_ip.get(ip)       # (a walk asks most hops: read once per address)
+            if found is None:
+                pods = [_pod_from(i) for i in self._objects.lookup(PODS, "ip", ip)]
+                if not any(p.ip == ip for p in pods):
+                    # a dual-stack pod's second address is in status.podIPs only, which the
+                    # catalog does not key: the items whose text holds the address
+                    pods = [_pod_from(i) for i in _items_mentioning(self._objects, PODS, ip)]
+                found = self._at_ip[ip] = [p for p in pods if ip in p.addresses]
+            return list(found)
+        # pods read whole: by address (every family's) through an index over that list (a
+        # walk asks this at most hops; rebuilt when the list is replaced)
+        pods = self.pods
+        index = self._by_ip
+        if index is None or index[0] is not pods or index[1] != len(pods):
+            by_ip: dict = {}
+            for p in pods:
+                for addr in dict.fromkeys(p.addresses):
+                    by_ip.setdefault(addr, []).append(p)
+            index = self._by_ip = (pods, len(pods), by_ip)
+        return list(index[2].get(ip, ()))
 
     def find_service(self, namespace: str, name: str) -> Service | None:
         if self._located(self._services):
@@ -242,7 +257,7 @@ class Cluster:
             rows = self.endpoints.get(key, [])
         else:
             ns, _, name = key.partition("/")
-            if self._objects.count(SLICES):
+            if self._objects.has_items(SLICES):
                 found = _endpoint_rows(self._objects.lookup(SLICES, "service", name), ())
             else:
                 found = _endpoint_rows((), self._objects.lookup(ENDPOINTS, "name", name))
@@ -313,6 +328,9 @@ class Cluster:
         return None
 
     def policies_selecting(self, pod: Pod, policy_type: str) -> list:
+        recorder = _reads.active()
+        if recorder is not None:    # a question sharing traces: the client's policies count
+            recorder.policies_selecting(pod, policy_type)
         return [np for np in self.policies if np.namespace == pod.namespace
                 and policy_type in np.policy_types and selects(np.pod_selector, pod.labels)]
 
@@ -536,6 +554,14 @@ def _endpoint_rows(slices, endpoints):
 
 def _peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:
     """Does one from/to peer of a rule cover ``ip``? None when the bundle cannot tell."""
+    recorder = _reads.active()
+    if recorder is not None:        # a question sharing traces: the client's address counts
+        recorder.peer_matches(policy, peer, ip)
+    return peer_covers(cluster, policy, peer, ip)
+
+
+def peer_covers(cluster: Cluster, policy: NetworkPolicy, peer: dict, ip: str) -> bool | None:
+    """``_peer_matches`` without telling a recorder (what a question asks for another client)."""
     if "ipBlock" in peer:
         block = peer["ipBlock"] or {}
         addr = ipaddress.ip_address(ip)

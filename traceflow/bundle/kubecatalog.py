@@ -255,9 +255,10 @@ class FileCatalog:
     item."""
 
     def __init__(self, name: str, text: str, items: list, keys: list | dict, parse,
-                 whole=None):
+                 whole=None, search: "_Search | None" = None):
         self.name = name
         self.text = text
+        self.search = search         # not located yet: lookups search the text (_Search)
         self.items = items           # (start, end, line)
         # key -> one value per item (a column: one list per key is lighter than a dict a row)
         self.columns: dict[str, list] = keys if isinstance(keys, dict) else {
@@ -267,12 +268,45 @@ class FileCatalog:
         self._whole = whole          # every item, when the file had to be parsed whole
         self._by: dict[str, dict] = {}
         self._asked: dict[str, int] = {}
+        self._starts: dict[int, int] = {}    # search mode: an item's offset -> its index
+        self._searched: dict = {}             # search mode: value -> the items holding it
 
     def __len__(self) -> int:
+        self.locate()
         return len(self._whole) if self._whole is not None else len(self.items)
 
     def line(self, i: int) -> int:
-        return self.items[i][2] if self._whole is None else 0
+        if self._whole is not None:
+            return 0
+        start, end, line = self.items[i]
+        return line if line is not None else self.text.count("\n", 0, start) + 1
+
+    def locate(self) -> None:
+        """Leave search mode: locate every item (one pass over the file, as yaml_catalog)."""
+        if self.search is None:
+            return
+        parsed = {self.items[i][0]: item for i, item in self._parsed.items()}
+        self.search = None
+        done = yaml_catalog(self.text, self.name)
+        self.items, self.columns, self._whole = done.items, done.columns, done._whole
+        self._parsed, self._by, self._asked = {}, {}, {}
+        if self._whole is None:
+            for i, (start, _, _) in enumerate(self.items):
+                if start in parsed:
+                    self._parsed[i] = parsed[start]
+
+    def file_index(self, i: int) -> int:
+        """Item ``i``'s place in the file's List (search mode numbers items as found)."""
+        if self.search is None:
+            return i
+        start = self.items[i][0]
+        return sum(1 for _ in _ITEM.finditer(self.text, self.search.first, start))
+
+    def any_item(self) -> bool:
+        """Whether the file lists at least one item (without locating them all)."""
+        if self.search is not None:
+            return self.search.first is not None
+        return len(self) > 0
 
     def get(self, i: int) -> dict:
         if self._whole is not None:
@@ -288,11 +322,39 @@ class FileCatalog:
     def lookup(self, key: str, value) -> list[dict]:
         """The parsed items whose ``key`` may be ``value``, in file order: a superset that
         the caller narrows by the parsed values."""
+        if self.search is not None:
+            found = self._searched.get(value)
+            if found is None:
+                found = self.search.items_holding(value)
+                if len(self._searched) > 4096:
+                    self._searched.clear()
+                self._searched[value] = found
+            if found is not None:
+                out = [self.get(i) for i in self._adopt(found)]
+                if self.search is not None:
+                    return out
+                # an item did not stand alone: the file was read whole, ask it again
+            else:
+                self.locate()
         return self._parsed_items(lambda: self.find(key, value))
+
+    def _adopt(self, spans: list) -> list[int]:
+        """Indexes (in search mode: in order of discovery) of the items at ``spans``, in file
+        order."""
+        out = []
+        for start, end in spans:
+            i = self._starts.get(start)
+            if i is None:
+                i = self._starts[start] = len(self.items)
+                self.items.append((start, end, None))
+            out.append(i)
+        return out
 
     def lookup_prefix(self, key: str, prefix: str) -> list[dict]:
         """The parsed items whose ``key`` may start with ``prefix`` (a superset, in file
         order)."""
+        self.locate()
+
         def find() -> list[int]:
             column = self.columns.get(key) if self._whole is None else None
             if column is None:
@@ -320,6 +382,7 @@ class FileCatalog:
     def find(self, key: str, value) -> list[int]:
         """Indexes of the items whose ``key`` may be ``value`` (a superset, in file order);
         the caller compares the parsed items."""
+        self.locate()
         if self._whole is not None:
             return list(range(len(self._whole)))
         column = self.columns.get(key)
@@ -344,6 +407,8 @@ def _parse_yaml_item(cat: FileCatalog, i: int) -> dict:
     from traceflow.bundle import fastyaml
     from traceflow.bundle.validate import K8S_SHAPES, _check_depth
     start, end, first_line = cat.items[i]
+    if first_line is None:            # found by a search: its line counted when it is needed
+        first_line = cat.line(i)
     chunk = cat.text[start:end]
     try:
         _check_depth(chunk, cat.name)     # libyaml recurses in C: bound the depth first
@@ -358,11 +423,16 @@ def _parse_yaml_item(cat: FileCatalog, i: int) -> dict:
         # the item does not stand alone (an alias, a split quoted value): read the file
         # whole, which gives the same objects as before or the located error
         from traceflow.bundle.validate import load_list
+        if cat.search is not None:      # found by a search: its index in the file
+            i = cat.file_index(i)
+            cat.search, cat.items, cat._parsed, cat._starts = None, [], {}, {}
         cat._whole = load_list(cat.text, cat.name)
         return cat._whole[i] if i < len(cat._whole) else {}
     item = doc[0]
     shape = K8S_SHAPES.get(cat.name)
     found = shape(item, ("items", i)) if shape is not None else None
+    if found and cat.search is not None:   # found by a search: its index in the file
+        found = shape(item, ("items", cat.file_index(i)))
     if found:
         # located in the item's own text (composing a 25 MB file to find one line takes
         # seconds), as the whole-file check names it
@@ -442,6 +512,161 @@ def _dig(obj: dict, path: tuple):
     return obj if isinstance(obj, str) or obj is None else UNKEYED
 
 
+# ---- search mode: a lookup finds its items by the value's text ---------------------------------
+
+# values a lookup may search for as they are: names and addresses, which YAML writes as they
+# are (plain, or quoted without escapes) and never folds over lines
+_SEARCHABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+# what could hide a value from a search: an escape in a double-quoted scalar (the item is
+# always a candidate), an alias (a candidate when its anchor's text holds the value)
+_MAX_HITS = 4096        # a value met more often than this: locate the file instead
+# _TOP (a column-0 line that is no item) by the newline before it: the regex engine then
+# jumps from newline to newline instead of trying every position (60 MB: 10 ms, not 0.3 s)
+_TOP_AFTER_NEWLINE = re.compile(r"\n(?:[^-# \n]|-(?![ \n]|$))")
+
+
+class _Search:
+    """A List file's items found by searching for a value's text: every item whose key is
+    the value holds its text (a name or an address: written as it is, see _SEARCHABLE), so
+    the items holding it are a superset of the items a lookup wants, and the caller narrows
+    them by their parsed keys. An item with an escaped double-quoted scalar is a candidate
+    for every lookup; one with an alias, for the values its anchor's text holds. A command
+    that needs every item locates the file (FileCatalog.locate)."""
+
+    __slots__ = ("text", "first", "end", "always", "aliased")
+
+    def __init__(self, text: str, first: int | None, end: int):
+        self.text, self.first, self.end = text, first, end
+        self.always: list = []          # offsets of escaped scalars
+        self.aliased: list = []         # (offset of an alias, the text of its anchor's node)
+
+    @classmethod
+    def of(cls, text: str) -> "_Search | None":
+        """The search over ``text``, or None when it is not a plain block-style List of
+        kubectl's shape (then it is located, or read whole, as before)."""
+        if "\t" in text or "\r" in text or text.startswith(("---", "...")) \
+                or "\n---" in text or "\n..." in text or "<<:" in text:
+            return None
+        m = re.search(r"^items:[ ]*$", text, re.M)
+        if m is None:
+            return None
+        body = m.end() + 1
+        top = _TOP_AFTER_NEWLINE.search(text, body - 1)    # as _TOP, found by its newline
+        end = top.start() + 1 if top else len(text)
+        first = _ITEM.search(text, body, end)
+        if first is not None and (text[first.start():first.start() + 3] == "-  "
+                                  or text[first.start() + 1:first.start() + 2] == "\n"):
+            return None         # items written another way than kubectl's "- key:"
+        gap = text[body:first.start() if first else end]
+        if any(g.strip() and not g.lstrip().startswith("#") for g in gap.split("\n")):
+            return None
+        try:
+            from traceflow.bundle.validate import load_yaml
+            head = load_yaml(text[:m.start()] + "items: []\n" + text[end:], "")
+        except InputError:
+            return None
+        if not isinstance(head, dict) or head.get("items") != []:
+            return None
+        self = cls(text, first.start() if first else None, end)
+        # (str.find loops: these characters are rare in kubectl's output, a regex over
+        # every position of 60 MB is not)
+        self.always = [at for at in _offsets(text, "\\", body, end) if _in_quotes(text, at)]
+        aliases = [at for at in _offsets(text, "*", body, end) if _name_at(text, at)]
+        if aliases:
+            anchors = {_name_at(text, at): _node_text(text, at)
+                       for at in _offsets(text, "&", body, end) if _name_at(text, at)}
+            for at in aliases:
+                node = anchors.get(_name_at(text, at))
+                if node is None or "*" in node:
+                    return None         # an alias we cannot place, or one in an anchor
+                self.aliased.append((at, node))
+        return self
+
+    def items_holding(self, value) -> list[tuple[int, int]] | None:
+        """(start, end) of the items whose text holds ``value``, in file order; None when
+        the value is not one to search for, or too common (locate the file instead)."""
+        if not isinstance(value, str) or not _SEARCHABLE.fullmatch(value):
+            return None
+        if self.first is None:
+            return []
+        text, end = self.text, self.end
+        spans: dict = {}
+        pos = text.find(value, self.first, end)
+        hits = 0
+        while pos >= 0:
+            hits += 1
+            if hits > _MAX_HITS:
+                return None
+            start, stop = self._item_at(pos)
+            spans[start] = stop
+            pos = text.find(value, stop, end)
+        for at in self.always:
+            start, stop = self._item_at(at)
+            spans[start] = stop
+        for at, node in self.aliased:
+            if value in node:
+                start, stop = self._item_at(at)
+                spans[start] = stop
+        return sorted(spans.items())
+
+    def _item_at(self, pos: int) -> tuple[int, int]:
+        """(start, end) of the item whose text holds offset ``pos``."""
+        text = self.text
+        start = text.rfind("\n-", self.first - 1, pos + 1)
+        while start >= 0 and text[start + 2:start + 3] not in (" ", "\n"):
+            start = text.rfind("\n-", self.first - 1, start)
+        start = self.first if start < self.first else start + 1
+        nxt = _ITEM.search(text, pos + 1, self.end)
+        return start, nxt.start() if nxt else self.end
+
+
+def _offsets(text: str, char: str, start: int, end: int) -> list[int]:
+    out = []
+    at = text.find(char, start, end)
+    while at >= 0:
+        out.append(at)
+        at = text.find(char, at + 1, end)
+    return out
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _name_at(text: str, at: int) -> str | None:
+    """The anchor or alias name after the ``&``/``*`` at ``at``, when it is one (after a
+    space, a colon, a dash, a bracket or a line start), else None."""
+    if at > 0 and text[at - 1] not in " \n:[,{-":
+        return None
+    m = _NAME.match(text, at + 1)
+    return m.group(0) if m else None
+
+
+def _in_quotes(text: str, at: int) -> bool:
+    """Whether offset ``at`` may be inside a double-quoted scalar (a quote before it on its
+    line)."""
+    return text.rfind('"', text.rfind("\n", 0, at) + 1, at) >= 0
+
+
+def _node_text(text: str, at: int) -> str:
+    """The text of the node anchored at offset ``at``: the rest of its line and the lines
+    below indented deeper than that line."""
+    line_start = text.rfind("\n", 0, at) + 1
+    indent = len(text[line_start:at]) - len(text[line_start:at].lstrip(" "))
+    end = text.find("\n", at)
+    end = len(text) if end < 0 else end
+    pos = end + 1
+    while pos < len(text):
+        nxt = text.find("\n", pos)
+        nxt = len(text) if nxt < 0 else nxt
+        line = text[pos:nxt]
+        if line.strip() and len(line) - len(line.lstrip(" ")) <= indent \
+                and not line.lstrip(" ").startswith("- ") or \
+                (line.strip() and len(line) - len(line.lstrip(" ")) < indent):
+            break
+        end, pos = nxt, nxt + 1
+    return text[at:end]
+
+
 # ---- a bundle's objects ------------------------------------------------------------------------
 
 class Objects:
@@ -480,9 +705,15 @@ class Objects:
             return FileCatalog(name, text, [], [], _parse_yaml_item, whole=load_list(text, name))
         cat = _from_layout(self._layouts.get(name), name, text, _parse_yaml_item)
         if cat is None:
-            cat = yaml_catalog(text, name)
+            search = _Search.of(text)
+            cat = FileCatalog(name, text, [], {}, _parse_yaml_item, search=search) \
+                if search is not None else yaml_catalog(text, name)
         self.located[name] = cat
         return cat
+
+    def has_items(self, name: str) -> bool:
+        cat = self.catalog(name)
+        return cat is not None and cat.any_item()
 
     def count(self, name: str) -> int:
         cat = self.catalog(name)
@@ -517,6 +748,7 @@ class Objects:
         cat = self.catalog(name)
         if cat is None:
             return []
+        cat.locate()
         cols = [cat.columns.get(k) for k in keys]
         if cat._whole is not None or any(c is None or UNKEYED in c for c in cols):
             return None
@@ -533,6 +765,8 @@ def _read_whole(cat: FileCatalog) -> list[dict]:
 # ---- layouts as JSON (what the bundle index stores) --------------------------------------------
 
 def layout_to_json(cat: FileCatalog) -> dict | None:
+    if cat.search is not None:
+        return None                                # only searched: nothing located to store
     if cat._whole is not None and not cat.items:
         return None                                # read whole: nothing located to store
     return {"size": len(cat.text), "items": [x for item in cat.items for x in item],

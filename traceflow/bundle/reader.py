@@ -24,6 +24,7 @@ class Bundle:
         self.origin = origin
         self.notes = list(notes or [])     # what was ignored while reading, and why
         self.read_names: set[str] = set()  # the files read so far (a trace names truncated ones)
+        self._empty: dict[str, bool] = {}  # name -> whether the file is empty (asked per trace)
         raw = self.text("manifest.yaml")
         if raw is None:
             raise InputError("not a traceflow bundle: manifest.yaml is missing", origin)
@@ -87,6 +88,16 @@ class Bundle:
     def raw(self, name: str) -> bytes | None:
         """A file's bytes, as stored (for writing the bundle back out)."""
         return self._files.get(name)
+
+    def is_empty(self, name: str) -> bool:
+        """Whether the file is there with nothing but whitespace (read once per file: every
+        trace asks it of every file it read, see traceflow.bundle.collected)."""
+        got = self._empty.get(name)
+        if got is None:
+            data = self._files.get(name)
+            got = self._empty[name] = data is not None and len(data) < 65536 and \
+                not data.strip()
+        return got
 
     def text(self, name: str) -> str | None:
         data = self._files.get(name)

@@ -20,6 +20,12 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+class AuditFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+
+
 def _console(width):
     from renderers.table import make_console
     return make_console(width=width)
@@ -100,8 +106,22 @@ def register(app: typer.Typer, cli) -> None:
             None, "--fail-on", help="Also exit 1 when a pair ends so: comma-separated verdicts "
             "(dropped, unknown, partial) or dispositions (dropped-policy, no-route, rejected, "
             "...), e.g. dropped,unknown."),
-        output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
+        output: AuditFormat = typer.Option(AuditFormat.table, "--output", "-o",
+                                           help="Output format (jsonl: one line per pair as "
+                                           "it is answered, for machines)."),
         width: Optional[int] = cli.WidthOpt,
+        jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Worker "
+                                           "processes, each given whole nodes (default: the "
+                                           "machine's cores); the output is the same for any "
+                                           "number."),
+        nodes: Optional[str] = typer.Option(None, "--nodes", help="Only the clients on these "
+                                            "nodes (comma-separated): one part of an audit "
+                                            "split across machines."),
+        max_pairs: Optional[int] = typer.Option(None, "--max-pairs", min=1, help="Refuse, "
+                                                "before tracing, an audit of more pairs."),
+        max_seconds: Optional[float] = typer.Option(None, "--max-seconds", min=0.0,
+                                                    help="Stop, with the estimate, an audit "
+                                                    "that would take longer."),
     ):
         """Trace every Service port from every client group, and find intent-vs-datapath drift.
 
@@ -112,27 +132,48 @@ def register(app: typer.Typer, cli) -> None:
         Exit 0 when nothing drifted, 1 when a drift finding is reported or a pair ends in an
         outcome --fail-on names (without it, pairs that are not delivered are listed with the
         reason but do not fail the audit)."""
+        import sys
         outcomes = _fail_on(fail_on)
         opened: list = []
+        sink = None
+        if output is AuditFormat.jsonl:
+            from traceflow.questions.audit import jsonl_writer
+            sink = jsonl_writer(sys.stdout, str(bundle))
+
+        def say(text):
+            if sys.stderr.isatty():             # fitted to the terminal, wrapped under it
+                import shutil
+                import textwrap
+                columns = width or shutil.get_terminal_size((80, 24)).columns
+                typer.echo(textwrap.fill(f"traceflow: {text}", max(40, columns),
+                                         subsequent_indent="  "), err=True)
+            elif max_pairs is not None or max_seconds is not None:
+                typer.echo(f"traceflow: {text}", err=True)
 
         def build():
+            import os
             from traceflow.questions.audit import run_audit
             if bundle is None:
                 raise InputError("audit needs --bundle PATH (collect one with `traceflow "
                                  "collect --all-nodes -o bundle.tar.gz`)", "--bundle")
+            chosen = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
             snap = _load(bundle)
             opened.append(snap)
-            return run_audit(snap, str(bundle), all_pods=all_pods)
+            return run_audit(snap, str(bundle), all_pods=all_pods,
+                             jobs=jobs or os.cpu_count() or 1, nodes=chosen,
+                             max_pairs=max_pairs, max_seconds=max_seconds,
+                             sink=sink.pair if sink else None, announce=say)
         report = cli._run(build)
         failing = _failing_pairs(report, outcomes)
-        if output is Format.json:
-            from renderers.questions import audit_to_dict, dumps
-            typer.echo(dumps(audit_to_dict(report)))
+        if sink is not None:
+            sink.close(report)
+        elif output is AuditFormat.json:
+            report.write_json(sys.stdout)
         else:
             from renderers.questions import render_audit_text
             render_audit_text(report, _console(width), _about(opened, [], report))
             if failing:
-                typer.echo(f"audit: {len(failing)} pair(s) ended in an outcome --fail-on "
+                typer.echo(f"audit: {failing} pair(s) ended in an outcome --fail-on "
                            f"names ({', '.join(sorted(outcomes))})")
         raise typer.Exit(int(ExitCode.NOT_DELIVERED if report.problems or failing
                              else ExitCode.OK))
@@ -147,11 +188,14 @@ def register(app: typer.Typer, cli) -> None:
                                       "own client."),
         output: Format = typer.Option(Format.table, "--output", "-o", help="Output format."),
         width: Optional[int] = cli.WidthOpt,
+        paths: bool = typer.Option(False, "--paths", help="List every changed question and "
+                                   "raw change (default: grouped, with counts)."),
     ):
         """Compare two bundles: the questions whose verdict or path changed, and why.
 
-        For each, the first hop where the walks diverge (file:line on each side); then the raw
-        changes, ranked by use.
+        Grouped by how they changed and the first hop where the walks diverge (file:line on
+        each side), verdict changes first; then the raw changes counted per node and component,
+        those a traced path used first. --paths lists every one.
 
         Exit 0 when nothing changed, 1 when something did."""
         def build():
@@ -168,7 +212,7 @@ def register(app: typer.Typer, cli) -> None:
             typer.echo(dumps(report.to_dict()))
         else:
             from renderers.questions import render_diff_text
-            render_diff_text(report, _console(width))
+            render_diff_text(report, _console(width), paths=paths)
         raise typer.Exit(int(ExitCode.NOT_DELIVERED if report.changed or report.raw
                              else ExitCode.OK))
 
@@ -180,7 +224,7 @@ def _about(opened: list, traces: list, audit=None):
     if not opened:
         return about
     from traceflow.questions.policywords import policy_words
-    names = [n for p in (audit.pairs if audit is not None else []) for n in p.policies]
+    names = audit.policy_names() if audit is not None else []
     try:
         about.policies = policy_words(opened[0].cluster, traces, names)
     except InputError:        # a policy object nobody needed is unreadable: names alone
@@ -215,20 +259,19 @@ _DISPOSITION_VERDICT = {"loop": "unknown", "unknown": "unknown", "left-cluster":
                         "delivered-pod": "delivered", "delivered-host": "delivered"}
 
 
-def _failing_pairs(report, outcomes: set) -> list:
-    """The pairs whose verdict, or the disposition of their first undelivered path (and the
-    verdict that disposition means), is one of ``outcomes``."""
+def _failing_pairs(report, outcomes: set) -> int:
+    """How many pairs have a verdict, or a disposition of their first undelivered path (and
+    the verdict that disposition means), that is one of ``outcomes`` (counted as they
+    streamed: AuditReport.endings)."""
     if not outcomes:
-        return []
-    out = []
-    for p in report.pairs:
-        if p.verdict == "delivered":
-            continue
-        said = {p.verdict}
-        if p.disposition:
-            said |= {p.disposition, _DISPOSITION_VERDICT.get(p.disposition, "dropped")}
+        return 0
+    out = 0
+    for (verdict, disposition), n in report.endings.items():
+        said = {verdict}
+        if disposition:
+            said |= {disposition, _DISPOSITION_VERDICT.get(disposition, "dropped")}
         if said & outcomes:
-            out.append(p)
+            out += n
     return out
 
 

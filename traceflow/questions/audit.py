@@ -2,45 +2,23 @@
 
 Clients are pods grouped by namespace and labels (``--all-pods``: each pod alone); a group is
 traced from one pod per node it runs on, so a node-specific fault is not hidden by the group.
-Drift findings compare what Kubernetes asks for with what the datapath would do:
-
-- ``policy``: a traced path the flows deliver although the NetworkPolicies as written deny it,
-  or drop by policy although the policies allow it;
-- ``backends``: a node balances a Service port to other backends than its EndpointSlices list
-  (stale, missing, extra, wrong port, unequal weight) — per datapath, see backends.py;
-- ``peer-route``: a node lacks the route, or the tunnel flow, to another node's pod CIDR;
-- ``pod-gateway``: a pod's own default route or gateway ARP entry disagrees with the CNI's
-  gateway on its node.
+The pairs are generated lazily and answered as a stream (traceflow.questions.matrix), by one
+process or by workers given whole nodes (traceflow.questions.parallel); clients the datapath
+cannot tell apart share one trace (traceflow.questions.classes). Drift findings compare what
+Kubernetes asks for with what the datapath would do (traceflow.questions.drift).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from dataclasses import dataclass, field
 
-import yaml
-
-from traceflow.bundle import kube
-from traceflow.questions.backends import Balanced, IpvsReader, NetfilterReader
-from traceflow.questions.check import describe_path, policy_of
-from traceflow.questions.runner import SCOPE_SERVICE, Progress, Tracer
-from traceflow.questions.select import Destination
-from traceflow.bundle.snapshot import Missing
-from traceflow.model.trace import Verdict
-
-WEIGHT_TOLERANCE = 0.01
-
-
-@dataclass
-class Finding:
-    kind: str                       # policy | backends | peer-route | pod-gateway
-    subject: str                    # what it is about (service port, node, pod)
-    message: str
-    evidence: list = field(default_factory=list)   # file:line: text, one per line
-
-    def key(self) -> tuple:
-        return (self.kind, self.subject, self.message)
+# (the drift findings and the matrix are imported from here too)
+from traceflow.questions.drift import Finding, PolicyCache, backend_drift  # noqa: F401
+from traceflow.questions.drift import expected_endpoints, peer_route_drift  # noqa: F401
+from traceflow.questions.drift import pod_gateway_drift, policy_drift, policy_intent  # noqa: F401
+from traceflow.questions.matrix import client_groups, pair_label, service_ports  # noqa: F401
+from traceflow.questions.runner import Progress
 
 
 @dataclass
@@ -53,482 +31,307 @@ class Pair:
     detail: str = ""
     disposition: str | None = None  # the first undelivered path's (traceflow.trace.Disposition)
     policies: list = field(default_factory=list)  # dropped-policy: the policies its drop names
+    traced_as: list = field(default_factory=list)   # per pod: whose trace answered it
+    index: int = 0                  # its place in the matrix
+
+    def to_dict(self) -> dict:
+        return {"client": self.client, "pods": self.pods, "service": self.service,
+                "verdict": self.verdict, "reason": self.reason, "detail": self.detail,
+                "disposition": self.disposition, "policies": list(self.policies),
+                "traced_as": self.traced_as}
 
 
-@dataclass
+PARALLEL_MIN = 2000             # fewer pod questions than this: not worth forking workers
+EXAMPLES_PER_GROUP = 8          # pairs kept per (disposition, reason) for people to read
+MOST_SHARED = 5
+
+
 class AuditReport:
-    bundle: str
-    pairs: list = field(default_factory=list)
-    findings: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    service_ports: int = 0
-    client_groups: int = 0
-    traced: int = 0
-    seconds: float = 0.0
+    """The audit's answer, built as pairs stream in: counts, drift findings, pairs that were
+    not delivered grouped by disposition and reason (with a few examples each), and every
+    pair spooled to a temporary file (or written as it comes, ``sink``), never held in memory.
+    """
+
+    def __init__(self, bundle: str, sink=None):
+        self.bundle = bundle
+        self.findings: list = []
+        self.notes: list = []
+        self.service_ports = 0
+        self.client_groups = 0
+        self.traced = 0
+        self.shared = 0
+        self.questions = 0
+        self.seconds = 0.0
+        self.pairs_count = 0
+        self.by_verdict: dict = {}
+        self.by_disposition: dict = {}
+        self.groups: dict = {}          # (disposition, reason) -> [count, [Pair ...]]
+        self.endings: dict = {}         # (verdict, disposition) -> pairs not delivered
+        self.stands_for: dict = {}      # (traced pod, service) -> questions it answered
+        self._sink = sink
+        self._spool = None
 
     @property
     def problems(self) -> bool:
         """Drift found (pairs not delivered are reported, not failed: policies deny by design)."""
         return bool(self.findings)
 
+    def add(self, pair: Pair) -> None:
+        import json
+        self.pairs_count += 1
+        self.by_verdict[pair.verdict] = self.by_verdict.get(pair.verdict, 0) + 1
+        if pair.disposition:
+            self.by_disposition[pair.disposition] = self.by_disposition.get(pair.disposition,
+                                                                            0) + 1
+        if pair.verdict != "delivered":
+            ending = (pair.verdict, pair.disposition)
+            self.endings[ending] = self.endings.get(ending, 0) + 1
+            slot = self.groups.setdefault((pair.disposition or "", pair.reason), [0, []])
+            slot[0] += 1
+            if len(slot[1]) < EXAMPLES_PER_GROUP:
+                slot[1].append(pair)
+        for who in pair.traced_as:
+            key = (who, pair.service)
+            self.stands_for[key] = self.stands_for.get(key, 0) + 1
+        if self._sink is not None:
+            self._sink(pair)
+            return
+        if self._spool is None:
+            import tempfile
+            self._spool = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self._spool.write(json.dumps(pair.to_dict(), separators=(",", ":")) + "\n")
+
+    @property
+    def pairs(self) -> list[dict]:
+        """Every pair (read back from the spool: for small audits and tests)."""
+        return list(self.iter_pairs())
+
+    def iter_pairs(self):
+        import json
+        if self._spool is None:
+            return
+        self._spool.flush()
+        self._spool.seek(0)
+        for line in self._spool:
+            yield json.loads(line)
+        self._spool.seek(0, 2)
+
+    def policy_names(self) -> list[str]:
+        """The policies the drops of the pairs kept as examples name (what the text shows)."""
+        return [n for _, pairs in self.groups.values() for p in pairs for n in p.policies]
+
+    def most_shared(self) -> list[dict]:
+        top = sorted(self.stands_for.items(), key=lambda kv: (-kv[1], kv[0]))[:MOST_SHARED]
+        return [{"trace": f"{who} -> {service}", "stands_for": n} for (who, service), n in top]
+
+    def summary(self) -> dict:
+        return {"service_ports": self.service_ports, "client_groups": self.client_groups,
+                "pairs": self.pairs_count,
+                "pairs_delivered": self.by_verdict.get("delivered", 0),
+                "pairs_not_delivered": self.pairs_count - self.by_verdict.get("delivered", 0),
+                "by_verdict": self.by_verdict, "by_disposition": self.by_disposition,
+                "findings": len(self.findings),
+                "by_kind": _by_kind(self.findings), "distinct_traces": self.traced,
+                "seconds": round(self.seconds, 3),
+                "pod_questions": self.questions, "shared_traces": self.shared,
+                "questions_per_trace": round(self.questions / self.traced, 2)
+                if self.traced else 0.0,
+                "most_shared": self.most_shared()}
+
+    def head(self) -> dict:
+        """The document without its pairs."""
+        return {"schema": "traceflow.audit/v1", "bundle": self.bundle,
+                "summary": self.summary(), "notes": self.notes,
+                "findings": [{"kind": f.kind, "subject": f.subject, "message": f.message,
+                              "evidence": f.evidence} for f in self.findings]}
+
     def to_dict(self) -> dict:
-        by_verdict: dict = {}
-        for p in self.pairs:
-            by_verdict[p.verdict] = by_verdict.get(p.verdict, 0) + 1
-        by_disposition: dict = {}
-        for p in self.pairs:
-            if p.disposition:
-                by_disposition[p.disposition] = by_disposition.get(p.disposition, 0) + 1
-        by_kind: dict = {}
-        for f in self.findings:
-            by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
-        return {
-            "schema": "traceflow.audit/v1", "bundle": self.bundle,
-            "summary": {"service_ports": self.service_ports, "client_groups": self.client_groups,
-                        "pairs": len(self.pairs),
-                        "pairs_delivered": by_verdict.get("delivered", 0),
-                        "pairs_not_delivered": len(self.pairs) - by_verdict.get("delivered", 0),
-                        "by_verdict": by_verdict, "by_disposition": by_disposition,
-                        "findings": len(self.findings),
-                        "by_kind": by_kind, "distinct_traces": self.traced,
-                        "seconds": round(self.seconds, 3)},
-            "notes": self.notes,
-            "findings": [{"kind": f.kind, "subject": f.subject, "message": f.message,
-                          "evidence": f.evidence} for f in self.findings],
-            "pairs": [{"client": p.client, "pods": p.pods, "service": p.service,
-                       "verdict": p.verdict, "reason": p.reason, "detail": p.detail,
-                       "disposition": p.disposition, "policies": list(p.policies)}
-                      for p in self.pairs],
-        }
+        return {**self.head(), "pairs": self.pairs}
+
+    def write_json(self, out) -> None:
+        """``to_dict()`` as ``json.dumps(..., indent=2)`` writes it, the pairs streamed from
+        the spool (the same bytes, in bounded memory)."""
+        import json
+        marker = "\0pairs\0"
+        head = json.dumps({**self.head(), "pairs": marker}, indent=2)
+        before, after = head.split(json.dumps(marker), 1)
+        out.write(before)
+        first = True
+        for pair in self.iter_pairs():
+            out.write(("[\n    " if first else ",\n    ")
+                      + json.dumps(pair, indent=2).replace("\n", "\n    "))
+            first = False
+        out.write("[]" if first else "\n  ]")
+        out.write(after)
+        out.write("\n")
+
+
+class jsonl_writer:
+    """``-o jsonl``: one JSON object per line, written as the audit goes: ``pair`` lines in
+    matrix order (with their ``index``), then ``finding`` lines, a ``trace`` line per trace
+    (the pod traced, the Service port, how many pod questions it answered) and the
+    ``summary`` last (docs/scale.md)."""
+
+    def __init__(self, out, bundle: str):
+        import json
+        self.out, self._dumps = out, json.dumps
+        self._line({"type": "audit", "schema": "traceflow.audit.jsonl/v1", "bundle": bundle})
+
+    def _line(self, doc: dict) -> None:
+        self.out.write(self._dumps(doc, separators=(",", ":")) + "\n")
+
+    def pair(self, pair: "Pair") -> None:
+        self._line({"type": "pair", "index": pair.index, **pair.to_dict()})
+
+    def close(self, report: "AuditReport") -> None:
+        for f in report.findings:
+            self._line({"type": "finding", "kind": f.kind, "subject": f.subject,
+                        "message": f.message, "evidence": f.evidence})
+        for (who, service), n in sorted(report.stands_for.items()):
+            self._line({"type": "trace", "source": who, "service": service, "stands_for": n})
+        self._line({"type": "summary", **report.summary(), "notes": report.notes})
+        self.out.flush()
+
+
+def _by_kind(findings) -> dict:
+    by_kind: dict = {}
+    for f in findings:
+        by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+    return by_kind
 
 
 # ---- the matrix ------------------------------------------------------------------------------
-def client_groups(cluster, all_pods: bool = False) -> list[tuple[str, list]]:
-    """[(label, pods to trace)]: one pod per node of each namespace+labels group."""
-    usable = sorted((p for p in cluster.pods if p.ip and p.node and p.phase == "Running"
-                     and not p.host_network), key=lambda p: p.key)
-    if all_pods:
-        return [(p.key, [p]) for p in usable]
-    groups: dict = {}
-    for p in usable:
-        label = p.namespace + "/{" + ",".join(f"{k}={v}" for k, v in sorted(p.labels.items())) + "}"
-        per_node = groups.setdefault(label, {})
-        per_node.setdefault(p.node, p)
-    return [(label, [per_node[n] for n in sorted(per_node)]) for label, per_node in
-            sorted(groups.items())]
-
-
-def service_ports(cluster) -> list[Destination]:
-    """Every Service port at every cluster IP: a dual-stack Service's IPv6 one too."""
-    out = []
-    for svc in sorted(cluster.services, key=lambda s: s.key):
-        if not svc.cluster_ip or svc.cluster_ip == "None":
-            continue
-        for ip in svc.addresses or (svc.cluster_ip,):
-            for sp in svc.ports:
-                out.append(Destination("service", svc.key, ip, sp.port, sp.protocol.upper(),
-                                       service=svc))
-    return out
-
-
-def matrix(snap, all_pods: bool = False) -> list[tuple[str, list, Destination]]:
-    cluster = snap.cluster
-    groups = client_groups(cluster, all_pods)
-    return [(label, pods, dst) for dst in service_ports(cluster) for label, pods in groups]
-
-
-def pair_label(dst: Destination) -> str:
-    return f"{dst.label}:{dst.port}/{dst.protocol}" + (" (IPv6)" if ":" in dst.ip else "")
-
-
-def combine(traces) -> tuple[str, str, str, str | None]:
-    """(verdict, grouping reason, one detailed line, disposition) over the traces of one
-    pair: the disposition and reason of its first path that was not delivered."""
-    verdicts = {str(t.verdict) for t in traces}
-    if verdicts == {"delivered"}:
-        firsts = [p.disposition for t in traces for p in t.paths if p.disposition is not None]
-        return "delivered", "", "", str(firsts[0]) if firsts else None
-    if len(verdicts) == 1:
-        verdict = verdicts.pop()
-    elif "delivered" in verdicts or "partial" in verdicts:
-        verdict = "partial"
-    else:
-        verdict = "unknown" if "unknown" in verdicts else "dropped"
-    for t in traces:
-        for p in t.paths:
-            if p.verdict != Verdict.DELIVERED:
-                d = p.drop
-                reason = (f"{d.component}{' ' + str(d.table) if d.table else ''}: {d.reason}"
-                          if d else str(p.verdict))
-                return (verdict, reason, describe_path(p),
-                        str(p.disposition) if p.disposition is not None else None)
-    return verdict, verdict, "", None
-
-
-def _policies(traces) -> list:
-    """The policies the first undelivered path's drop names (as ``combine`` picks the path)."""
-    for t in traces:
-        for p in t.paths:
-            if p.verdict != Verdict.DELIVERED:
-                return list(p.drop.policies) if p.drop is not None else []
-    return []
+def matrix(snap, all_pods: bool = False):
+    """Every (client label, pods, destination), lazily (traceflow.questions.matrix)."""
+    from traceflow.questions.matrix import Matrix
+    for _, label, pods, dst in Matrix(snap.cluster, all_pods).pairs():
+        yield label, pods, dst
 
 
 def run_audit(snap, name: str, all_pods: bool = False, progress: bool | None = None,
-              tracer: Tracer | None = None) -> AuditReport:
+              tracer=None, jobs: int = 1, nodes=None, max_pairs: int | None = None,
+              max_seconds: float | None = None, sink=None, share: bool = True,
+              announce=None) -> AuditReport:
+    """The audit, streamed: ``sink(pair)`` gets each pair as it is answered (else they are
+    spooled for ``write_json``); ``jobs`` worker processes split the nodes; ``nodes`` limits
+    the clients to the pods of those nodes; ``max_pairs``/``max_seconds`` refuse (exit 2,
+    with the estimate) a question too big for them; ``announce(text)`` hears the size and
+    the estimate up front."""
+    from traceflow.model.errors import InputError
+    from traceflow.questions.matrix import Matrix, combine
+    from traceflow.questions.parallel import Workers, answer_nodes, node_findings, partition
     t0 = time.monotonic()
-    tracer = tracer or Tracer(snap)
-    report = AuditReport(name)
+    report = AuditReport(name, sink)
     cluster = snap.cluster
-    questions = matrix(snap, all_pods)
-    report.service_ports = len(service_ports(cluster))
-    report.client_groups = len(client_groups(cluster, all_pods))
-    bar = Progress(len(questions), "audit", progress)
+    mx = Matrix(cluster, all_pods)
+    every_node = sorted(set(snap.bundle.node_names()) | set(mx.nodes()))
+    if nodes is not None:
+        unknown = sorted(set(nodes) - set(every_node))
+        if unknown:
+            raise InputError(f"no node {', '.join(unknown)} in the bundle (it has "
+                             f"{', '.join(every_node[:8])}{' ...' if len(every_node) > 8 else ''})",
+                             "--nodes")
+        every_node = sorted(nodes)
+    chosen = frozenset(every_node)
+    report.service_ports, report.client_groups = len(mx.ports), len(mx.groups)
+    questions = mx.questions_on(chosen)
+    size = (f"{mx.pairs_total:,} pairs ({len(mx.ports):,} service ports x {len(mx.groups):,} "
+            f"client groups): {questions:,} pod questions from {len(mx.nodes())} nodes")
+    if announce is not None:
+        announce(f"audit: {size}")
+    if max_pairs is not None and mx.pairs_total > max_pairs:
+        raise InputError(f"the audit asks {size}, more than --max-pairs {max_pairs:,}: raise "
+                         "the limit, or split it by node (--nodes, see docs/scale.md)",
+                         "--max-pairs")
+    parts = partition(mx, every_node, max(1, jobs) if questions >= PARALLEL_MIN else 1)
     findings: dict = {}
     host_only = False
-    for label, pods, dst in questions:
-        traces = [tracer.trace(p, dst) for p in pods]
-        verdict, reason, detail, disposition = combine(traces)
-        report.pairs.append(Pair(label, [p.key for p in pods], pair_label(dst), verdict, reason,
-                                 detail, disposition, _policies(traces)))
-        for pod, t in zip(pods, traces):
-            if t.query.get("scope") == SCOPE_SERVICE:
-                host_only = True
-                continue
-            for f in policy_drift(cluster, pod, t):
+    counts = report.by_verdict
+    bar = Progress(questions, "audit", progress, status=lambda: (
+        f"delivered {counts.get('delivered', 0):,}, not {report.pairs_count - counts.get('delivered', 0):,}"
+        f"; {report.traced or stats.get('traced', 0):,} traces"))
+    stats: dict = {"traced": 0, "shared": 0}
+    workers = None
+    if len(parts) > 1:
+        workers = Workers(snap, mx, parts, share)
+        stream = workers.answers()
+    else:
+        stream = answer_nodes(snap, mx, chosen if nodes is not None else None, share, stats)
+    n_groups = len(mx.groups)
+
+    def said(text):             # (the counter's line wiped first)
+        if announce is not None:
+            bar.clear()
+            announce(text)
+    try:
+        current, results, pods_of = None, [], []
+        for answer in stream:
+            bar.step()
+            if answer.index != current:
+                if current is not None:
+                    _emit(report, mx, current, pods_of, results, combine)
+                current, results, pods_of = answer.index, [], []
+                elapsed = time.monotonic() - t0
+                _check_time(max_seconds, elapsed, answer.index, mx.pairs_total, n_groups,
+                            said)
+            results.append(answer.result)
+            pods_of.append(answer.position)
+            host_only = host_only or answer.result.host_only
+            for f in answer.findings:
                 findings.setdefault(f.key(), f)
-        bar.step()
-    bar.close()
+        if current is not None:
+            _emit(report, mx, current, pods_of, results, combine)
+    finally:
+        bar.close()
+        if workers is not None:
+            workers.close()
+    if workers is not None:
+        stats = workers.stats
+        extra = workers.findings
+    else:
+        extra = node_findings(snap, chosen if nodes is not None else None)
     if host_only:
         report.notes.append("host-only bundle (no OVS flows): pairs cover the Service "
                             "translation on the client's node; NetworkPolicy drift is not "
                             "checked there")
-    for f in backend_drift(snap) + peer_route_drift(snap) + pod_gateway_drift(snap):
+    for f in extra:
         findings.setdefault(f.key(), f)
     report.findings = sorted(findings.values(), key=lambda f: (f.kind, f.subject))
-    report.traced = tracer.traced
+    report.traced, report.shared = stats.get("traced", 0), stats.get("shared", 0)
+    report.questions = questions
     report.seconds = time.monotonic() - t0
     return report
 
 
-# ---- (a) NetworkPolicy intent vs flows --------------------------------------------------------
-def policy_intent(cluster, client, server, proto: str, port: int | None) -> tuple[bool | None, str]:
-    """(allowed as written?, which policies decided); None when the bundle cannot tell."""
-    why = []
-    allowed: bool | None = True
-    for direction, pod, peer in (("egress", client, server.ip), ("ingress", server, client.ip)):
-        pols = cluster.policies_selecting(pod, "Egress" if direction == "egress" else "Ingress")
-        if not pols:
-            continue
-        results = [(p, *kube.rule_allows(cluster, p, direction, peer, proto, port)) for p in pols]
-        if any(ok is True for _, ok, _ in results):
-            p, _, n = next(r for r in results if r[1] is True)
-            why.append(f"{direction} of {pod.key} allowed by {p.namespace}/{p.name} rule {n}")
-        elif any(ok is None for _, ok, _ in results):
-            allowed = None if allowed is not False else False
-            why.append(f"{direction} of {pod.key}: undecidable from the bundle")
-        else:
-            allowed = False
-            why.append(f"{direction} of {pod.key} denied: "
-                       f"{', '.join(f'{p.namespace}/{p.name}' for p, _, _ in results)} select it "
-                       f"and no rule allows {proto}/{port}")
-    return allowed, "; ".join(why) or "no NetworkPolicy selects either pod"
+def _emit(report: AuditReport, mx, index: int, positions: list, results: list, combine) -> None:
+    label, pods, dst = _pair_at(mx, index)
+    verdict, reason, detail, disposition, policies = combine(results)
+    report.add(Pair(label, [pods[i].key for i in positions], pair_label(dst), verdict, reason,
+                    detail, disposition, policies, [r.traced_as for r in results], index))
 
 
-def _at_server(path, server_ip: str) -> tuple[int | None, str | None]:
-    """(destination port, source address) of the request as it reaches the server."""
-    for leg in path.legs:
-        if leg.direction != "request":
-            continue
-        for hop in reversed(leg.hops):
-            pk = hop.packet or {}
-            if pk.get("nw_dst") == server_ip and pk.get("tp_dst"):
-                return int(pk["tp_dst"]), pk.get("nw_src")
-    return None, None
+def _pair_at(mx, index: int):
+    n = len(mx.groups)
+    label, pods = mx.groups[index % n]
+    return label, pods, mx.ports[index // n]
 
 
-def policy_drift(cluster, client, trace) -> list[Finding]:
-    out = []
-    for path in trace.paths:
-        server = cluster.pod(path.endpoint, "default") if path.endpoint and "/" in path.endpoint \
-            and any(p.key == path.endpoint for p in cluster.pods) else None
-        if server is None or path.verdict == Verdict.UNKNOWN or server.key == client.key:
-            continue        # a pod cannot block connections to itself (Kubernetes' rule)
-        if server.host_network:
-            continue        # NetworkPolicy is undefined for hostNetwork pods (Kubernetes docs)
-        port, seen_src = _at_server(path, server.ip)
-        port = port or trace.query.get("dst_port")
-        if seen_src and seen_src != client.ip:
-            continue        # source NAT on the way: the server sees a node address, not the pod
-        proto = trace.query.get("protocol") or "TCP"
-        allowed, why = policy_intent(cluster, client, server, proto, port)
-        if allowed is None:
-            continue
-        subject = f"{client.key} -> {server.key}:{port}/{proto}"
-        is_policy, _ = policy_of(path.drop)
-        if path.verdict == Verdict.DELIVERED and allowed is False:
-            out.append(Finding("policy", subject, "the flows deliver a connection the "
-                               f"NetworkPolicies as written deny ({why})",
-                               _path_evidence(path)))
-        elif path.verdict == Verdict.DROPPED and is_policy and allowed is True:
-            out.append(Finding("policy", subject, "the flows drop by policy a connection the "
-                               f"NetworkPolicies as written allow ({why})",
-                               [describe_path(path)]))
-    return out
-
-
-def _path_evidence(path) -> list[str]:
-    """The policy-table hops a delivered path went through (where an allow flow matched)."""
-    out = []
-    for leg in path.legs:
-        for hop in leg.hops:
-            name = (hop.table_name or "") + " " + str(hop.table or "")
-            if any(w in name for w in ("Ingress", "Egress", "ingress", "egress")) or \
-                    str(hop.table) in ("50", "90", "60", "100"):
-                where = f"{hop.source.file}:{hop.source.line}" if hop.source else hop.node
-                out.append(f"{where}: {hop.rule}")
-    return out[:6]
-
-
-# ---- (b) EndpointSlices vs balanced backends ---------------------------------------------------
-def expected_endpoints(bundle) -> dict:
-    """(service key, port name, PROTO) -> {(ip, port): "file:line"} of ready endpoints
-    (EndpointSlices, else Endpoints); an IPv6 EndpointSlice's under (key, name, PROTO, 6)."""
-    out: dict = {}
-    for name in ("k8s/endpointslices.yaml", "k8s/endpoints.yaml"):
-        text = bundle.text(name)
-        if not text:
-            continue
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        doc = yaml.load(text, Loader=loader) or {}
-        items = doc.get("items") or [] if isinstance(doc, dict) else []
-        starts = [i + 1 for i, line in enumerate(text.splitlines()) if line.startswith("- ")]
-        if len(starts) != len(items):
-            starts = [None] * len(items)        # unusual layout: name the file only
-        for item, line in zip(items, starts):
-            where = f"{name}:{line}" if line else name
-            if isinstance(item, dict):
-                _endpoints_of(item, where, name.endswith("endpointslices.yaml"), out)
-        if out or name.endswith("endpointslices.yaml") and items:
-            return out
-    return out
-
-
-def _endpoints_of(item: dict, where: str, is_slice: bool, out: dict) -> None:
-    meta = item.get("metadata") or {}
-    if is_slice:
-        svc = (meta.get("labels") or {}).get("kubernetes.io/service-name")
-        family = {"IPv4": (), "IPv6": (6,)}.get(item.get("addressType", "IPv4"))
-        if not svc or family is None:
-            return
-        key = f"{meta.get('namespace', 'default')}/{svc}"
-        for p in item.get("ports") or [{}]:
-            slot = out.setdefault((key, p.get("name") or "", p.get("protocol") or "TCP")
-                                  + family, {})
-            for ep in item.get("endpoints") or []:
-                if (ep.get("conditions") or {}).get("ready") is False:
-                    continue
-                for addr in ep.get("addresses") or []:
-                    slot[(addr, p.get("port"))] = where
+def _check_time(limit: float | None, elapsed: float, index: int, total: int, per_port: int,
+                announce) -> None:
+    """Past the first Service port (every client group asked once), the time the whole
+    audit will take is estimated; over ``--max-seconds``, it stops and says so."""
+    from traceflow.model.errors import InputError
+    if index == 0:
         return
-    key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
-    for sub in item.get("subsets") or []:
-        for p in sub.get("ports") or [{}]:
-            slot = out.setdefault((key, p.get("name") or "", p.get("protocol") or "TCP"), {})
-            for addr in sub.get("addresses") or []:
-                slot[(addr.get("ip"), p.get("port"))] = where
+    estimate = elapsed * total / index
+    if index == per_port and announce is not None:
+        announce(f"audit: about {estimate:,.0f} s in all (measured on the first service port)")
+    if limit is None:
+        return
+    if elapsed > limit or (index >= per_port and estimate > limit * 1.5):
+        raise InputError(f"the audit would take about {estimate:,.0f} s (measured over its first "
+                         f"{index:,} of {total:,} pairs), more than --max-seconds {limit:g}: "
+                         "raise the limit, use more workers (-j), or split it by node (--nodes, "
+                         "see docs/scale.md)", "--max-seconds")
 
-
-def backend_drift(snap) -> list[Finding]:
-    cluster = snap.cluster
-    expected = expected_endpoints(snap.bundle)
-    from traceflow.cni import backend_readers
-    readers = {cls: cls(snap) for cls in (IpvsReader, NetfilterReader)}
-    cni_readers = backend_readers(snap)     # the CNI's own load balancers, asked first
-    out = []
-    pods_by_node: dict = {}
-    for p in cluster.pods:
-        if p.ip and p.node and not p.host_network:
-            pods_by_node.setdefault(p.node, p)
-    fallback_client = next(iter(pods_by_node.values()), None)
-    for node_name in snap.bundle.node_names():
-        try:
-            node = snap.node(node_name)
-            use = _readers(snap, node, readers, cni_readers)
-        except Missing:
-            continue
-        client = pods_by_node.get(node_name) or fallback_client
-        for dst in service_ports(cluster):
-            svc = dst.service
-            v6 = ":" in dst.ip
-            client_ip = ((client.address(6) if v6 else client.ip) if client else None) or \
-                ("fd00:ffff::fffe" if v6 else "10.255.255.254")
-            sp = next(p for p in svc.ports if p.port == dst.port and p.protocol.upper() == dst.protocol)
-            want = expected.get((svc.key, sp.name or "", dst.protocol) + ((6,) if v6 else ()))
-            if want is None:
-                want = {} if not any(k[0] == svc.key for k in expected) else None
-            if want is None:
-                continue        # a port name the slices do not list: nothing to compare
-            for reader in use:
-                try:
-                    got = reader.balanced(node, client_ip, dst.ip, dst.port, dst.protocol)
-                except Missing:     # a node folder the manifest does not list, half there
-                    got = None
-                if got is None:
-                    continue
-                out.extend(_compare(f"{pair_label(dst)} on {node_name}", reader.datapath,
-                                    want, got, sp.target_port))
-                break           # the first datapath that balances it decides
-    return out
-
-
-def _readers(snap, node, readers: dict, cni_readers: list) -> list:
-    out = [r for r in cni_readers if r.applies(node)]
-    if snap.kube_proxy == "ipvs" and node.ipvs is not None:
-        out.append(readers[IpvsReader])
-    elif node.netfilter is not None:
-        out.append(readers[NetfilterReader])
-    return out
-
-
-def _compare(subject: str, datapath: str, want: dict, got: list[Balanced],
-             target_port) -> list[Finding]:
-    out = []
-    want_ips = {ip: port for ip, port in want}
-    got_ips: dict = {}
-    for b in got:
-        got_ips.setdefault(b.ip, []).append(b)
-
-    def ev(b: Balanced) -> str:
-        return f"{b.source.file}:{b.source.line}: {b.text}" if b.source else b.text
-    for ip, bs in sorted(got_ips.items()):
-        if ip not in want_ips:
-            out.append(Finding("backends", subject, f"{datapath} balances to {ip}:{bs[0].port}, "
-                               "which the EndpointSlices do not list (stale or extra backend)",
-                               [ev(b) for b in bs]))
-        elif want_ips[ip] is not None and bs[0].port is not None and bs[0].port != want_ips[ip]:
-            out.append(Finding("backends", subject, f"{datapath} sends {ip} to port "
-                               f"{bs[0].port}, the EndpointSlice says {want_ips[ip]}",
-                               [ev(b) for b in bs]))
-    for (ip, port), where in sorted(want.items(), key=lambda kv: str(kv[0])):
-        if ip not in got_ips:
-            out.append(Finding("backends", subject, f"the EndpointSlices list {ip}:{port} but "
-                               f"{datapath} never balances to it (missing backend)",
-                               [f"{where}: endpoint {ip}:{port}"] + [ev(b) for b in got][:4]))
-    shares = [b.share for b in got]
-    if len(shares) > 1 and max(shares) - min(shares) > WEIGHT_TOLERANCE:
-        out.append(Finding("backends", subject, f"{datapath} splits new connections unequally ("
-                           + ", ".join(f"{b.ip} {b.share:.0%}" for b in got) + ")",
-                           [ev(b) for b in got]))
-    return out
-
-
-# ---- (c) routes and tunnel flows to peers' pod CIDRs ---------------------------------------------
-def peer_route_drift(snap) -> list[Finding]:
-    from traceflow.engines.routing.lookup import route_lookup
-    cluster = snap.cluster
-    out = []
-    for name in snap.bundle.node_names():
-        if snap.bundle.node_file(name, "ip-route.txt") is None:
-            continue
-        node = snap.node(name)
-        tunnel_text = _tunnel_flows(snap, node)
-        for peer in cluster.nodes:
-            if peer.name == name:
-                continue
-            for cidr in peer.pod_cidrs:
-                net = ipaddress.ip_network(cidr, strict=False)
-                probe = str(next(net.hosts()))
-                dec = route_lookup(node.ip_rules_for(net.version), node.routes, probe,
-                                   local_addresses=node.local_addresses)
-                route = dec.route
-                subject = f"{name} -> {peer.name} pods {cidr}"
-                if dec.kind != "unicast" or route is None:
-                    out.append(Finding("peer-route", subject, f"no usable route on {name} to "
-                                       f"{peer.name}'s pod CIDR: {dec.reason}",
-                                       [f"{route.source.file}:{route.source.line}: {route.text}"]
-                                       if route is not None and route.source else []))
-                elif route.dst.length == 0 and snap.conventions.kernel_routes_pod_cidrs:
-                    out.append(Finding("peer-route", subject, f"{name} has no route for "
-                                       f"{peer.name}'s pod CIDR: it falls to the default route "
-                                       f"({route.text}), out of the underlay instead of the "
-                                       "CNI's gateway",
-                                       [f"{route.source.file}:{route.source.line}: {route.text}"]))
-                if tunnel_text is not None and not _has_tunnel_flow(tunnel_text, cidr):
-                    out.append(Finding("peer-route", subject, f"{name}'s OVS flows have no "
-                                       f"tunnel flow for {peer.name}'s pod CIDR {cidr} (no flow "
-                                       f"matching nw_dst={cidr} sets a tunnel destination)",
-                                       [f"nodes/{name}/ovs-flows.txt"]))
-    return out
-
-
-def _tunnel_flows(snap, node) -> str | None:
-    """The node's flow text when its bridge has a tunnel port (encap mode), else None."""
-    if node._file("ovs-flows.txt") is None:
-        return None
-    try:
-        ports = node.bridge.ports
-    except Missing:
-        return None
-    if snap.conventions.tunnel_port(ports) is None:
-        return None
-    return node._file("ovs-flows.txt")[0]
-
-
-def _has_tunnel_flow(text: str, cidr: str) -> bool:
-    if ":" in cidr:          # an IPv6 pod CIDR: its flow sets the tunnel's IPv6 destination
-        return any(f"ipv6_dst={cidr}" in line and ("tun_ipv6_dst" in line
-                                                   or "TUN_IPV6_DST" in line)
-                   for line in text.splitlines())
-    for line in text.splitlines():
-        if f"nw_dst={cidr}" in line and ("tun_dst" in line or "TUN_IPV4_DST" in line):
-            return True
-    return False
-
-
-# ---- (d) a pod's own route and ARP vs the CNI's gateway ---------------------------------------
-def pod_gateway_drift(snap) -> list[Finding]:
-    from traceflow.engines.neigh import parse_ip_neigh
-    from traceflow.engines.routing.parse import parse_ip_routes
-    cluster = snap.cluster
-    out = []
-    for pod in cluster.pods:
-        if not pod.node or pod.host_network:
-            continue
-        files = snap.pod_files(pod)
-        if "ip-route.txt" not in files:
-            continue
-        n = next((x for x in cluster.nodes if x.name == pod.node), None)
-        try:
-            ports = snap.node(pod.node).bridge.ports
-        except Missing:
-            continue
-        gw_ip, gw_mac, _ = snap.conventions.default_gateway(n.pod_cidrs if n else (), ports)
-        routes = parse_ip_routes(*files["ip-route.txt"])
-        default = next((r for r in routes.table("main") if r.dst.length == 0 and r.family == 4
-                        and r.type == "unicast"), None)
-        if default is None:
-            out.append(Finding("pod-gateway", pod.key, "the pod has no default route (the CNI's "
-                               f"gateway is {gw_ip})", [f"{files['ip-route.txt'][1]}"]))
-            continue
-        if default.gateway and str(default.gateway) != gw_ip:
-            out.append(Finding("pod-gateway", pod.key, f"the pod's default route goes via "
-                               f"{default.gateway}, the CNI's gateway on {pod.node} is {gw_ip}",
-                               [f"{default.source.file}:{default.source.line}: {default.text}"]))
-            continue
-        if "ip-neigh.txt" in files and gw_mac:
-            neigh = parse_ip_neigh(*files["ip-neigh.txt"])
-            entry = next((e for e in neigh if str(e.ip) == gw_ip), None)
-            if entry is not None and entry.lladdr and entry.lladdr.lower() != gw_mac.lower():
-                out.append(Finding("pod-gateway", pod.key, f"the pod's ARP entry for its gateway "
-                                   f"{gw_ip} is {entry.lladdr}, the gateway port's MAC on "
-                                   f"{pod.node} is {gw_mac}",
-                                   [f"{entry.source.file}:{entry.source.line}: "
-                                    f"{entry.source.text.strip()}"]))
-            elif entry is not None and any(s in ("FAILED", "INCOMPLETE") for s in entry.states):
-                out.append(Finding("pod-gateway", pod.key, f"the pod's ARP entry for its gateway "
-                                   f"{gw_ip} is {'/'.join(entry.states)}",
-                                   [f"{entry.source.file}:{entry.source.line}: "
-                                    f"{entry.source.text.strip()}"]))
-    return out
 

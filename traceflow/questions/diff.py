@@ -29,6 +29,7 @@ COMPONENTS = {"ovs-flows.txt": "ovs flows", "ovs-groups.txt": "ovs groups",
               "ip-route.txt": "routes", "ip-rule.txt": "ip rules", "ip-neigh.txt": "neighbours",
               "ip-addr.txt": "addresses", "ipset.txt": "ipsets", "sysctl.txt": "sysctls"}
 MAX_RAW = 2000          # raw changes listed (the count is always exact)
+EXAMPLES_PER_GROUP = 5  # changed questions named per group (-o json and --paths list all)
 
 
 @dataclass
@@ -74,9 +75,47 @@ class DiffReport:
     raw_total: int = 0
     seconds: float = 0.0
 
+    def groups(self) -> list[dict]:
+        """The changed questions grouped by how they changed and where the walks first
+        diverge (component, table, the rule on each side; the nodes listed): verdict changes
+        first, then dispositions, then path-only changes; the biggest groups first."""
+        found: dict = {}
+        for c in self.changed:
+            key = _group_key(c)
+            g = found.get(key)
+            if g is None:
+                g = found[key] = {"kind": c.kind, "cause": _cause(c),
+                                  "divergence": _where(c.divergence), "count": 0, "nodes": [],
+                                  "examples": []}
+            g["count"] += 1
+            node = (c.divergence or {}).get("node")
+            if node and node not in g["nodes"]:
+                g["nodes"].append(node)
+            if len(g["examples"]) < EXAMPLES_PER_GROUP:
+                g["examples"].append(c.question)
+        order = {"verdict": 0, "disposition": 1, "path": 2}
+        out = sorted(found.values(), key=lambda g: (order.get(g["kind"], 3), -g["count"],
+                                                    g["cause"], str(g["divergence"])))
+        for g in out:
+            g["nodes"].sort()
+            g["more"] = g["count"] - len(g["examples"])
+        return out
+
+    def raw_groups(self) -> list[dict]:
+        """The raw changes counted per node, component and whether a traced path used them
+        (used first)."""
+        found: dict = {}
+        for r in self.raw:
+            key = (not r.used, r.node, r.component)
+            g = found.setdefault(key, {"node": r.node, "component": r.component,
+                                       "used": r.used, "added": 0, "removed": 0})
+            g["added" if r.change == "+" else "removed"] += 1
+        return [found[k] for k in sorted(found)]
+
     def to_dict(self) -> dict:
         return {
             "schema": "traceflow.diff/v1", "before": self.before, "after": self.after,
+            "groups": self.groups(), "raw_groups": self.raw_groups(),
             "summary": {"questions": self.questions, "changed": len(self.changed),
                         "verdict_changed": sum(c.kind == "verdict" for c in self.changed),
                         "disposition_changed": sum(c.kind == "disposition"
@@ -246,6 +285,7 @@ def compare(question: str, bt, at) -> Change | None:
         ref = bh or ah
         change.divergence = {
             "where": f"hop {i + 1} on {ref.node} ({ref.component}), path to {bp.endpoint or '?'}",
+            "node": ref.node,
             "before": _hop_dict(bh), "after": _hop_dict(ah),
             **({"choices": {"before": list(bp.choices), "after": list(first[4].choices)}}
                if list(bp.choices) != list(first[4].choices) else {}),
@@ -254,6 +294,36 @@ def compare(question: str, bt, at) -> Change | None:
                                               "before", "after", lineterm="", n=0))[2:],
         }
     return change
+
+
+def _cause(c: Change) -> str:
+    """How the question changed, in a few words: the verdicts, the dispositions."""
+    if c.kind == "verdict":
+        return f"{c.before_verdict} -> {c.after_verdict}"
+    if c.kind == "disposition":
+        return (f"{', '.join(sorted(set(c.before_dispositions))) or '-'} -> "
+                f"{', '.join(sorted(set(c.after_dispositions))) or '-'}")
+    return f"still {c.after_verdict}, by another path"
+
+
+def _where(divergence: dict | None) -> dict | None:
+    """The first divergence without its node and path: the same step for every client."""
+    if not divergence:
+        return None
+    out = {}
+    for side in ("before", "after"):
+        h = divergence.get(side) or {}
+        at = h.get("at") or ""
+        node = divergence.get("node")
+        if node and at.startswith(node + " "):
+            at = at[len(node) + 1:]
+        out[side] = {"at": at.split(" (")[0] if at else None, "rule": h.get("rule"),
+                     "effect": h.get("effect")}
+    return out
+
+
+def _group_key(c: Change) -> tuple:
+    return (c.kind, _cause(c), repr(_where(c.divergence)))
 
 
 # ---- raw changes ----------------------------------------------------------------------------------
@@ -299,14 +369,19 @@ _GROUP_ACTION = re.compile(r"\bgroup:(\d+)")
 
 
 def _used_sources(traces) -> set:
-    """(file, line) of every hop's rule, and (node, "group", id) of every group a branch
-    chose a bucket of (group buckets are choices, not hops)."""
+    """(file, line) of every hop's rule, (node, "group", id) of every group a branch chose a
+    bucket of (group buckets are choices, not hops), and (file, "conjunction", id) of
+    every conjunction a hit flow completed: its clause flows decided the hit too."""
     used = set()
     for t in traces:
         for p in t.paths:
             for h in _hops(p):
                 if h.source is not None:
                     used.add((h.source.file, h.source.line))
+                    if h.component == "ovs" and "conj_id=" in (h.rule or ""):
+                        conj = _conj_id(h.rule, h.source)
+                        if conj is not None:    # (ids are the agent's, one per bridge)
+                            used.add((h.source.file, "conjunction", conj))
                 for gid in _GROUP_ACTION.findall(h.rule or ""):
                     used.add((h.node, "group", int(gid)))
             for c in p.choices:
@@ -316,9 +391,36 @@ def _used_sources(traces) -> set:
     return used
 
 
+def _conj_id(rule: str, source) -> int | None:
+    """The conj_id a flow of the bundle matches on (the flow read as the engine reads it)."""
+    from traceflow.engines.ovs.flows import parse_flow
+    from traceflow.model.errors import InputError
+    try:
+        return parse_flow(rule, source).conj_id
+    except (ValueError, InputError):
+        return None
+
+
+def _clauses(text: str, source) -> list[int]:
+    """The conjunction ids a flow line's actions are clauses of."""
+    from traceflow.engines.ovs import actions as A
+    from traceflow.engines.ovs.flows import parse_flow
+    from traceflow.model.errors import InputError
+    try:
+        flow = parse_flow(text, source)
+        return [a.conj_id for a in flow.actions if isinstance(a, A.Conjunction)]
+    except (ValueError, InputError):
+        return []
+
+
 def _is_used(r: RawChange, used: set) -> bool:
     if (r.file, r.line) in used:
         return True
+    if r.component == "ovs flows" and "conjunction(" in r.text:
+        from traceflow.model.errors import Source
+        ids = _clauses(r.text, Source(r.file, r.line, r.text))
+        if any((r.file, "conjunction", i) in used for i in ids):
+            return True         # a clause of a conjunction a traced flow completed
     m = _GROUP_LINE.search(r.text) if r.component == "ovs groups" else None
     return bool(m and (r.node, "group", int(m.group(1))) in used)
 

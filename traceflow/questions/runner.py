@@ -9,8 +9,6 @@ says so in its warnings and its ``scope``.
 
 from __future__ import annotations
 
-import ipaddress
-import re
 import sys
 import time
 
@@ -25,18 +23,35 @@ SCOPE_SERVICE = "service-translation"
 
 
 class Tracer:
-    """Answers (source pod, destination) questions over one Snapshot, each once."""
+    """Answers (source, destination) questions over one Snapshot, each once; clients of one
+    node that the datapath cannot tell apart share one trace (traceflow.questions.classes).
 
-    def __init__(self, snapshot: Snapshot):
+    ``share=False`` traces every client itself (what the class tests compare with)."""
+
+    MAX_CACHED = 4096           # answers kept for questions asked again (check, diff)
+    MAX_SLOTS = 2048            # destinations whose representatives are kept
+    MAX_REPRESENTATIVES = 16    # classes kept per node and destination
+
+    def __init__(self, snapshot: Snapshot, share: bool = True):
+        from traceflow.questions.classes import Classes
         from traceflow.questions.solver import Solver
         self.snap = snapshot
         self.solver = Solver(snapshot)
+        self.share = share
+        self.classes = Classes(snapshot)
         self._cache: dict[tuple, Trace] = {}
+        self._slots: dict = {}      # (node, destination, src port, via) -> [_Representative]
+        self._identities: dict = {}
         self.traced = 0             # distinct questions actually traced
-        self._classes: dict = {}    # host-only: (node, destination) -> [(chains, class, trace)]
-        self._sources: dict = {}    # node -> SourceClasses
+        self.shared = 0             # questions answered by another client's trace
         self._ovs: dict = {}        # node -> has OVS flows
         self.asked = 0
+
+    def release(self) -> None:
+        """Forget the representatives and answers kept so far (an audit calls it when it
+        moves on to the next destination: none of them will be asked again)."""
+        self._slots.clear()
+        self._cache.clear()
 
     def key(self, pod, dst: Destination, src_port: int = 54321, via: str | None = None) -> tuple:
         return (pod.key, dst.ip, dst.port, dst.protocol, src_port, dst.kind, via)
@@ -49,39 +64,74 @@ class Tracer:
         got = self._cache.get(key)
         if got is not None:
             return got
-        if isinstance(pod, Pod) and pod.node and not pod.host_network \
-                and not self._has_ovs(pod.node) and not _unusable(pod) and dst.endpoint is None \
-                and ":" not in dst.ip:      # IPv6: source classes are read from IPv4 rules
-            got = self._shared_service_trace(pod, dst, src_port)
-        else:
-            got = self._trace(pod, dst, src_port, via)
-            self.traced += 1
+        got = self._classed(pod, dst, src_port, via)
+        if len(self._cache) >= self.MAX_CACHED:
+            self._cache.clear()
         self._cache[key] = got
         return got
 
-    def _shared_service_trace(self, pod: Pod, dst: Destination, src_port: int) -> Trace:
-        """Service translations of one node for one destination: clients the rules cannot
-        tell apart share one trace. Two sources are told apart only by the rules of the
-        chains the walk visited (hit or not); a source match there splits the class (see
-        SourceClasses), anything source-dependent it cannot read keeps every source apart."""
-        slot = self._classes.setdefault((pod.node, dst.ip, dst.port, dst.protocol, src_port), [])
-        for chains, cls_key, trace in slot:
-            if self._source_classes(pod.node).key(chains, pod.ip) == cls_key:
-                return Trace(dict(trace.query, source=pod.key, shares_trace_of=trace.query["source"]),
-                             trace.paths, trace.warnings)
-        trace = self._trace(pod, dst, src_port)
+    # -- classes of clients ------------------------------------------------------------------
+    def _classed(self, pod, dst: Destination, src_port: int, via: str | None) -> Trace:
+        from traceflow.model.reads import recording
+        from traceflow.questions.classes import Recorder, _Values
+        # (an IPv6 question is traced alone: the identity holds the IPv4 address, MAC and port)
+        ident = self.identity(pod) if self.share and ":" not in dst.ip else None
+        if ident is None:
+            self.traced += 1
+            return self._trace(pod, dst, src_port, via)
+        values = _Values(ident)
+        slot_key = (pod.node, dst.ip, dst.port, dst.protocol, dst.kind, src_port, via,
+                    dst.label)
+        slot = self._slots.get(slot_key)
+        if slot is None:
+            if len(self._slots) >= self.MAX_SLOTS:
+                self._slots.pop(next(iter(self._slots)))
+            slot = self._slots[slot_key] = []
+        for rep in slot:
+            if pod.key in rep.endpoints or pod.key == dst.label:
+                break           # a backend of the destination: its address is also the far end
+            if self.classes.port_safe(rep.recorder, values) and \
+                    self.classes.same(rep.recorder, rep.values, values):
+                self.shared += 1
+                rep.stands_for += 1
+                if slot[0] is not rep:      # the class met most recently is asked first
+                    slot.remove(rep)
+                    slot.insert(0, rep)
+                return Trace(dict(rep.trace.query, source=pod.key,
+                                  shares_trace_of=rep.trace.query.get("source")),
+                             rep.trace.paths, rep.trace.warnings)
+        recorder = Recorder(ident, self.snap.cluster)
+        with recording(recorder):
+            trace = self._trace(pod, dst, src_port, via)
         self.traced += 1
-        chains = frozenset(h.chain for p in trace.paths for leg in p.legs for h in leg.hops
-                           if h.chain)
-        slot.append((chains, self._source_classes(pod.node).key(chains, pod.ip), trace))
+        endpoints = {str(p.endpoint) for p in trace.paths if p.endpoint}
+        if len(slot) < self.MAX_REPRESENTATIVES and pod.key not in endpoints and \
+                pod.key != dst.label and self.classes.shareable(recorder) is None and \
+                self.classes.port_safe(recorder, values):
+            slot.append(_Representative(values, recorder, trace, endpoints))
         return trace
 
-    def _source_classes(self, node: str) -> "SourceClasses":
-        got = self._sources.get(node)
-        if got is None:
-            model = self.node_model(node)
-            got = self._sources[node] = SourceClasses(model.netfilter if model else None,
-                                                      model.local_addresses if model else ())
+    def identity(self, pod):
+        """A pod client's own values in the datapath (None: it is traced alone): its address,
+        and on a node with the CNI's datapath the MAC and port that datapath gives it."""
+        from traceflow.questions.classes import Identity
+        if not isinstance(pod, Pod) or _unusable(pod) or pod.host_network:
+            return None
+        got = self._identities.get(pod.key, False)
+        if got is not False:
+            return got
+        got = None
+        if not self.snap.pod_files(pod):         # pod-side files are the pod's own
+            if not self._has_ovs(pod.node):
+                got = Identity.of(pod.node, pod.ip)       # host-only: the address alone
+            else:
+                try:
+                    own = self.solver.datapath.source_identity(pod)
+                except Missing:
+                    own = None
+                if own is not None:
+                    got = Identity.of(pod.node, pod.ip, *own)
+        self._identities[pod.key] = got
         return got
 
     def _trace(self, pod, dst: Destination, src_port: int, via: str | None = None) -> Trace:
@@ -128,6 +178,26 @@ class Tracer:
             return self.snap.node(name)
         except Missing:
             return None
+
+
+def quiet_gc() -> None:
+    """For a question of many traces: what is loaded so far is moved out of the cyclic
+    collector's sight (gc.freeze: the bundle's models hold no garbage) and young objects are
+    collected less often; a trace's objects hold no reference cycles worth chasing early."""
+    import gc
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 1000)
+
+
+class _Representative:
+    """A client traced with its reads recorded, and who shares its trace."""
+
+    __slots__ = ("values", "recorder", "trace", "endpoints", "stands_for")
+
+    def __init__(self, values, recorder, trace: Trace, endpoints: set):
+        self.values, self.recorder, self.trace = values, recorder, trace
+        self.endpoints = endpoints
+        self.stands_for = 1
 
 
 def source_endpoint_of(source, family: int | None = None):
@@ -277,134 +347,17 @@ def _step_hop(node: str, component: str | None, step) -> Hop:
                source=src, matched=tuple(step.matched), unknown=step.unknown)
 
 
-_IPT_SRC = re.compile(r"(!\s+)?(?:-s|--source)\s+([0-9.]+(?:/[0-9]+)?)(?=\s|$)")
-_NFT_SRC = re.compile(r"ip saddr (!= )?([0-9.]+(?:/[0-9]+)?)(?=\s|$)")
-# source-dependent matches this module does not evaluate: sources stay apart
-# (`-m recent` is left out: with no recent lists in the bundle the engine takes every client
-# as a first connection alike, so it does not tell sources apart)
-_OPAQUE = re.compile(r"--src-range|--match-set \S+ \S*src|--ctorigsrc|"
-                     r"saddr\s*[@{]|saddr \.|\. ip saddr|jhash|saddr (?:!= )?[a-z$]")
-
-
-_NFT_UPDATE = re.compile(r"\b(?:update|add) @\S+ \{ ip saddr")
-_NFT_SET_SRC = re.compile(r"^(?:.* )?ip saddr @(\S+)(?: (?:goto|jump|accept|drop|return|counter)\b.*)?$")
-
-
-def _set_members(table, name: str):
-    """A set's members as (network, mask) integers; None when they cannot be read."""
-    sets = getattr(table, "sets", None) or {}
-    found = sets.get(name)
-    if found is None:
-        return None
-    out = set()
-    for element in found.elements:
-        text = element.text.split(" expires")[0].split(" timeout")[0].strip()
-        try:
-            net = ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            return None
-        out.add((int(net.network_address), int(net.netmask)))
-    return out
-
-
-_SETS_MARK = re.compile(r"-j MARK\b|--set-x?mark|meta mark set")
-_MATCHES_MARK = re.compile(r"-m mark\b|-m connmark\b|meta mark (?:&|==|!=|0x)|ct mark (?:&|==|!=|0x)")
-_TARGET = re.compile(r"(?:-j|-g|jump|goto)\s+(\S+)")
-
-
-class SourceClasses:
-    """Which source addresses a node's rules cannot tell apart, per set of visited chains.
-
-    A rule matching the source address splits the sources by that prefix; a source match
-    whose only consequence is a mark (kube-proxy's hairpin masquerade marking) does not split
-    them when no visited rule matches on marks, since the mark does not change the verdict or
-    the translation at this hook."""
-
-    def __init__(self, ruleset, local_addresses=()):
-        self._local = set(local_addresses)
-        self._chains: dict[str, dict] = {}
-        tables = list(ruleset.tables.values()) if ruleset is not None else []
-        mark_only = set()
-        for table in tables:
-            for name, chain in table.chains.items():
-                if chain.rules and all(_SETS_MARK.search(r.text) and not _MATCHES_MARK.search(r.text)
-                                       for r in chain.rules):
-                    mark_only.add(name)
-        for table in tables:
-            for name, chain in table.chains.items():
-                info = self._chains.setdefault(name, {"prefixes": set(), "mark_prefixes": set(),
-                                                      "opaque": False, "mark_match": False,
-                                                      "src_type": False})
-                for rule in chain.rules:
-                    text = rule.text
-                    if _MATCHES_MARK.search(text):
-                        info["mark_match"] = True
-                    if "--src-type" in text or "fib saddr type" in text:
-                        info["src_type"] = True     # splits sources by "a local address?"
-                    if _NFT_UPDATE.search(text):
-                        continue    # records the source for later packets; decides nothing now
-                    named = _NFT_SET_SRC.search(text)
-                    if named:       # ip saddr @set: sources split by the set's listed members
-                        members = _set_members(table, named.group(1))
-                        if members is None:
-                            info["opaque"] = True
-                        else:
-                            info["prefixes"].update(members)
-                        continue
-                    if "-s " not in text and "--source" not in text and "saddr" not in text \
-                            and not _OPAQUE.search(text) or "--src-type" in text and \
-                            not _IPT_SRC.search(text):
-                        continue
-                    found = [*_IPT_SRC.finditer(text), *_NFT_SRC.finditer(text)]
-                    if _OPAQUE.search(text) or not found:
-                        info["opaque"] = True
-                        continue
-                    target = _TARGET.search(text)
-                    only_mark = bool(target and target.group(1) in mark_only) or \
-                        bool(_SETS_MARK.search(text) and not target)
-                    for m in found:
-                        net = ipaddress.ip_network(m.group(2), strict=False)
-                        key = (int(net.network_address), int(net.netmask))
-                        info["mark_prefixes" if only_mark else "prefixes"].add(key)
-        self._compiled: dict = {}
-        self._ints: dict = {}
-
-    def _compile(self, chains: frozenset):
-        got = self._compiled.get(chains)
-        if got is None:
-            infos = [self._chains[c] for c in chains if c in self._chains]
-            opaque = any(i["opaque"] for i in infos)
-            src_type = any(i["src_type"] for i in infos)
-            marks_matter = any(i["mark_match"] for i in infos)
-            prefixes = set()
-            for i in infos:
-                prefixes |= i["prefixes"]
-                if marks_matter:
-                    prefixes |= i["mark_prefixes"]
-            got = self._compiled[chains] = (opaque, tuple(sorted(prefixes)), src_type)
-        return got
-
-    def key(self, chains: frozenset, ip: str) -> tuple:
-        opaque, prefixes, src_type = self._compile(chains)
-        if opaque:
-            return ("exact", ip)
-        value = self._ints.get(ip)
-        if value is None:
-            if ":" in ip:
-                return ("exact", ip)
-            value = self._ints[ip] = int(ipaddress.IPv4Address(ip))
-        local = (ip in self._local,) if src_type else ()
-        return local + tuple((value & mask) == net for net, mask in prefixes)
-
-
 class Progress:
-    """A one-line counter on stderr when it is a terminal (silent otherwise or when short)."""
+    """A one-line counter on stderr when it is a terminal (silent otherwise or when short):
+    done/total, rate, time left, and a running summary (``status``) when given."""
 
-    def __init__(self, total: int, what: str, enabled: bool | None = None):
+    def __init__(self, total: int, what: str, enabled: bool | None = None, status=None):
         self.total, self.what, self.done = total, what, 0
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.status = status            # () -> short text, e.g. "delivered 120, dropped 3"
         self._last = 0.0
         self._start = time.monotonic()
+        self._width = 0
 
     def step(self, n: int = 1) -> None:
         self.done += n
@@ -413,13 +366,39 @@ class Progress:
         now = time.monotonic()
         if now - self._last >= 0.2 or self.done == self.total:
             self._last = now
-            rate = self.done / max(now - self._start, 1e-6)
-            sys.stderr.write(f"\r{self.what}: {self.done}/{self.total} ({rate:.0f}/s)   ")
+            elapsed = max(now - self._start, 1e-6)
+            rate = self.done / elapsed
+            left = (self.total - self.done) / rate if rate > 0 else 0
+            line = (f"\r{self.what}: {self.done:,}/{self.total:,} ({rate:,.0f}/s, "
+                    f"{_duration(left)} left)")
+            if self.status is not None:
+                line += f" {self.status()}"
+            line = line[:_columns()]            # one line of the terminal, never wrapped
+            self._width = max(self._width, len(line))
+            sys.stderr.write(line.ljust(self._width) + " ")
             sys.stderr.flush()
 
     def close(self) -> None:
         if self.enabled and self.done:
-            sys.stderr.write("\r" + " " * 60 + "\r")
+            self.clear()
+
+    def clear(self) -> None:
+        """Wipe the counter's line (before something else is said on stderr)."""
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * min(max(60, self._width + 1), _columns()) + "\r")
             sys.stderr.flush()
 
 
+def _columns() -> int:
+    """The terminal's width less one (the cursor's cell)."""
+    import shutil
+    return max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"

@@ -136,6 +136,13 @@ class Datapath:
                                             Disposition.UNKNOWN))
         return None
 
+    def source_identity(self, pod):
+        """(MAC, port number, port name) of ``pod``'s own port in this datapath, when its
+        packets differ from another local pod's only by those and its address, so that a
+        question over many clients may share one trace between pods the datapath cannot
+        tell apart (traceflow.questions.classes); None: every pod is traced alone."""
+        return None
+
     def untraced_gateway(self, node_name: str, node):
         """(device, missing file) when ``node_name`` lacks the files of this datapath's own
         part altogether (a host-only bundle, e.g. kube-proxy rules without OVS flows) and

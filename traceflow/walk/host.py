@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from traceflow.model import reads as _reads
 from traceflow.model.conntrack import reverse
 from traceflow.model.packet import Packet
 from traceflow.bundle.snapshot import Missing, NodeModel
@@ -29,6 +30,7 @@ class HostStack:
         self.snap = walk.snap
         self.cluster = walk.cluster
         self.warnings = walk.warnings
+        self._routers: dict = {}      # node name -> (NodeModel, Router)
 
     @property
     def datapath(self):
@@ -176,11 +178,20 @@ class HostStack:
 
     def _route(self, b: Branch, node_name: str, node: NodeModel, pkt: Packet, iif: str | None,
                use_src: bool = True):
-        from traceflow.engines.routing.lookup import route_lookup
-        dec = route_lookup(node.ip_rules_for(pkt.family), node.routes, pkt.nw_dst,
-                           src=pkt.nw_src if use_src else None, iif=iif,
-                           mark=pkt.mark, local_addresses=node.local_addresses,
-                           interfaces=node.interfaces or None, sysctls=node.sysctls)
+        family = pkt.family
+        router = self._routers.get((node_name, family))
+        if router is None or router[0] is not node:
+            # one Router per node and family for every lookup of this walk (route_lookup
+            # builds one a call)
+            from traceflow.engines.routing.lookup import Router
+            router = self._routers[(node_name, family)] = (node, Router(
+                node.ip_rules_for(family), node.routes, node.interfaces or None,
+                node.local_addresses, node.sysctls))
+        dec = router[1].lookup(pkt.nw_dst, pkt.nw_src if use_src else None, iif, None,
+                               pkt.mark)
+        recorder = _reads.active()
+        if recorder is not None:    # a question sharing traces: does it read the client?
+            recorder.route(node_name, node, pkt.nw_src if use_src else None, pkt.nw_dst)
         route = dec.route
         b.add(Hop(node_name, "route", dec.table, route.text if route is not None else None,
                   dec.reason, source=route.source if route is not None else None,
@@ -304,6 +315,9 @@ class HostStack:
     def _neighbour_and_send(self, b: Branch, loc: AtHost, node: NodeModel, pkt: Packet, dec):
         from traceflow.engines.neigh import ethernet_mac, resolve
         nexthop = str(dec.gateway) if dec.gateway else pkt.nw_dst
+        recorder = _reads.active()
+        if recorder is not None:    # a question sharing traces: does it read the client?
+            recorder.neighbour(loc.node, node, dec.dev, nexthop)
         untraced = self.datapath.untraced_gateway(loc.node, node)
         if untraced is not None and dec.dev == untraced[0]:
             return (self._into_untraced(b, loc, pkt, *untraced), None)

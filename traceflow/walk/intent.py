@@ -21,10 +21,11 @@ def policy_denial(cluster: kube.Cluster, direction: str, pod: kube.Pod | None, p
     pols = cluster.policies_selecting(pod, ptype)
     if not pols:
         return None
-    for p in pols:
-        allowed, _ = kube.rule_allows(cluster, p, direction, peer_ip, proto, port)
-        if allowed is None or allowed:
-            return None
+    # every policy asked, as the audit's drift check asks them (a question sharing traces
+    # compares clients on what was asked)
+    results = [kube.rule_allows(cluster, p, direction, peer_ip, proto, port)[0] for p in pols]
+    if any(allowed is None or allowed for allowed in results):
+        return None
     names = ", ".join(f"{p.namespace}/{p.name}" for p in pols)
     what = f"{proto}/{port}" if port else proto
     peer = "to" if direction == "egress" else "from"

@@ -51,26 +51,38 @@ def to_state(pkt: Packet, in_port: int) -> dict:
     return state
 
 
+_TEXTS: dict = {}        # (field, int) -> its text: a walk formats the same few addresses
+
+
+def _text(name: str, value: int) -> str:
+    key = (name, value)
+    got = _TEXTS.get(key)
+    if got is None:
+        if len(_TEXTS) > 100_000:
+            _TEXTS.clear()
+        got = _TEXTS[key] = F.format_value(F.FIELDS[name], value)
+    return got
+
+
 def from_state(state: dict, template: Packet) -> Packet:
     pkt = template.copy()
-    fmt = F.format_value
     if "dl_src" in state:
-        pkt.dl_src = fmt(F.FIELDS["dl_src"], state["dl_src"])
+        pkt.dl_src = _text("dl_src", state["dl_src"])
     if "dl_dst" in state:
-        pkt.dl_dst = fmt(F.FIELDS["dl_dst"], state["dl_dst"])
+        pkt.dl_dst = _text("dl_dst", state["dl_dst"])
     src, dst = ("ipv6_src", "ipv6_dst") if template.is_v6 else ("nw_src", "nw_dst")
     if src in state and template.nw_src is not None:
-        pkt.nw_src = fmt(F.FIELDS[src], state[src])
+        pkt.nw_src = _text(src, state[src])
     if dst in state and template.nw_dst is not None:
-        pkt.nw_dst = fmt(F.FIELDS[dst], state[dst])
+        pkt.nw_dst = _text(dst, state[dst])
     if template.is_v6:
         if "ipv6_label" in state:
             pkt.ipv6_label = state["ipv6_label"]
         if "nd_target" in state and template.nd_target is not None:
-            pkt.nd_target = fmt(F.FIELDS["nd_target"], state["nd_target"])
+            pkt.nd_target = _text("nd_target", state["nd_target"])
         for key in ("nd_sll", "nd_tll"):
             if key in state and getattr(template, key) is not None:
-                setattr(pkt, key, fmt(F.FIELDS[key], state[key]))
+                setattr(pkt, key, _text(key, state[key]))
     for key in ("tp_src", "tp_dst", "nw_ttl"):
         if key in state and getattr(template, key) is not None:
             setattr(pkt, key, state[key])

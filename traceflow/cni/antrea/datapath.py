@@ -104,6 +104,15 @@ class AntreaDatapath(Datapath):
         self.warnings.append(conventions_warning(pod, files, self.cni.name, family))
         return gw_ip, gw_mac, how, f"default via {gw_ip} dev eth0", None
 
+    def source_identity(self, pod):
+        """The pod's OVS port and MAC as its SpoofGuard flows bind them (one port per pod)."""
+        node = self.snap.node(pod.node)
+        port_name, mac = node_pod_ports(node).get(pod.ip, (None, None))
+        port = node.bridge.ports.get(port_name) if port_name else None
+        if port is None or port.number is None or not mac:
+            return None
+        return mac, port.number, port_name
+
     # ---- OVS -------------------------------------------------------------------------------
     def _ovs(self, b: Branch, loc: AtOvs, q: Query) -> list:
         node = self.snap.node(loc.node)
@@ -453,8 +462,8 @@ class AntreaDatapath(Datapath):
     def untraced_gateway(self, node_name, node):
         """A node without ovs-flows.txt (the generated kube-proxy bundles hold host files
         only): its gateway device, by Antrea's naming, from ip-addr.txt."""
-        if self.snap.bundle.node_file(node_name, "ovs-flows.txt") is not None:
-            return None
+        if self.snap.bundle.has(f"nodes/{node_name}/ovs-flows.txt"):
+            return None         # (asked at every neighbour: the file is not read for it)
         from traceflow.cni.antrea.conventions import gateway_port_name
         gw = gateway_port_name({i.name: None for i in node.interfaces})
         return (gw, f"nodes/{node_name}/ovs-flows.txt") if gw else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from traceflow.engines.netfilter.context import NodeContext
 from traceflow.engines.netfilter.iptables import (PASSIVE_TARGETS, Chain, CommentMatch, NatTo,
                                                   RecentMatch, Rule, Ruleset, StatisticMatch, Table)
+from traceflow.model import reads as _reads
 from traceflow.model.packet import Packet
 
 MAX_DEPTH = 64
@@ -152,6 +153,9 @@ def _run_builtin(table: Table, hook: str, walk: Walk) -> list[Outcome]:
 
 
 def _run_chain(table: Table, chain: Chain, walk: Walk, depth: int) -> list[Outcome]:
+    recorder = _reads.active()
+    if recorder is not None:        # a question sharing traces: every rule here may be read
+        recorder.nf_chain(walk.ctx, table.name, chain, walk.packet)
     if depth > MAX_DEPTH:
         return [_stop(walk, table, chain, None,
                       f"chain loop: more than {MAX_DEPTH} nested jumps (at {chain.name})")]

@@ -19,9 +19,10 @@ from traceflow.engines.netfilter.iptables_model import (Chain, Rule, Ruleset, Ta
                                                         _resolve_targets)
 from traceflow.engines.netfilter.iptables_values import (ConnmarkOp, MASK32, RuleSyntaxError, mark,
                                                          mark_op, nat_to, port_range)
-from traceflow.engines.netfilter.iptables_parse import (CORE_OPTIONS, Decoder, MODULES, Opt,
-                                                        _CONNTRACK, _Syntax, _note_not_modelled,
-                                                        _physdev, _proto, _states, _statistic)
+from traceflow.engines.netfilter.iptables_grammar import (CORE_OPTIONS, Decoder, MODULES, Opt,
+                                                          _CONNTRACK, _physdev, _proto, _states,
+                                                          _statistic)
+from traceflow.engines.netfilter.iptables_parse import _Syntax, _note_not_modelled
 
 # ---------------------------------------------------------------------------------------------
 # iptables -L -n [-v]: the listing of one table

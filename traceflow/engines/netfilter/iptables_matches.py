@@ -6,13 +6,12 @@ cannot tell), one class per match module or option, and ipset membership. Parsed
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass, field
 
 from traceflow.engines.netfilter.context import NodeContext
-from traceflow.engines.netfilter.iptables_values import (Mark, PortRange, _address, _in_network,
-                                                         _network)
-from traceflow.model.packet import PROTO_NAMES, PROTO_NUMBERS, Packet
+from traceflow.engines.netfilter.ipset_hash import SLOW, hashed, _set_entry_bits, _set_entry_hit
+from traceflow.engines.netfilter.iptables_values import Mark, PortRange, _address, _in_network
+from traceflow.model.packet import PROTO_NAMES, Packet
 
 
 
@@ -605,7 +604,7 @@ class UnknownMatch(Match):
 
 # --- ipset membership ------------------------------------------------------------------------
 
-_SET_PORT = re.compile(r"^(?:(?P<proto>[a-z]+):)?(?P<port>\d+)(?:-(?P<hi>\d+))?$")
+HASH_FROM = 32                  # sets of more members than this are hashed (ipset_hash.py)
 
 
 def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
@@ -619,12 +618,19 @@ def ipset_contains(members: list[str], flags: tuple[str, ...], packet: Packet,
     ``list:set`` members are other sets, the packet is in it when it is in one of them
     (ip_set_list_set.c ``list_set_ktest``, in order, the flags passed on); ``bitmap:port``
     members are ports (``80`` or a range ``80-88``) matched against the port the flag
-    names."""
+    names. A bigger set of addresses, prefixes and ports is looked up as the kernel hashes
+    it: its entries compiled once into dicts keyed by their (masked) addresses and ports
+    (``ipset_hash.py``); the entries that do not hash (port ranges, interfaces, ``tcpudp``)
+    are tested one by one, as here."""
     kind = getattr(members, "type", None) or ""
     if kind == "list:set":
         return _list_set_contains(members, flags, packet, sets, depth)
     if kind == "bitmap:port":
         flags = tuple(f"port-{f}" for f in flags)
+    elif len(members) > HASH_FROM:          # looked up as the kernel hashes it (ipset_hash.py)
+        got = hashed(members, flags).contains(packet)
+        if got is not SLOW:
+            return got
     hits: list[tuple[int, bool]] = []              # (entry's prefix bits, entry is nomatch)
     undecidable = False
     for member in members:
@@ -657,49 +663,3 @@ def _list_set_contains(members: list[str], flags: tuple[str, ...], packet: Packe
             return True
         undecided = undecided or got is None
     return None if undecided else False
-
-
-def _set_entry_bits(entry: str) -> int:
-    """How specific an entry is: the prefix lengths of its addresses (an address alone is a
-    full-length prefix)."""
-    bits = 0
-    for element in entry.split(","):
-        try:
-            bits += _network(element).prefixlen
-        except ValueError:
-            continue                                  # a port or an interface
-    return bits
-
-
-def _set_entry_hit(entry: str, flags: tuple[str, ...], packet: Packet) -> bool | None:
-    """One entry (``10.0.0.0/8``, ``10.0.0.1,tcp:80``, ``10.0.0.1,udp:53,10.0.0.2``)."""
-    results = []
-    for element, flag in zip(entry.split(","), flags):
-        port_only = flag.startswith("port-")      # bitmap:port
-        side = "src" if flag.removeprefix("port-") == "src" else "dst"
-        results.append(_set_element_hit(element, ("port-" if port_only else "") + side, packet))
-    if False in results:
-        return False
-    return None if None in results else True
-
-
-def _set_element_hit(element: str, side: str, packet: Packet) -> bool | None:
-    if side.startswith("port-"):                      # bitmap:port: the element is a port
-        return _port_element_hit(element, side[5:], packet)
-    try:
-        return _in_network(getattr(packet, f"nw_{side}"), _network(element))
-    except ValueError:
-        pass
-    return _port_element_hit(element, side, packet)
-
-
-def _port_element_hit(element: str, side: str, packet: Packet) -> bool | None:
-    port = _SET_PORT.match(element)
-    if not port:
-        return None                                   # interface names, MACs: not modelled
-    proto = port["proto"]
-    if proto and proto != "tcpudp" and PROTO_NUMBERS.get(proto) != packet.nw_proto:
-        return False
-    value = getattr(packet, f"tp_{side}")
-    lo = int(port["port"])
-    return None if value is None else lo <= value <= int(port["hi"] or lo)

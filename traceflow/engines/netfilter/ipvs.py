@@ -149,6 +149,7 @@ class IpvsTable(Diagnosed):
     size: int | None = None
     diagnostics: list[InputError] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
+    _index: tuple | None = field(default=None, repr=False, compare=False)
 
     def section(self, label: str) -> IpvsTable:
         """The table of one host of a multi-host file (``>>> label``)."""
@@ -156,6 +157,33 @@ class IpvsTable(Diagnosed):
             raise KeyError(f"{self.name} has no section {label!r}; it has {self.sections}")
         return IpvsTable(self.name, [s for s in self.services if s.section == label], [label],
                          self.version, self.size, self.diagnostics, self.caveats)
+
+    def _candidates(self, packet: Packet) -> list[VirtualService]:
+        """The services that may be for ``packet``, in file order: those of its destination
+        address (by virtual service, not every one of 20,000), fwmark services, and those
+        whose address the listing does not give."""
+        index = self._index
+        if index is None or index[0] != len(self.services):
+            by_address: dict = {}
+            other: list = []
+            for n, svc in enumerate(self.services):
+                ep = svc.endpoint
+                if svc.fwmark is None and ep is not None and ep.ip is not None:
+                    try:
+                        key = ipaddress.ip_address(ep.ip)
+                    except ValueError:
+                        other.append((n, svc))
+                        continue
+                    by_address.setdefault(key, []).append((n, svc))
+                else:
+                    other.append((n, svc))
+            index = self._index = (len(self.services), by_address, other)
+        try:
+            dst = ipaddress.ip_address(packet.nw_dst) if packet.nw_dst else None
+        except ValueError:
+            return self.services
+        found = index[1].get(dst, []) if dst is not None else []
+        return [svc for _, svc in sorted(found + index[2], key=lambda e: e[0])]
 
     def evaluate(self, packet: Packet) -> list[Branch] | None:
         """Branches for a new connection, or None when no virtual service is for this packet."""
@@ -183,7 +211,7 @@ class IpvsTable(Diagnosed):
         """
         best: tuple[int, VirtualService] | None = None
         undecided: tuple[str, VirtualService] | None = None
-        for svc in self.services:
+        for svc in self._candidates(packet):
             rank = _rank(svc, packet)
             if rank is None:
                 undecided = undecided or (_why_unresolved(svc), svc)
@@ -303,6 +331,8 @@ _SERVICE = re.compile(r"^(?P<proto>TCP|UDP|SCTP)\s+(?P<addr>\S+)\s*(?P<rest>.*)$
 _FWM = re.compile(r"^FWM\s+(?P<mark>\d+)\s+(?:(?P<v6>IPv6)\s+)?(?P<rest>.*)$")
 _REAL = re.compile(r"^->\s*(?P<addr>\S+)\s*(?P<rest>.*)$")
 _NUMBER = re.compile(r"^\d+[KMGT]?$")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}")
 
 
 def parse_endpoint(text: str) -> Endpoint:
@@ -315,7 +345,9 @@ def parse_endpoint(text: str) -> Endpoint:
     else:
         host, port_text = text, None
     try:
-        ip = str(ipaddress.ip_address(host))
+        # a canonical dotted quad is its own text (ipaddress, only for the other forms: 60,000
+        # of these at 20k Services)
+        ip = host if _DOTTED.fullmatch(host) else str(ipaddress.ip_address(host))
         why_host = None
     except ValueError:
         ip = None

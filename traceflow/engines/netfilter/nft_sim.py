@@ -18,6 +18,7 @@ from traceflow.engines.netfilter.nft_model import (ABSENT, CHAIN_MEANINGS, Cmp, 
                                                    _ADDR_TYPES, _CT_STATES, _address)
 from traceflow.engines.netfilter.nft_lookup import _lookup
 from traceflow.engines.netfilter.numgen import numgen_groups
+from traceflow.model import reads as _reads
 from traceflow.model.packet import Packet
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +229,9 @@ class _Simulator:
     # -- chains and rules
 
     def _chain(self, table: NftTable, chain: NftChain, walk: _Walk, depth: int) -> list[Outcome]:
+        recorder = _reads.active()
+        if recorder is not None:    # a question sharing traces: every rule here may be read
+            recorder.nft_chain(walk.ctx, table, chain, walk.packet)
         if depth > MAX_DEPTH:
             return [self._stop(walk, table, chain, None,
                                f"chain loop: more than {MAX_DEPTH} nested jumps (at {chain.name})")]

@@ -60,6 +60,12 @@ class Flow:
         """Parsed on first use: a lookup reads only matches, and most flows never match."""
         return A.parse_actions(self.action_text)
 
+    @functools.cached_property
+    def match_plan(self) -> tuple:
+        """(field name, mask, value, port name) per match: what a lookup compares, without
+        the attribute hops (a lookup tests thousands of flows)."""
+        return tuple((m.field.name, m.mask, m.value, m.port_name) for m in self.matches)
+
     def match_texts(self) -> tuple:
         # a protocol keyword ("tcp") stands for several implied fields, a view (xreg0=,
         # dl_vlan=) for pieces of others: name each once
@@ -248,7 +254,17 @@ class FlowDump:
                 skipped.append(n)
                 continue
             end = line.find("actions=")
-            value = _token_value(line if end < 0 else line[:end], "table")
+            # _token_value(head, "table") without cutting the head off the line first
+            at = line.find("table=", 0, end if end >= 0 else len(line))
+            while at > 0 and line[at - 1] not in " ,\t":
+                at = line.find("table=", at + 1, end if end >= 0 else len(line))
+            if at < 0:
+                value = None
+            else:
+                stop = line.find(",", at + 6, end if end >= 0 else len(line))
+                value = line[at + 6:stop if stop >= 0 else (end if end >= 0 else len(line))]
+                if " " in value or "\t" in value:
+                    value = value.split()[0] if value.split() else ""
             table = _table_id(value) if value else 0
             got = numbers.get(table)
             if got is None:
@@ -258,19 +274,25 @@ class FlowDump:
         self._lines, self._numbers, self._skipped = lines, numbers, skipped
 
     # ---- a stored layout ---------------------------------------------------------------
-    def layout(self) -> dict | None:
+    def layout(self, built_only: bool = False) -> dict | None:
         """Where this dump's lines are: ``lines`` (count), ``skipped`` (line numbers) and
         ``tables``: [table, line numbers, index or None]; an index (of a table of at least
         _INDEX_MIN lines) is ``field`` (as written) and, sorted by (value, priority, line),
         ``values``, ``prios`` (minus the priority) and ``numbers`` of the lines that have the
         field, and ``rest_prios``/``rest_numbers`` of those that do not. Building it indexes
-        every big table. None for a dump with continuation lines (never a big one)."""
-        if self._joined or self._renamed or self._checking:
+        every big table; ``built_only``: only the tables indexed so far (those a walk
+        visited; a later command indexes, and stores, the others it visits). None for a dump
+        with continuation lines (never a big one)."""
+        if self._joined or self._renamed:
+            return None
+        if self._checking and not built_only:
             return None
         tables = []
         for table, numbers in self._numbers.items():
             index = None
-            if len(numbers) >= _INDEX_MIN:
+            if len(numbers) >= _INDEX_MIN and built_only and table in self._stored:
+                index = self._stored[table]         # kept as it was stored, not yet used
+            elif len(numbers) >= _INDEX_MIN and (not built_only or table in self._indexes):
                 ix = self._index(table)
                 index = {"field": ix.name, "values": ix.values, "prios": ix.prios,
                          "numbers": ix.numbers, "rest_prios": [p for p, _, _ in ix.rest],
@@ -338,6 +360,10 @@ class FlowDump:
             return call(*args)
 
     # ---- tables ------------------------------------------------------------------------
+    def indexed_tables(self) -> int:
+        """How many big tables have an index (built, or stored and not yet used)."""
+        return len(set(self._indexes) | set(self._stored))
+
     def table_ids(self) -> list:
         return sorted(self._numbers, key=lambda t: (isinstance(t, str), str(t) if isinstance(t, str) else t))
 
@@ -524,13 +550,23 @@ class _RawIndex:
         name = max(known, key=lambda k: len(distinct[k])) if known else None
         self._setup(name)
         keyed, rest = [], []
-        entry = self.entry
+        # ``entry`` for every line, inlined: 25,000 lines a table (the same tests in order)
+        read, fld = self._read, self.field
+        probe = (name + "=") if name else None
         for n, line in raw:
-            prio, value = entry(line)
+            end = line.find("actions=")
+            head = (line if end < 0 else line[:end]).rstrip()
+            prio = _token_value(head, "priority")
+            order = -int(prio) if prio and prio.isdecimal() else -32768
+            value = None
+            if probe is not None and probe in head:
+                text = _token_value(head, name)
+                if text is not None and "/" not in text:
+                    value = read(fld, text.strip('"'))
             if value is None:
-                rest.append((prio, n, None))
+                rest.append((order, n, None))
             else:
-                keyed.append((value, prio, n))
+                keyed.append((value, order, n))
         keyed.sort()
         rest.sort()
         self.values = [v for v, _, _ in keyed]

@@ -23,18 +23,26 @@ class LookupMemo:
     coarser than what the lookup reads.
     """
 
-    __slots__ = ("flows", "size", "fields", "answers", "present")
+    __slots__ = ("flows", "size", "fields", "answers", "present", "_neg_prios")
 
     def __init__(self, flows: list):
         self.flows = flows
         self.size = len(flows)
         self.fields = tuple(sorted({m.field.name for f in flows for m in f.matches}))
         self.answers: dict[tuple, tuple] = {}
+        self._neg_prios: list[int] | None = None
         # the key when every field is in the packet (the common case), in one C call
         n = len(self.fields)
         self.present = (operator.itemgetter(*self.fields) if n > 1 else
                          (lambda state, name=self.fields[0]: (state[name],)) if n == 1 else
                          (lambda state: ()))
+
+    def neg_prios(self) -> list[int]:
+        """Minus each flow's priority, in list order (ascending: the list is highest first),
+        for finding the flows of one priority by bisection."""
+        if self._neg_prios is None:
+            self._neg_prios = [-f.priority for f in self.flows]
+        return self._neg_prios
 
     def key(self, state: dict) -> tuple:
         try:

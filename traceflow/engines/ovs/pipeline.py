@@ -18,8 +18,10 @@ bucket goes on from the group that forked it when nothing else was left to do in
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
+from traceflow.model import reads as _reads
 from traceflow.model.conntrack import Conntrack
 from traceflow.model.errors import InputError
 from traceflow.model.lowgc import paused
@@ -58,11 +60,29 @@ def simulate(bridge: Bridge, state: dict, conntrack: Conntrack, start_table: int
     annotator = annotator or _PLAIN
     first = _Runner(bridge, annotator, conntrack.copy(), dict(pinned or {}),
                     None if ct_next is None else list(ct_next), _shared(bridge, annotator))
+    # a question sharing traces between clients records what each lookup read
+    first.shared.reads = _reads.active()
     first.recirc.append((start_table, dict(state), ()))
     first.pass_base = state         # the headers the first pass starts from (not changed)
     # thousands of small acyclic objects (hits, packets): see traceflow.model.lowgc
     with paused():
         return _explore(first)
+
+
+_LOOKUP_RUNNERS: dict = {}
+
+
+def lookup_answer(bridge: Bridge, table: int | str, state: dict) -> tuple:
+    """(hit or None, its conjunction and ambiguity notes): one lookup of ``state`` in
+    ``table``, as a walk makes it (through the bridge's remembered lookups). For a question
+    asking whether another packet would hit the same flow (traceflow.questions.classes)."""
+    got = _LOOKUP_RUNNERS.get(id(bridge))
+    if got is None or got[0] is not bridge:
+        if len(_LOOKUP_RUNNERS) > 256:
+            _LOOKUP_RUNNERS.clear()
+        got = _LOOKUP_RUNNERS[id(bridge)] = (bridge, _Runner(bridge, Annotator(), Conntrack(),
+                                                             {}))
+    return got[1].memo_lookup(state, bridge.table_id(table))
 
 
 def _explore(first: "_Runner") -> list[OvsRun]:
@@ -111,9 +131,10 @@ class _Shared:
     """What the runners of ``simulate`` calls on one bridge with one annotator may
     remember: the annotator's answers that depend on a table or a flow alone."""
 
-    __slots__ = ("labels", "match_notes", "write_notes", "notes")
+    __slots__ = ("labels", "match_notes", "write_notes", "notes", "reads")
 
     def __init__(self, annotator: Annotator):
+        self.reads = None               # the active recorder (traceflow.model.reads), if any
         self.labels: dict = {}          # table -> "70 (L3Forwarding)"
         self.match_notes: dict = {}     # id(flow) -> (flow, annotator's notes)
         self.write_notes: dict = {}     # (field, start, end, value) -> note, see Annotator
@@ -289,6 +310,8 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
             if answer is None:
                 answer = self._fresh_answer(memo, key, looked_up, table, flows)
             flow, lookup_notes, drops, body, last, writes, jump = answer
+            if self.shared.reads is not None:   # the fields this lookup read, and its hit
+                self.shared.reads.ovs_lookup(bridge, table, memo.fields, key, looked_up, answer)
             effects: list = []
             hit = TableHit(table, flow, effects, [], None, None, stage)
             hits.append(hit)
@@ -456,10 +479,13 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
             return []
         if flows is None:
             flows = self.bridge.flows.candidates(table, state)
-        others = [f for f in flows
-                  if f is not flow and f.priority == flow.priority and f.conj_id is None
-                  and not any(isinstance(a, A.Conjunction) for a in f.actions)
-                  and self.matches(f, state)]
+        # only the flows of that priority (the list is in priority order, highest first)
+        prios = self.bridge.lookup_memo(flows).neg_prios()
+        lo = bisect.bisect_left(prios, -flow.priority)
+        hi = bisect.bisect_right(prios, -flow.priority, lo)
+        others = [f for f in flows[lo:hi]
+                  if f is not flow and f.conj_id is None and self.matches(f, state)
+                  and not any(isinstance(a, A.Conjunction) for a in f.actions)]
         if not others:
             return []
         lines = ", ".join(f"line {f.source.line}" for f in others[:3])
@@ -468,13 +494,14 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
                 f"flows undefined (traced with the first in the dump, line {flow.source.line})"]
 
     def matches(self, flow: Flow, state: dict) -> bool:
-        for m in flow.matches:
-            if m.value is None:   # in_port by name
-                want = self.bridge.port_number(m.port_name)
-                if want is None or state.get("in_port") != want:
+        get = state.get
+        for name, mask, value, port_name in flow.match_plan:
+            if value is None:   # in_port by name
+                want = self.bridge.port_number(port_name)
+                if want is None or get("in_port") != want:
                     return False
                 continue
-            if (state.get(m.field.name, 0) & m.mask) != m.value:
+            if (get(name, 0) & mask) != value:
                 return False
         return True
 

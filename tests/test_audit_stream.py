@@ -1,0 +1,116 @@
+"""`traceflow audit` at scale: answered as a stream (JSON document streamed from a spool,
+JSON Lines as it goes), by worker processes split by source node with the same bytes out
+whatever their number, limits said up front, one part of the nodes for a batch engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from traceflow.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gen_cluster import build
+    return build(tmp_path_factory.mktemp("audit") / "c", 40, 10, 3)
+
+
+def _run(*args):
+    return runner.invoke(app, ["audit", *map(str, args)])
+
+
+def _without_seconds(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if '"seconds"' not in line)
+
+
+def test_any_number_of_workers_gives_the_same_bytes(generated, monkeypatch):
+    from traceflow.questions import audit
+    monkeypatch.setattr(audit, "PARALLEL_MIN", 1)       # fork workers even for a small one
+    one = _run("--bundle", generated, "-o", "json", "-j", "1")
+    two = _run("--bundle", generated, "-o", "json", "-j", "2")
+    three = _run("--bundle", generated, "-o", "json", "-j", "3", "--all-pods")
+    one_all = _run("--bundle", generated, "-o", "json", "-j", "1", "--all-pods")
+    for res in (one, two, three, one_all):
+        assert res.exit_code == 0, res.output + res.stderr
+    assert _without_seconds(one.stdout) == _without_seconds(two.stdout)
+    assert _without_seconds(three.stdout) == _without_seconds(one_all.stdout)
+    doc = json.loads(one.stdout)
+    s = doc["summary"]
+    assert s["pairs"] == len(doc["pairs"]) == s["service_ports"] * s["client_groups"]
+    # classes: far fewer traces than pod questions, and each pair says whose trace answered
+    assert s["distinct_traces"] < s["pod_questions"] / 2
+    assert s["most_shared"][0]["stands_for"] > 1
+    assert all(len(p["traced_as"]) == len(p["pods"]) for p in doc["pairs"])
+
+
+def test_streamed_document_is_the_document(generated):
+    import io
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    from traceflow.questions.audit import run_audit
+    report = run_audit(open_snapshot(Bundle.open(generated)), "x", progress=False)
+    out = io.StringIO()
+    report.write_json(out)
+    assert out.getvalue() == json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def test_json_lines_as_the_pairs_come(generated):
+    res = _run("--bundle", generated, "-o", "jsonl", "-j", "1")
+    assert res.exit_code == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    kinds = [line["type"] for line in lines]
+    assert kinds[0] == "audit" and kinds[-1] == "summary"
+    pairs = [line for line in lines if line["type"] == "pair"]
+    assert [p["index"] for p in pairs] == list(range(len(pairs)))
+    assert len(pairs) == lines[-1]["pairs"]
+    traces = [line for line in lines if line["type"] == "trace"]
+    assert len(traces) == lines[-1]["distinct_traces"]
+    assert sum(t["stands_for"] for t in traces) == lines[-1]["pod_questions"]
+    doc = json.loads(_run("--bundle", generated, "-o", "json", "-j", "1").stdout)
+    assert [{k: v for k, v in p.items() if k not in ("type", "index")} for p in pairs] \
+        == doc["pairs"]
+
+
+def test_limits_are_said_up_front(generated):
+    res = _run("--bundle", generated, "-o", "json", "--max-pairs", "5")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "--max-pairs" in res.stderr and "more than --max-pairs 5" in res.stderr
+    assert "pod questions" in res.stderr
+    slow = _run("--bundle", generated, "-o", "json", "--max-seconds", "0")
+    assert slow.exit_code == 2 and slow.stdout == ""
+    assert "--max-seconds" in slow.stderr and "would take about" in slow.stderr
+
+
+def test_one_part_of_the_nodes(generated):
+    part = json.loads(_run("--bundle", generated, "-o", "json", "--nodes", "worker2").stdout)
+    whole = json.loads(_run("--bundle", generated, "-o", "json").stdout)
+    pods = {pod for p in part["pairs"] for pod in p["pods"]}
+    assert pods and all("worker2" == _node_of(generated, pod) for pod in pods)
+    assert part["summary"]["pod_questions"] < whole["summary"]["pod_questions"]
+    bad = _run("--bundle", generated, "-o", "json", "--nodes", "worker9")
+    assert bad.exit_code == 2 and "--nodes" in bad.stderr and "worker9" in bad.stderr
+
+
+def _node_of(bundle: Path, key: str) -> str:
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    snap = open_snapshot(Bundle.open(bundle))
+    return next(p.node for p in snap.cluster.pods if p.key == key)
+
+
+def test_examples_keep_their_answers_with_workers(monkeypatch):
+    from traceflow.questions import audit
+    monkeypatch.setattr(audit, "PARALLEL_MIN", 1)
+    one = _run("--bundle", EXAMPLES / "antrea-encap-kube-proxy", "-o", "json", "-j", "1")
+    two = _run("--bundle", EXAMPLES / "antrea-encap-kube-proxy", "-o", "json", "-j", "2")
+    assert _without_seconds(one.stdout) == _without_seconds(two.stdout)

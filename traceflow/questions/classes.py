@@ -1,0 +1,746 @@
+"""Equivalence classes of clients: pods the datapath cannot tell apart share one trace.
+
+A question over many pairs (audit, check, diff) traces one client, its representative, with
+a ``Recorder`` active (``traceflow.model.reads``): every decision of the walk that read a value
+of the client's own (its address, its MAC, its OVS port) says so — an OVS lookup with the
+values of every field its candidate flows match on, a netfilter chain entered, a route or a
+neighbour looked up for that address, a NetworkPolicy asked whether it selects the client or
+whether a peer covers it. Another client of the same node then shares the trace when every one
+of those decisions, made again with its own values in place of the representative's, comes out
+the same; "the same" for an OVS lookup means the same flow, or the client's own flow of the
+same table, priority, matches and actions with its own address, MAC and port in the places of
+the representative's (SpoofGuard, L3Forwarding, L2ForwardingCalc flows are one per pod).
+
+Why that is the same answer: the walk is a function of the packet and of those decisions; two
+walks whose decisions agree at every step, with each client's own values in the same places,
+are the same walk with one client's values renamed to the other's (the verdict, every path's
+disposition, node, component and table are equal; the text names the representative). What
+cannot be renamed safely keeps the client to itself (its own trace): a client that is a
+backend of the destination (its address then also comes from the other side), pod-side files,
+a datapath that gives no identity (only OVS datapaths with one port per pod do), a port number
+that the flows also use as a constant, a flow that copies part of an address (``move``) — see
+``port_safety``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass
+
+from traceflow.engines.ovs import actions as A
+from traceflow.engines.ovs import fields as F
+
+SELF_IP, SELF_MAC, SELF_PORT = "<own address>", "<own MAC>", "<own port>"
+_NOTHING = frozenset()
+_REGISTERS = frozenset([f"reg{i}" for i in range(16)] + [f"xreg{i}" for i in range(8)]
+                       + [f"xxreg{i}" for i in range(4)])
+# identity-typed OVS fields: a flow with an exact match on one of them equal to a client's value
+# is that client's own flow
+_IP_FIELDS = frozenset({"nw_src", "nw_dst", "arp_spa", "arp_tpa"})
+_MAC_FIELDS = frozenset({"dl_src", "dl_dst", "arp_sha", "arp_tha"})
+_ADDRESS_SOURCE_FIELDS = frozenset({"nw_src", "nw_dst", "arp_spa", "arp_tpa", "dl_src", "dl_dst",
+                                    "arp_sha", "arp_tha", "in_port", "ipv6_src", "ipv6_dst",
+                                    "nd_target", "nd_sll", "nd_tll"})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What is a client's own in the datapath: its node, address, and on an OVS node its MAC
+    and port (None where the datapath has none, e.g. a host-only bundle)."""
+
+    node: str
+    ip: str
+    mac: str | None = None
+    port: int | None = None
+    port_name: str | None = None
+
+    @property
+    def ip_int(self) -> int:
+        return int(ipaddress.IPv4Address(self.ip))
+
+    @property
+    def mac_int(self) -> int | None:
+        return int(self.mac.replace(":", ""), 16) if self.mac else None
+
+    @classmethod
+    def of(cls, node: str, ip: str, mac: str | None = None, port: int | None = None,
+           port_name: str | None = None) -> "Identity | None":
+        try:
+            if ipaddress.ip_address(ip).version != 4:
+                return None
+        except ValueError:
+            return None
+        return cls(node, ip, mac.lower() if mac else None, port, port_name)
+
+
+class _Values:
+    """A client's identity as the walk's values: ints for OVS state, text for packets."""
+
+    __slots__ = ("ident", "ip", "ip_int", "mac", "mac_int", "port", "port_name")
+
+    def __init__(self, ident: Identity):
+        self.ident = ident
+        self.ip, self.ip_int = ident.ip, ident.ip_int
+        self.mac, self.mac_int = ident.mac, ident.mac_int
+        self.port, self.port_name = ident.port, ident.port_name
+
+
+# ---- what one walk read --------------------------------------------------------------------------
+
+class Recorder:
+    """The decisions of one walk that read the client's own values (the hooks of
+    traceflow.model.reads call it). ``opaque`` names a read that cannot be replayed for
+    another client: the trace is then that client's alone."""
+
+    def __init__(self, ident: Identity, cluster):
+        self.v = _Values(ident)
+        self.cluster = cluster
+        self.ovs: dict = {}          # (id(bridge), table, fields, key) -> (bridge, table, state, answer)
+        self.bridges: dict = {}      # id -> Bridge visited
+        self.nf: dict = {}           # (id(chain), ...) -> (chain, packet, ctx)
+        self.nft: dict = {}
+        self.routes: dict = {}       # node name -> NodeModel (a lookup read the client's address)
+        self.neigh: dict = {}        # (node, dev) -> NodeModel
+        self.selecting: set = set()  # policy types asked whether they select the client
+        self.peers: dict = {}        # (id(policy), id(peer)) -> (policy, peer)
+        self.opaque: str | None = None
+        self.plan: "_Plan | None" = None     # made when another client is first compared
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def ovs_lookup(self, bridge, table, fields: tuple, key: tuple, state: dict, answer) -> None:
+        v = self.v
+        bid = id(bridge)
+        if bid not in self.bridges:
+            self.bridges[bid] = bridge
+        own = bridge.node == v.ident.node and v.port is not None
+        for name, value in zip(fields, key):
+            if value == v.ip_int or (value == v.mac_int and value is not None) or \
+                    (own and value == v.port and (name == "in_port" or name in _REGISTERS)):
+                break
+        else:
+            return
+        k = (bid, table, fields, key)
+        if k not in self.ovs:
+            places = tuple((name, kind) for name, value in state.items()
+                           for kind in (_place(name, value, v, own),) if kind is not None)
+            self.ovs[k] = (bridge, table, dict(state), answer[0], _ambiguous(answer[1]), k,
+                           places)
+
+    def nf_chain(self, ctx, table: str, chain, packet) -> None:
+        v = self.v
+        if v.ip not in (packet.nw_src, packet.nw_dst) and \
+                (v.mac is None or v.mac not in (str(packet.dl_src).lower(),
+                                                str(packet.dl_dst).lower())):
+            return
+        k = (id(chain), packet.nw_src == v.ip, packet.nw_dst == v.ip)
+        if k not in self.nf:
+            self.nf[k] = (chain, packet.copy(), ctx)
+
+    def nft_chain(self, ctx, table, chain, packet) -> None:
+        v = self.v
+        if v.ip not in (packet.nw_src, packet.nw_dst):
+            return
+        k = (id(chain), packet.nw_src == v.ip, packet.nw_dst == v.ip)
+        if k not in self.nft:
+            self.nft[k] = (table, chain, packet.copy(), ctx)
+
+    def route(self, node_name: str, node, src, dst) -> None:
+        if self.v.ip in (src, dst):
+            self.routes[node_name] = node
+
+    def neighbour(self, node_name: str, node, dev: str, nexthop: str) -> None:
+        if nexthop == self.v.ip:
+            self.neigh[(node_name, dev)] = node
+
+    def policies_selecting(self, pod, policy_type: str) -> None:
+        if getattr(pod, "ip", None) == self.v.ip:
+            self.selecting.add(policy_type)
+
+    def peer_matches(self, policy, peer, ip: str) -> None:
+        if ip == self.v.ip:
+            self.peers[(id(policy), id(peer))] = (policy, peer)
+
+    def unsupported(self, why: str) -> None:
+        self.opaque = self.opaque or why
+
+
+def _place(name: str, value, v: _Values, own_bridge: bool) -> str | None:
+    """Which of the client's own values a field of an OVS state holds (by value: an address
+    or MAC anywhere, the port number only in in_port or a register of its own bridge)."""
+    if value == v.ip_int:
+        return "ip"
+    if v.mac_int is not None and value == v.mac_int:
+        return "mac"
+    if own_bridge and v.port is not None and value == v.port and \
+            (name == "in_port" or name in _REGISTERS):
+        return "port"
+    return None
+
+
+def _ambiguous(notes) -> bool:
+    return any(str(n).startswith("ambiguous") for n in notes or ())
+
+
+# ---- a flow as the client's own -----------------------------------------------------------------
+
+def canonical_flow(flow, v: _Values):
+    """The flow with the client's own address, MAC and port (number or name) in its matches
+    and in its full-width writes replaced by placeholders: the SpoofGuard flow of one pod and
+    of another are then the same. None stays None."""
+    if flow is None:
+        return None
+    matches = []
+    for m in flow.matches:
+        if m.value is None:           # in_port by name
+            matches.append((m.field.name, SELF_PORT if m.port_name == v.port_name
+                            else m.port_name, m.mask))
+            continue
+        matches.append((m.field.name, _own_value(m.field.name, m.field.bits, m.value,
+                                                 m.mask == F.full_mask(m.field), v), m.mask))
+    acts = tuple(_canonical_action(a, v) for a in flow.actions)
+    return (flow.table, flow.priority, flow.conj_id, tuple(matches), acts)
+
+
+def _own_value(name: str, bits: int, value, full: bool, v: _Values):
+    if not full:
+        return value
+    if value == v.ip_int and (name in _IP_FIELDS or name in _REGISTERS or bits == 32):
+        return SELF_IP
+    if v.mac_int is not None and value == v.mac_int:
+        return SELF_MAC
+    if v.port is not None and value == v.port and (name == "in_port" or name in _REGISTERS):
+        return SELF_PORT
+    return value
+
+
+def _canonical_action(act, v: _Values):
+    kind = type(act)
+    if kind is A.Load:
+        dst = act.dst
+        full = dst.start == 0 and dst.end == dst.field.bits - 1
+        return ("load", _own_value(dst.field.name, dst.field.bits, act.value, full, v), str(dst))
+    if kind is A.SetField:
+        return ("set_field", _own_value(act.field.name, act.field.bits, act.value,
+                                        act.mask is None, v), act.mask, act.field.name)
+    if kind is A.Output and act.port is not None:
+        port = act.port
+        own = (v.port is not None and port == str(v.port)) or port == v.port_name
+        return ("output", SELF_PORT if own else port, act.max_len)
+    if kind is A.Resubmit and act.port is not None:
+        own = (v.port is not None and act.port == str(v.port)) or act.port == v.port_name
+        return ("resubmit", SELF_PORT if own else act.port, act.table, act.goto)
+    return repr(act)
+
+
+# ---- what a bridge does with values: may one client's port be renamed to another's? -------------
+
+class BridgeFacts:
+    """Per bridge, once: whether any flow copies part of an address-like field (then no
+    renaming is safe on it), whether a register's low bits can receive a copied value (then a
+    port number in a register may not be a port), and every place a number is written as a
+    constant (a port number written by a flow that is not that port's own is a constant that
+    happens to equal it, not the port)."""
+
+    def __init__(self, bridge):
+        self.partial_copy: str | None = None
+        self.copied_into_registers = False
+        self.writes: dict[int, list] = {}      # value -> [(own values of the flow, how)]
+        flows = bridge.flows
+        for table in flows.table_ids():
+            for flow in flows.table(table):
+                self._flow(flow.matches, flow.actions, bridge)
+        for group in bridge.groups.values():
+            for bucket in group.buckets:
+                self._flow((), bucket.actions, bridge)
+
+    def _flow(self, matches, actions, bridge) -> None:
+        own = set()
+        for m in matches:
+            if m.value is None and m.port_name is not None:
+                number = bridge.port_number(m.port_name)
+                if number is not None:
+                    own.add(("port", number))
+            elif m.mask == F.full_mask(m.field):
+                if m.field.name == "in_port":
+                    own.add(("port", m.value))
+                elif m.field.name in _IP_FIELDS:
+                    own.add(("ip", m.value))
+                elif m.field.name in _MAC_FIELDS:
+                    own.add(("mac", m.value))
+        self._actions(actions, frozenset(own))
+
+    def _actions(self, actions, own) -> None:
+        for act in actions:
+            kind = type(act)
+            if kind is A.Load:
+                full = act.dst.start == 0 and act.dst.end == act.dst.field.bits - 1
+                self.writes.setdefault(act.value, []).append(
+                    (own, "register" if full and act.dst.field.name in _REGISTERS else "other"))
+            elif kind is A.SetField:
+                self.writes.setdefault(act.value, []).append(
+                    (own, "register" if act.mask is None and act.field.name in _REGISTERS
+                     else "other"))
+            elif kind is A.Output and act.port is not None and act.port.isdigit():
+                self.writes.setdefault(int(act.port), []).append((own, "port"))
+            elif kind is A.Resubmit and act.port is not None and act.port.isdigit():
+                self.writes.setdefault(int(act.port), []).append((own, "port"))
+            elif kind is A.Move:
+                src, dst = act.src, act.dst
+                whole = (src.start == 0 and src.end == src.field.bits - 1 and dst.start == 0
+                         and dst.end == dst.field.bits - 1)
+                if src.field.name in _ADDRESS_SOURCE_FIELDS and not whole:
+                    self.partial_copy = self.partial_copy or f"move:{src}->{dst}"
+                if dst.field.name in _REGISTERS and dst.start < 16 and \
+                        src.field.name != "in_port":
+                    self.copied_into_registers = True
+            elif kind is A.Clone:
+                self._actions(act.actions, own)
+
+    def port_safe(self, v: _Values) -> bool:
+        """The client's port number is only ever its own here: matched as in_port or in a
+        register, and written (whole register, output, resubmit) only by its own flows."""
+        if v.port is None:
+            return True
+        if self.copied_into_registers:
+            return False
+        mine = {("port", v.port), ("ip", v.ip_int)} | ({("mac", v.mac_int)} if v.mac_int else set())
+        for own, how in self.writes.get(v.port, ()):
+            if how == "other" or not (own & mine):
+                return False
+        return True
+
+
+# ---- keys: the decisions made again with another client's values ----------------------------------
+
+class Classes:
+    """Per snapshot: the static facts and the cached answers keys are built from."""
+
+    def __init__(self, snapshot):
+        self.snap = snapshot
+        self.cluster = snapshot.cluster
+        self._bridge_facts: dict = {}
+        self._runners: dict = {}
+        self._outcomes: dict = {}
+        self._canonical: dict = {}
+        self._by_client: dict = {}
+        self._recurring: dict = {}
+        self._seen: dict = {}           # an OVS lookup's key -> in how many plans it is
+        self._analyses: dict = {}
+        self._chains: dict = {}
+        self._route_class: dict = {}
+        self._neigh_class: dict = {}
+        self._policy_class: dict = {}
+
+    def bridge_facts(self, bridge) -> BridgeFacts:
+        got = self._bridge_facts.get(id(bridge))
+        if got is None or got[0] is not bridge:
+            got = self._bridge_facts[id(bridge)] = (bridge, BridgeFacts(bridge))
+        return got[1]
+
+    # -- can this client share at all ---------------------------------------------------------
+    def shareable(self, rec: Recorder) -> str | None:
+        """Why a representative's reads cannot be replayed for anyone (None: they can)."""
+        if rec.opaque:
+            return rec.opaque
+        for bridge in rec.bridges.values():
+            facts = self.bridge_facts(bridge)
+            if facts.partial_copy:
+                return f"{bridge.node}: {facts.partial_copy} copies part of an address"
+        return None
+
+    def port_safe(self, rec: Recorder, v: _Values) -> bool:
+        own = [b for b in rec.bridges.values() if b.node == v.ident.node]
+        return all(self.bridge_facts(b).port_safe(v) for b in own)
+
+    # -- the key --------------------------------------------------------------------------------
+    def same(self, rec: Recorder, rep: _Values, other: _Values) -> bool:
+        """Whether every decision ``rec`` holds comes out the same for ``other`` as for the
+        representative (each with its own values). The cheap decisions are asked first."""
+        plan = rec.plan
+        if plan is None:
+            plan = rec.plan = self._plan(rec, rep)
+        ip = other.ip_int
+        if tuple((ip & mask) == net for net, mask in plan.prefixes) != plan.rep_prefixes:
+            return False
+        if (other.ip in plan.destinations) != plan.rep_destination:
+            return False
+        for name, node, want in plan.routes:
+            if self.route_class(name, node, other.ip) != want:
+                return False
+        for name, dev, node, want in plan.neigh:
+            if self.neigh_class(name, node, dev, other) != want:
+                return False
+        if plan.policy is not None and self.policy_class(rec, other) != plan.policy:
+            return False
+        for chain, pkt, ctx, matches, want in plan.nf:
+            if self._nf_key(chain, pkt, ctx, matches, rep, other) != want:
+                return False
+        for table, chain, pkt, ctx, want in plan.nft:
+            if self._nft_key(table, chain, pkt, ctx, rep, other) != want:
+                return False
+        values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
+        for entry, want, quick in plan.ovs:
+            unnamed = quick is not None and quick.applies(entry, other, values)
+            if unnamed and quick.empty is not None:
+                got = quick.empty       # no flow there names the client: as any such client
+            else:
+                got = self._ovs_outcome(entry, rep, other)
+                if unnamed:
+                    quick.empty = got
+            if got != want:
+                return False
+        return True
+
+    def _plan(self, rec: Recorder, rep: _Values) -> "_Plan":
+        """The representative's decisions, in the form asked of each other client, with the
+        representative's own answers."""
+        plan = _Plan()
+        prefixes: dict = {}
+        destinations: set = set()
+        for chain, pkt, ctx in rec.nf.values():
+            src, dst = pkt.nw_src == rep.ip, pkt.nw_dst == rep.ip
+            matches, dst_values = self._chain_matches(chain, src, dst)
+            if dst:
+                destinations |= dst_values
+            rest = []
+            for m in matches:
+                field = getattr(m, "field", None)
+                if type(m).__name__ == "AddrMatch" and m.cidr.version == 4 and \
+                        ((field == "nw_src" and src) or (field == "nw_dst" and dst)):
+                    prefixes[(int(m.cidr.network_address), int(m.cidr.netmask))] = None
+                else:
+                    rest.append(m)
+            if rest:
+                rest = tuple(rest)
+                plan.nf.append((chain, pkt, ctx, rest,
+                                self._nf_key(chain, pkt, ctx, rest, rep, rep)))
+        plan.prefixes = tuple(prefixes)
+        plan.rep_prefixes = tuple((rep.ip_int & mask) == net for net, mask in plan.prefixes)
+        plan.destinations = frozenset(destinations)
+        plan.rep_destination = rep.ip in plan.destinations
+        plan.routes = [(name, node, self.route_class(name, node, rep.ip))
+                       for name, node in rec.routes.items()]
+        plan.neigh = [(name, dev, node, self.neigh_class(name, node, dev, rep))
+                      for (name, dev), node in rec.neigh.items()]
+        plan.policy = self.policy_class(rec, rep) if rec.selecting or rec.peers else None
+        plan.nft = [(table, chain, pkt, ctx, self._nft_key(table, chain, pkt, ctx, rep, rep))
+                    for table, chain, pkt, ctx in rec.nft.values()]
+        plan.ovs = [(entry, self._ovs_outcome(entry, rep, rep), self._quick(entry))
+                    for entry in rec.ovs.values()]
+        seen = self._seen
+        if len(seen) > 500_000:
+            seen.clear()
+        for entry in rec.ovs.values():
+            seen[entry[5]] = seen.get(entry[5], 0) + 1
+        return plan
+
+    # OVS: the lookup again with the other client's values in the representative's places.
+    # Only the flows that constrain one of those places can answer differently; the client's
+    # answer depends on which of them its own values satisfy (the same flows, or its own
+    # flows of the same shape: its "signature"), so it is looked up once per signature.
+    def _ovs_outcome(self, entry, rep: _Values, other: _Values):
+        bridge, table, state, flow, ambiguous, where, places = entry
+        if other is rep:
+            return (self.canonical(flow, rep), ambiguous)
+        mine = (where, other.ip)        # the same lookup (another destination's walk, often)
+        # a lookup several representatives' walks made (the client's own flows, the reply's
+        # delivery: not the destination's) is kept apart from the many made once
+        cache = self._recurring if self._seen.get(where, 0) > 1 else self._by_client
+        got = cache.get(mine)
+        if got is not None:
+            return got
+        got = cache[mine] = self._ovs_fresh(entry, other)
+        if len(cache) > 200_000:
+            cache.clear()
+        return got
+
+    def _ovs_fresh(self, entry, other: _Values):
+        bridge, table, state, flow, ambiguous, where, places = entry
+        values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
+        mine = {name: values[kind] for name, kind in places}
+        # the other client's state, read through (no copy of the state unless it is looked
+        # up: most clients' signature is one already answered); the constraints read only
+        # the client's own places
+        table_id = bridge.table_id(table)
+        flows = bridge.flows.candidates(table_id, _Overlay(mine, state))
+        analysis = self._constraints(bridge, flows, tuple(mine))
+        satisfied = analysis.satisfied(mine)
+        signature = frozenset(self.canonical(f, other) for f in satisfied) if satisfied \
+            else _NOTHING
+        key = (where, signature)
+        got = self._outcomes.get(key)
+        if got is None:
+            hit, notes = self._lookup(bridge, table, {**state, **mine})
+            got = (self.canonical(hit, other), _ambiguous(notes))
+            if len(self._outcomes) > 200_000:
+                self._outcomes.clear()
+            self._outcomes[key] = got
+        return got
+
+    def _quick(self, entry) -> "_Quick | None":
+        """For a lookup whose candidates do not depend on the client's own values (the
+        table's index is on another field) and whose flows constrain those values only
+        exactly: the values they name. A client naming none of them gets the answer every
+        such client gets (no flow there can tell them apart), computed once."""
+        bridge, table, state, _, _, _, places = entry
+        table_id = bridge.table_id(table)
+        flows = bridge.flows.candidates(table_id, state)
+        probe = bridge.flows.candidates(table_id, _Overlay({n: -1 for n, _ in places}, state))
+        # (when the table's index is on one of those places, a client whose value it does
+        # not hold gets the same flows as the probe: the ones without the indexed field)
+        analysis = self._constraints(bridge, probe, tuple(n for n, _ in places))
+        if analysis.masked:
+            return None
+        return _Quick({value for (_, value) in analysis.exact},
+                      None if probe is flows else (table_id, len(probe)))
+
+    def canonical(self, flow, v: _Values):
+        if flow is None:
+            return None
+        key = (id(flow), v.ip)
+        got = self._canonical.get(key)
+        if got is None or got[0] is not flow:
+            if len(self._canonical) > 200_000:
+                self._canonical.clear()
+            got = self._canonical[key] = (flow, canonical_flow(flow, v))
+        return got[1]
+
+    def _constraints(self, bridge, flows: list, places: tuple) -> "_Constraints":
+        key = (id(flows), places)
+        got = self._analyses.get(key)
+        if got is None or got[0] is not flows:
+            if len(self._analyses) > 20_000:
+                self._analyses.clear()
+            got = self._analyses[key] = (flows, _Constraints(bridge, flows, places))
+        return got[1]
+
+    def _lookup(self, bridge, table, state):
+        from traceflow.engines.ovs.pipeline import lookup_answer
+        return lookup_answer(bridge, table, state)
+
+    # netfilter: the chain's address-reading matches with the other client's packet
+    def _nf_key(self, chain, pkt, ctx, matches: tuple, rep: _Values, other: _Values) -> tuple:
+        key = (id(chain), pkt.nw_src == rep.ip, pkt.nw_dst == rep.ip, other.ip)
+        got = self._chains.get(key)
+        if got is None:
+            opkt, octx = _swap_packet(pkt, ctx, rep, other)
+            if len(self._chains) > 200_000:
+                self._chains.clear()
+            got = self._chains[key] = tuple(m.check(opkt, octx) for m in matches)
+        return got
+
+    def _chain_matches(self, chain, src: bool, dst: bool):
+        key = (id(chain), src, dst)
+        got = self._analyses.get(key)
+        if got is None or got[0] is not chain:
+            matches, dst_values = _address_matches(chain, src, dst)
+            got = self._analyses[key] = (chain, matches, dst_values)
+        return got[1], got[2]
+
+    def _nft_key(self, table, chain, pkt, ctx, rep: _Values, other: _Values) -> tuple:
+        src, dst = pkt.nw_src == rep.ip, pkt.nw_dst == rep.ip
+        key = ("nft", id(chain), src, dst, other.ip)
+        got = self._chains.get(key)
+        if got is None:
+            from traceflow.questions.classes_nft import nft_chain_key
+            opkt, octx = _swap_packet(pkt, ctx, rep, other)
+            if len(self._chains) > 200_000:
+                self._chains.clear()
+            got = self._chains[key] = nft_chain_key(table, chain, opkt, octx, src, dst)
+        return got
+
+    def route_class(self, name: str, node, ip: str) -> tuple:
+        """Which routes and rules contain ``ip`` on ``node``, and whether it is local: a route
+        lookup reads an address only through these."""
+        key = (name, ip)
+        got = self._route_class.get(key)
+        if got is None:
+            value = int(ipaddress.IPv4Address(ip))
+            routes = frozenset(id(r) for r in node.routes
+                               if r.family == 4 and r.dst.contains(4, value))
+            rules = tuple((r.src.contains(4, value) if r.src is not None else None,
+                           r.dst.contains(4, value) if r.dst is not None else None)
+                          for r in node.ip_rules)
+            got = self._route_class[key] = (routes, rules, ip in node.local_addresses)
+        return got
+
+    def neigh_class(self, name: str, node, dev: str, v: _Values) -> tuple:
+        key = (name, dev, v.ip)
+        got = self._neigh_class.get(key)
+        if got is None:
+            from traceflow.engines.neigh import ethernet_mac, resolve
+            neigh = node.neighbours
+            if neigh is None:
+                got = (None,)
+            else:
+                res = resolve(neigh, v.ip, dev)
+                entry = res.neighbour
+                mac = ethernet_mac(entry) if entry is not None else None
+                got = (res.usable, entry is not None,
+                       (mac or "").lower() == (v.mac or "") if mac else None,
+                       tuple(entry.states) if entry is not None else None)
+            self._neigh_class[key] = got
+        return got
+
+    def policy_class(self, rec: Recorder, v: _Values) -> tuple:
+        """The NetworkPolicies as written, asked what the walk asked about the client."""
+        key = (frozenset(rec.selecting), tuple(sorted(rec.peers)), v.ip)
+        got = self._policy_class.get(key)
+        if got is None:
+            if len(self._policy_class) > 100_000:
+                self._policy_class.clear()
+            got = self._policy_class[key] = self._policy_class_of(rec, v)
+        return got
+
+    def _policy_class_of(self, rec: Recorder, v: _Values) -> tuple:
+        from traceflow.bundle import kube
+        pod = self.cluster.pod_by_ip(v.ip)
+        selecting = tuple(frozenset(id(p) for p in self.cluster.policies_selecting(pod, t))
+                          if pod is not None else None for t in sorted(rec.selecting))
+        peers = tuple(kube.peer_covers(self.cluster, policy, peer, v.ip)
+                      for _, (policy, peer) in sorted(rec.peers.items()))
+        return selecting, peers
+
+
+class _Quick:
+    """The exact values a lookup's flows want in the client's places, and the answer of a
+    client naming none of them (once one was asked)."""
+
+    __slots__ = ("exact", "empty", "indexed")
+
+    def __init__(self, exact: set, indexed: tuple | None):
+        self.exact, self.empty = exact, None
+        self.indexed = indexed          # (table, how many flows a client unnamed by the index gets)
+
+    def applies(self, entry, other: "_Values", values: dict) -> bool:
+        """Whether no flow of the lookup names the client (its answer is the unnamed one)."""
+        places = entry[6]
+        if any(values[kind] in self.exact for _, kind in places):
+            return False
+        if self.indexed is None:
+            return True
+        table, size = self.indexed
+        flows = entry[0].flows.candidates(table, _Overlay(
+            {name: values[kind] for name, kind in places}, entry[2]))
+        return len(flows) == size
+
+
+class _Overlay:
+    """A state with some fields replaced, for ``get`` only (what candidates() asks)."""
+
+    __slots__ = ("mine", "state")
+
+    def __init__(self, mine: dict, state: dict):
+        self.mine, self.state = mine, state
+
+    def get(self, key, default=None):
+        got = self.mine.get(key, _ABSENT)
+        return self.state.get(key, default) if got is _ABSENT else got
+
+
+_ABSENT = object()
+
+
+class _Plan:
+    """A representative's recorded decisions as another client is asked them (Classes.same):
+    the address prefixes netfilter rules test (one tuple of memberships), the destinations
+    of kube-proxy's service rules, then routes, neighbours, policies, other netfilter matches,
+    nftables chains and OVS lookups, each with the representative's own answer."""
+
+    __slots__ = ("prefixes", "rep_prefixes", "destinations", "rep_destination", "routes",
+                 "neigh", "policy", "nf", "nft", "ovs")
+
+    def __init__(self):
+        self.nf: list = []
+
+
+class _Constraints:
+    """The flows of one candidate list that constrain one of the places where the client's
+    own values are (fields of the lookup's state): indexed by the exact value they want
+    there, with masked ones kept apart."""
+
+    def __init__(self, bridge, flows: list, places: tuple):
+        self.exact: dict = {}           # (field, value) -> [flow]
+        self.masked: list = []          # (flow, [(field, value, mask)])
+        wanted = set(places)
+        for flow in flows:
+            cons = []
+            for m in flow.matches:
+                if m.field.name not in wanted:
+                    continue
+                value = m.value
+                if value is None:
+                    value = bridge.port_number(m.port_name) if m.port_name else None
+                    if value is None:
+                        continue        # an unknown port name: no packet has it
+                cons.append((m.field.name, value, m.mask))
+            if not cons:
+                continue
+            exact = next(((f, v) for f, v, mask in cons
+                          if mask == F.full_mask(F.FIELDS[f])), None)
+            if exact is not None:
+                self.exact.setdefault(exact, []).append((flow, cons))
+            else:
+                self.masked.append((flow, cons))
+        self.fields = sorted({f for f, _ in self.exact})
+
+    def satisfied(self, state: dict) -> list:
+        """The flows whose constraints on those places ``state`` meets."""
+        out = []
+        for name in self.fields:
+            for flow, cons in self.exact.get((name, state.get(name)), ()):
+                if all((state.get(f, 0) & mask) == v for f, v, mask in cons):
+                    out.append(flow)
+        for flow, cons in self.masked:
+            if all((state.get(f, 0) & mask) == v for f, v, mask in cons):
+                out.append(flow)
+        return out
+
+
+def _swap_packet(pkt, ctx, rep: _Values, other: _Values):
+    """The packet (and the connection's original tuple) with ``other``'s address and MAC
+    where ``rep``'s are."""
+    out = pkt.copy()
+    for name in ("nw_src", "nw_dst"):
+        if getattr(out, name) == rep.ip:
+            setattr(out, name, other.ip)
+    if rep.mac:
+        for name in ("dl_src", "dl_dst"):
+            if str(getattr(out, name) or "").lower() == rep.mac:
+                setattr(out, name, other.mac)
+    orig = getattr(ctx, "ct_orig", None)
+    if orig is not None and rep.ip in (orig.nw_src, orig.nw_dst):
+        swapped, _ = _swap_packet(orig, None, rep, other)
+        ctx = dataclasses.replace(ctx, ct_orig=swapped)
+    return out, ctx
+
+
+# iptables matches that never read an address or MAC (anything else is asked again)
+_NOT_ADDRESS = ("ProtoMatch", "PortMatch", "MultiportMatch", "IfaceMatch", "FragmentMatch",
+                "MarkMatch", "ConnmarkMatch", "CtStateMatch", "CtDirMatch", "StatisticMatch",
+                "CommentMatch", "PhysdevMatch", "LengthMatch", "LimitMatch")
+
+
+def _address_matches(chain, src: bool, dst: bool) -> tuple[tuple, frozenset]:
+    """The matches of ``chain`` that may read the client's address (on the side it is on) or
+    MAC; kube-proxy's service rules (``-d VIP/32 -p tcp --dport N -j KUBE-SVC-...``, kept
+    unparsed by the lazy reader) only as their destination addresses."""
+    out = []
+    dst_values = set()
+    service = getattr(chain, "_service_destinations", None)
+    known = service() if service is not None else None
+    for i in range(chain.rule_count()):
+        if known is not None and known[i] is not None:
+            dst_values.add(known[i])
+            continue
+        for m in chain.rule_at(i).matches:
+            name = type(m).__name__
+            if name in _NOT_ADDRESS:
+                continue
+            field = getattr(m, "field", None)
+            if name == "AddrMatch" and ((field == "nw_src" and not src) or
+                                        (field == "nw_dst" and not dst)):
+                continue
+            out.append(m)
+    return tuple(out), frozenset(dst_values)
