@@ -48,7 +48,7 @@ from scapy.supersocket import L3RawSocket
 conf.L3socket = L3RawSocket
 src, dst, sport, dport = json.load(sys.stdin)
 got = sr1(IP(src=src, dst=dst, ttl=64) / TCP(sport=sport, dport=dport, flags="S", seq=1000),
-          timeout=3, verbose=0)
+          timeout=10, verbose=0)
 print(json.dumps(None if got is None else [got[IP].src, str(got[TCP].flags)]))
 """
 
@@ -93,7 +93,9 @@ def captured(tmp_path_factory):
         try:
             done = _run(sys.executable, "-c", _SENDER, ns=lab.client, timeout=60,
                         stdin=json.dumps([CLIENT, NODE_IP, SPORT, port]))
-            time.sleep(0.5)
+            # tcpdump -U writes each frame as it is seen; on a loaded machine the last ones
+            # reach the files a moment after the answer reached the client
+            time.sleep(2)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGINT)

@@ -282,7 +282,10 @@ def test_closed_pipe_ends_quietly_with_status_0(args):
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
-    assert p.wait(timeout=60) == 0, err
+    # 0 when a write met the closed pipe; a command whose whole output fit in the pipe before
+    # the reader left ends with its verdict's code (pod-to-pod here: dropped, 1), which is
+    # never hidden (test_a_full_pipe_keeps_the_verdict_exit_code)
+    assert p.wait(timeout=60) in ((0, 1) if args[0] == "pod-to-pod" else (0,)), err
     assert err == ""
 
 
