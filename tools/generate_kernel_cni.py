@@ -2,7 +2,7 @@
 
     python tools/generate_kernel_cni.py OUTDIR [NAME ...]
 
-writes ``OUTDIR/flannel-vxlan``, ``OUTDIR/flannel-dualstack``, ``OUTDIR/calico-vxlan``, ``OUTDIR/aws-vpc-cni`` and
+writes ``OUTDIR/flannel-vxlan``, ``OUTDIR/flannel-dualstack``, ``OUTDIR/calico-vxlan``, ``OUTDIR/calico-dualstack``, ``OUTDIR/aws-vpc-cni`` and
 ``OUTDIR/azure-cni`` (or only the NAMEs given). A maintainers' tool, not installed with
 traceflow: the bundles it writes are shipped in traceflow/examples/ (their README.md and
 checks.yaml are written by hand and kept).
@@ -32,6 +32,8 @@ def examples() -> dict:
     try:
         from kernel_cni_gen import calico
         out["calico-vxlan"] = calico.build
+        from kernel_cni_gen import calico_dualstack
+        out["calico-dualstack"] = calico_dualstack.build
     except ImportError:
         pass
     try:

@@ -256,9 +256,12 @@ def policy_drift(cluster, client, trace) -> list[Finding]:
             continue        # a pod cannot block connections to itself (Kubernetes' rule)
         if server.host_network:
             continue        # NetworkPolicy is undefined for hostNetwork pods (Kubernetes docs)
-        port, seen_src = _at_server(path, server.ip)
+        # the pods' addresses of the trace's family (an IPv6 trace's packet never has the
+        # IPv4 ones: the Service port would be taken for the pod's)
+        family = 6 if trace.query.get("family") == "ipv6" else 4
+        port, seen_src = _at_server(path, server.address(family) or server.ip)
         port = port or trace.query.get("dst_port")
-        if seen_src and seen_src != client.ip:
+        if seen_src and seen_src != (client.address(family) or client.ip):
             continue        # source NAT on the way: the server sees a node address, not the pod
         proto = trace.query.get("protocol") or "TCP"
         allowed, why = policy_intent(cluster, client, server, proto, port)
