@@ -26,7 +26,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-OUTSIDE = "1.1.1.1"
+OUTSIDE, OUTSIDE6 = "1.1.1.1", "2606:4700:4700::1111"
 
 
 def run(*args: str, ns: str | None = None, stdin: str | None = None, check: bool = True,
@@ -72,8 +72,8 @@ def links(text: str) -> list[dict]:
             cur["link"] = words[0]
             if len(words) > 1 and re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", words[1]):
                 cur["mac"] = words[1]
-        elif words[0] == "inet":
-            cur["addrs"].append(words[1])
+        elif words[0] == "inet" or (words[0] == "inet6" and not words[1].startswith("fe80:")):
+            cur["addrs"].append(words[1])     # link-local: the kernel makes it from the MAC
         elif words[0] in ("veth", "bridge", "vxlan", "ipip", "dummy"):
             cur["kind"] = cur["kind"] or words[0]
             cur["details"].append(words)
@@ -102,7 +102,10 @@ def ipset_commands(text: str) -> list[str]:
             name, members = line.split(":", 1)[1].strip(), False
         elif line.startswith("Type:"):
             kind = line.split(":", 1)[1].strip()
-            family = "" if kind in ("list:set", "bitmap:port") else " family inet"
+        elif line.startswith("Header:"):       # the set's family (inet6: felix's cali60 sets)
+            words = line.split()
+            inet = words[words.index("family") + 1] if "family" in words else "inet"
+            family = "" if kind in ("list:set", "bitmap:port") else f" family {inet}"
             rng = " range 0-65535" if kind == "bitmap:port" else ""
             out.append(f"create {name} {kind}{family}{rng}")
         elif line.startswith("Members:"):
@@ -134,7 +137,10 @@ class CniLab:
         objects = yaml.safe_load(self.file("k8s/pods.yaml"))["items"]
         self.pod_ip = {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
                        o["status"].get("podIP") for o in objects}
-        self.pod_ips = set(self.pod_ip.values())
+        self.pod_ip6 = {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
+                        next((a["ip"] for a in o["status"].get("podIPs") or () if ":" in a["ip"]),
+                             None) for o in objects}
+        self.pod_ips = set(self.pod_ip.values()) | set(self.pod_ip6.values())
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "CniLab":
@@ -142,6 +148,9 @@ class CniLab:
             for ns in [self.net, *self.node_ns.values(), *self.pod_ns.values()]:
                 run("ip", "netns", "add", ns)
                 self.made.append(ns)
+                # IPv6 addresses usable at once (no duplicate address detection to wait for)
+                self._sysctl(ns, ["net.ipv6.conf.all.accept_dad=0",
+                                  "net.ipv6.conf.default.accept_dad=0"])
             self._build()
         except BaseException:
             self.__exit__()
@@ -160,9 +169,10 @@ class CniLab:
     # ---- building -------------------------------------------------------------------------------
     def _build(self) -> None:
         batch(self.net, ["link set lo up", "link add br0 type bridge", "link set br0 up",
-                         f"addr add {OUTSIDE}/32 dev lo"])
+                         f"addr add {OUTSIDE}/32 dev lo", f"addr add {OUTSIDE6}/128 dev lo"])
         self._sysctl(self.net, ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                                "net.ipv4.conf.default.rp_filter=0"])
+                                "net.ipv4.conf.default.rp_filter=0",
+                                "net.ipv6.conf.all.forwarding=1"])
         pod_peers = self._pod_peers()
         gateways: set[str] = set()
         uplink_ips: dict[tuple[str, str], str] = {}
@@ -205,7 +215,8 @@ class CniLab:
                 if name == "lo":
                     continue
                 for a in dev_addrs:       # the bundle's routes say which subnet routes exist
-                    late.append(f"addr add {a} dev {name} noprefixroute")
+                    late.append(f"addr add {a} dev {name} noprefixroute"
+                                + (" nodad" if ":" in a else ""))
             for dev in devs:
                 if dev["name"] != "lo" and dev["kind"] != "ipip":
                     late.append(f"link set {dev['name']} up")
@@ -224,8 +235,12 @@ class CniLab:
             rules = self.file(f"nodes/{node}/iptables-save.txt")
             if rules.strip():
                 run("iptables-restore", ns=ns, stdin=rules)
+            rules6 = self.file(f"nodes/{node}/ip6tables-save.txt")
+            if rules6.strip():
+                run("ip6tables-restore", ns=ns, stdin=rules6)
         batch(self.net, getattr(self, "_later_net", []))
-        batch(self.net, [f"addr add {g}/32 dev br0" for g in sorted(gateways)]
+        batch(self.net, [f"addr add {g}/{128 if ':' in g else 32} dev br0 nodad"
+                         .replace("/32 dev br0 nodad", "/32 dev br0") for g in sorted(gateways)]
               + [f"route add {net} dev br0" for net in self._uplink_networks()])
         if self.vpc:
             batch(self.net, [f"route replace {ip}/32 via {via}"
@@ -291,7 +306,7 @@ class CniLab:
 
     def _node_sysctls(self, node: str, ns: str) -> None:
         wanted = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                  "net.ipv4.conf.default.rp_filter=0"]
+                  "net.ipv4.conf.default.rp_filter=0", "net.ipv6.conf.all.forwarding=1"]
         if self.vpc:
             # a VPC answers ARP for an ENI's address on that ENI only; two ENIs of one node on
             # the lab's one segment would otherwise both answer (Linux's default arp_ignore 0)
@@ -316,7 +331,7 @@ class CniLab:
                     continue
                 for a in dev["addrs"]:
                     iface = ipaddress.ip_interface(a)
-                    if iface.network.prefixlen < 32 and dev["kind"] is None \
+                    if iface.network.prefixlen < iface.max_prefixlen and dev["kind"] is None \
                             and dev["name"].startswith(("eth", "ens", "enp")):
                         nets.add(str(iface.network))
         return sorted(nets)
@@ -350,7 +365,8 @@ class CniLab:
         if eth0 is not None:
             if eth0["mac"]:
                 cmds.append(f"link set eth0 address {eth0['mac']}")
-            cmds += [f"addr add {a} dev eth0" for a in eth0["addrs"]] + ["link set eth0 up"]
+            cmds += [f"addr add {a} dev eth0" + (" nodad" if ":" in a else "")
+                     for a in eth0["addrs"]] + ["link set eth0 up"]
         batch(ns, cmds)
         lines = [l.strip() for l in self.file(f"pods/{pod}/ip-route.txt").splitlines() if l.strip()]
         batch(ns, [f"route replace {l}" for l in lines if " via " not in l]
@@ -359,7 +375,7 @@ class CniLab:
         self._sysctl(ns, ["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"])
         # a rule that needs conntrack: the pod's kernel then tracks what arrives (read back
         # with `conntrack -L`: which pod got the packet, from which address)
-        run("nft", "-f", "-", ns=ns, stdin="table ip lab {\n chain pre {\n type filter hook "
+        run("nft", "-f", "-", ns=ns, stdin="table inet lab {\n chain pre {\n type filter hook "
             "prerouting priority 0; policy accept;\n ct state new counter\n }\n}\n")
 
 
@@ -367,24 +383,28 @@ class CniLab:
 
 SENDER = r"""
 import json, sys
-from scapy.all import ICMP, IP, TCP, conf, sr
-from scapy.supersocket import L3RawSocket
-conf.L3socket = L3RawSocket
+from scapy.all import ICMP, IP, IPv6, TCP, conf, sr
+from scapy.supersocket import L3RawSocket, L3RawSocket6
 conf.verb = 0
 probes, wait = json.load(sys.stdin)
+v6 = ":" in probes[0]["dst"]
+conf.L3socket = L3RawSocket6 if v6 else L3RawSocket
+L3 = IPv6 if v6 else IP
 # the source is given: scapy's own guess of it (from its copy of the routes) can differ from
 # the kernel's, and the checksum would then be wrong (conntrack calls such a SYN INVALID)
-packets = [IP(src=p["src"], dst=p["dst"], ttl=64) / TCP(sport=p["sport"], dport=p["dport"],
-                                                        flags="S", seq=p["sport"])
+packets = [(IPv6(src=p["src"], dst=p["dst"], hlim=64) if v6 else
+            IP(src=p["src"], dst=p["dst"], ttl=64)) / TCP(sport=p["sport"], dport=p["dport"],
+                                                          flags="S", seq=p["sport"])
            for p in probes]
 answered, _ = sr(packets, timeout=wait, verbose=0)
 out = {}
 for sent, got in answered:
-    key = str(sent.sport)
-    if ICMP in got:
-        out[key] = ["icmp %d/%d" % (got[ICMP].type, got[ICMP].code), got[IP].src, None]
-    elif TCP in got:
-        out[key] = ["tcp " + str(got[TCP].flags), got[IP].src, got[TCP].sport]
+    key = str(sent[TCP].sport)
+    if TCP in got and L3 in got:
+        out[key] = ["tcp " + str(got[TCP].flags), got[L3].src, got[TCP].sport]
+    elif L3 in got:
+        icmp = got[L3].payload
+        out[key] = ["icmp %d/%d" % (icmp.type, icmp.code), got[L3].src, None]
 print(json.dumps(out))
 """
 
@@ -512,49 +532,56 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
     on the underlay ((src, dst, UDP port or None, VNI or None, kind)), and ``left``
     [(src, sport, dst, dport)]: the SYN as it reached the network between nodes un-tunnelled
     towards an address outside the cluster."""
-    from scapy.all import IP, TCP
+    from scapy.all import TCP
+    family = 6 if ":" in dst else 4
+    client = lab.pod_ip6[source] if family == 6 else lab.pod_ip[source]
     watched = [(lab.node_ns[node], dev) for node, dev in watch]
     pairs = [(lab.net, "br0")] + [(lab.pod_ns[p], "eth0") for p in lab.pods] + watched
     with Captures(pairs, folder) as caps:
-        answers = send_syns(lab.pod_ns[source], lab.pod_ip[source], dst, dport, sports, wait)
+        answers = send_syns(lab.pod_ns[source], client, dst, dport, sports, wait)
     out = {s: {"arrived": [], "answer": answers.get(str(s)), "syn_outer": [],
                "answer_outer": [], "left": [], "seen_on": [], "answer_seen_on": []}
            for s in sports}
     for (node, dev), pair in zip(watch, watched):
         for pkt in caps[pair]:
-            if IP in pkt and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out:
-                out[pkt[TCP].seq]["seen_on"].append((node, dev, pkt[IP].src, pkt[IP].dst))
-            elif IP in pkt and TCP in pkt and pkt[TCP].ack - 1 in out:
-                out[pkt[TCP].ack - 1]["answer_seen_on"].append((node, dev, pkt[IP].src,
-                                                                pkt[IP].dst))
+            if _l3(pkt) is not None and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out:
+                out[pkt[TCP].seq]["seen_on"].append((node, dev, _l3(pkt).src, _l3(pkt).dst))
+            elif _l3(pkt) is not None and TCP in pkt and pkt[TCP].ack - 1 in out:
+                out[pkt[TCP].ack - 1]["answer_seen_on"].append((node, dev, _l3(pkt).src,
+                                                                _l3(pkt).dst))
     # scapy's sr() now and then misses an answer that did reach the client (its receiver
     # races the first packets); the capture on the client's eth0 has it then
     from scapy.all import ICMP, TCPerror
+    from scapy.layers.inet6 import TCPerror as TCPerror6, _ICMPv6Error
     for pkt in caps[(lab.pod_ns[source], "eth0")]:
-        if IP not in pkt or pkt[IP].dst != lab.pod_ip[source]:
+        if _l3(pkt) is None or _l3(pkt).dst != client:
             continue
         if TCP in pkt and pkt[TCP].ack - 1 in out:
             got = out[pkt[TCP].ack - 1]
             if got["answer"] is None:
-                got["answer"] = ["tcp " + str(pkt[TCP].flags), pkt[IP].src, pkt[TCP].sport]
+                got["answer"] = ["tcp " + str(pkt[TCP].flags), _l3(pkt).src, pkt[TCP].sport]
         elif ICMP in pkt and TCPerror in pkt and pkt[TCPerror].seq in out:
             got = out[pkt[TCPerror].seq]
             if got["answer"] is None:
                 got["answer"] = ["icmp %d/%d" % (pkt[ICMP].type, pkt[ICMP].code),
-                                 pkt[IP].src, None]
+                                 _l3(pkt).src, None]
+        elif _ICMPv6Error in pkt and TCPerror6 in pkt and pkt[TCPerror6].seq in out:
+            got, icmp = out[pkt[TCPerror6].seq], pkt[_ICMPv6Error]
+            if got["answer"] is None:
+                got["answer"] = ["icmp %d/%d" % (icmp.type, icmp.code), _l3(pkt).src, None]
     for pod in lab.pods:
         if pod == source:
             continue
         for pkt in caps[(lab.pod_ns[pod], "eth0")]:
-            if IP in pkt and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out:
-                ip, tcp = pkt[IP], pkt[TCP]
+            if _l3(pkt) is not None and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out:
+                ip, tcp = _l3(pkt), pkt[TCP]
                 out[tcp.seq]["arrived"].append((pod, ip.src, tcp.sport, ip.dst, tcp.dport))
     for pkt in caps[(lab.net, "br0")]:
         outer = _outer(pkt)
         if outer is None:
-            if IP in pkt and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out \
-                    and pkt[IP].dst not in lab.pod_ips:
-                ip, tcp = pkt[IP], pkt[TCP]
+            if _l3(pkt) is not None and TCP in pkt and pkt[TCP].flags == "S" and pkt[TCP].seq in out \
+                    and _l3(pkt).dst not in lab.pod_ips:
+                ip, tcp = _l3(pkt), pkt[TCP]
                 out[tcp.seq]["left"].append((ip.src, tcp.sport, ip.dst, tcp.dport))
             continue
         inner_ip, kind, header = outer
@@ -568,22 +595,31 @@ def probe(lab: CniLab, source: str, dst: str, dport: int, sports: list[int], fol
     return out
 
 
+def _l3(pkt):
+    """The packet's outermost IP header (IPv4 or IPv6), None when it has none."""
+    from scapy.all import IP, IPv6
+    for layer in (IP, IPv6):
+        if layer in pkt:
+            return pkt[layer]
+    return None
+
+
 def _outer(pkt):
     """(inner IP packet, kind, (outer src, outer dst, UDP dport, VNI, kind)) of a VXLAN or
-    IPIP packet on the underlay; None for anything else."""
+    IPIP packet on the underlay (outer and inner of either family); None for anything else."""
     from scapy.all import IP, UDP
     from scapy.layers.vxlan import VXLAN
-    if IP not in pkt:
+    if _l3(pkt) is None:
         return None
-    ip = pkt[IP]
+    ip = _l3(pkt)
     if UDP in ip and ip[UDP].dport in (4789, 8472):
         udp = ip[UDP]
         vx = udp[VXLAN] if VXLAN in udp else VXLAN(bytes(udp.payload))
-        inner = vx.payload
-        if IP not in inner:
+        inner = _l3(vx.payload)
+        if inner is None:
             return None
-        return inner[IP], "vxlan", (ip.src, ip.dst, udp.dport, vx.vni, "vxlan")
-    if ip.proto == 4 and IP in ip.payload:
+        return inner, "vxlan", (ip.src, ip.dst, udp.dport, vx.vni, "vxlan")
+    if getattr(ip, "proto", None) == 4 and IP in ip.payload:
         return ip.payload[IP], "ipip", (ip.src, ip.dst, None, None, "ipip")
     return None
 

@@ -19,7 +19,7 @@ EXAMPLES = ROOT / "examples"
 SCHEMAS = Path(__file__).parent / "data" / "junit"
 BUNDLES = ["antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2", "kube-proxy-iptables",
            "kube-proxy-nftables", "kube-proxy-ipvs", "flannel-vxlan", "calico-vxlan",
-           "aws-vpc-cni", "azure-cni"]
+           "aws-vpc-cni", "azure-cni", "flannel-dualstack", "calico-dualstack"]
 
 
 def run(*args):

@@ -2,7 +2,7 @@
 
     python tools/generate_kernel_cni.py OUTDIR [NAME ...]
 
-writes ``OUTDIR/flannel-vxlan``, ``OUTDIR/calico-vxlan``, ``OUTDIR/aws-vpc-cni`` and
+writes ``OUTDIR/flannel-vxlan``, ``OUTDIR/flannel-dualstack``, ``OUTDIR/calico-vxlan``, ``OUTDIR/calico-dualstack``, ``OUTDIR/aws-vpc-cni`` and
 ``OUTDIR/azure-cni`` (or only the NAMEs given). A maintainers' tool, not installed with
 traceflow: the bundles it writes are shipped in traceflow/examples/ (their README.md and
 checks.yaml are written by hand and kept).
@@ -27,10 +27,13 @@ from kernel_cni_gen import bundle  # noqa: E402
 
 def examples() -> dict:
     from kernel_cni_gen import flannel
-    out = {"flannel-vxlan": flannel.build}
+    from kernel_cni_gen import flannel_dualstack
+    out = {"flannel-vxlan": flannel.build, "flannel-dualstack": flannel_dualstack.build}
     try:
         from kernel_cni_gen import calico
         out["calico-vxlan"] = calico.build
+        from kernel_cni_gen import calico_dualstack
+        out["calico-dualstack"] = calico_dualstack.build
     except ImportError:
         pass
     try:

@@ -44,6 +44,8 @@ def write(example: Example, out: Path) -> Path:
         files[base + "bridge-fdb.txt"] = "\n".join(n.fdb) + "\n"
         files[base + "sysctl.txt"] = "\n".join(n.sysctl) + "\n"
         files[base + "iptables-save.txt"] = n.iptables
+        if getattr(n, "ip6tables", None) is not None:
+            files[base + "ip6tables-save.txt"] = n.ip6tables
         if n.ipset is not None:
             files[base + "ipset.txt"] = n.ipset
     for p in example.pods:

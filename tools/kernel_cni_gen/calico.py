@@ -204,8 +204,13 @@ def build() -> Example:
         nodes, pods, [svc], [policy], provenance)
 
 
-def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str) -> str:
-    mangle, flt, nat = kube.kube_proxy_tables([svc], POOL, node)
+def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str,
+              pool6: str | None = None) -> str:
+    """felix's and kube-proxy's rules; ip6tables ones when ``pool6`` (the IPv6 pool) is given:
+    felix renders the same chains per IP version with the version's set names (cali60...),
+    comments (``IPv6 VXLAN``) and vxlan-v6.calico, and no IPIP rule (felix/rules)."""
+    v, fam, dev = ("6", "IPv6", "vxlan-v6.calico") if pool6 else ("4", "IPv4", "vxlan.calico")
+    mangle, flt, nat = kube.kube_proxy_tables([svc], pool6 or POOL, node)
     f, n = Chains(flt), Chains(nat)
     # the jumps felix inserts at the top of the built-in chains (and appends to FORWARD)
     for table, chain in ((flt, "INPUT"), (flt, "FORWARD"), (flt, "OUTPUT"), (nat, "PREROUTING"),
@@ -224,10 +229,10 @@ def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str) -> s
     for chain in ("cali-from-hep-forward", "cali-to-hep-forward", "cali-cidr-block",
                   "cali-from-host-endpoint", "cali-to-host-endpoint"):
         flt.chain(chain)
-    f.add("cali-INPUT", '-m comment --comment "Allow IPv4 VXLAN packets from allowed hosts" '
-          f"-m multiport --dports {VXLAN_PORT} -m set --match-set cali40all-vxlan-net src "
+    f.add("cali-INPUT", f'-m comment --comment "Allow {fam} VXLAN packets from allowed hosts" '
+          f"-m multiport --dports {VXLAN_PORT} -m set --match-set cali{v}0all-vxlan-net src "
           "-m addrtype --dst-type LOCAL -j ACCEPT", pre="-p udp")
-    f.add("cali-INPUT", '-m comment --comment "Drop IPv4 VXLAN packets from non-allowed hosts" '
+    f.add("cali-INPUT", f'-m comment --comment "Drop {fam} VXLAN packets from non-allowed hosts" '
           f"-m multiport --dports {VXLAN_PORT} -m addrtype --dst-type LOCAL -j DROP", pre="-p udp")
     f.add("cali-INPUT", "-g cali-wl-to-host", pre="-i cali+")
     f.add("cali-INPUT", f"-m mark --mark {ACCEPT:#x}/{ACCEPT:#x} -j ACCEPT")
@@ -240,9 +245,9 @@ def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str) -> s
           "-j ACCEPT")
     f.add("cali-OUTPUT", f"-m mark --mark {ACCEPT:#x}/{ACCEPT:#x} -j ACCEPT")
     f.add("cali-OUTPUT", "-j RETURN", pre="-o cali+")
-    f.add("cali-OUTPUT", '-m comment --comment "Allow IPv4 VXLAN packets to other allowed hosts" '
-          f"-m multiport --dports {VXLAN_PORT} -m addrtype --src-type LOCAL -m set --match-set "
-          "cali40all-vxlan-net dst -j ACCEPT", pre="-p udp")
+    f.add("cali-OUTPUT", f'-m comment --comment "Allow {fam} VXLAN packets to other allowed '
+          f'hosts" -m multiport --dports {VXLAN_PORT} -m addrtype --src-type LOCAL -m set '
+          f"--match-set cali{v}0all-vxlan-net dst -j ACCEPT", pre="-p udp")
     f.add("cali-OUTPUT", "-j MARK --set-xmark 0x0/0xf0000")
     f.add("cali-OUTPUT", "-m conntrack ! --ctstate DNAT -j cali-to-host-endpoint")
     f.add("cali-OUTPUT", '-m comment --comment "Host endpoint policy accepted packet." -m mark '
@@ -263,8 +268,9 @@ def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str) -> s
             if direction == "fw":
                 f.add(chain, '-m comment --comment "Drop VXLAN encapped packets originating in '
                       f'workloads" -m multiport --dports {VXLAN_PORT} -j DROP', pre="-p udp")
-                f.add(chain, '-m comment --comment "Drop IPinIP encapped packets originating in '
-                      'workloads" -j DROP', pre="-p ipencap")
+                if not pool6:
+                    f.add(chain, '-m comment --comment "Drop IPinIP encapped packets '
+                          'originating in workloads" -j DROP', pre="-p ipencap")
             if direction == "tw" and p.labels.get("app") == "web":
                 f.add(chain, f"-m mark --mark 0x0/{PASS:#x} -j {pi_chain}")
                 f.add(chain, '-m comment --comment "Return if policy accepted" -m mark --mark '
@@ -295,24 +301,34 @@ def _iptables(node: str, mine: list, svc, pi_chain: str, selector_set: str) -> s
     n.add("cali-POSTROUTING", "-j cali-fip-snat")
     n.add("cali-POSTROUTING", "-j cali-nat-outgoing")
     n.add("cali-POSTROUTING", "-m addrtype ! --src-type LOCAL --limit-iface-out -m addrtype "
-          "--src-type LOCAL -j MASQUERADE --random-fully", pre="-o vxlan.calico")
-    n.add("cali-nat-outgoing", "-m set --match-set cali40masq-ipam-pools src -m set ! "
-          "--match-set cali40all-ipam-pools dst -j MASQUERADE --random-fully")
+          "--src-type LOCAL -j MASQUERADE --random-fully", pre=f"-o {dev}")
+    n.add("cali-nat-outgoing", f"-m set --match-set cali{v}0masq-ipam-pools src -m set ! "
+          f"--match-set cali{v}0all-ipam-pools dst -j MASQUERADE --random-fully")
     for chain in ("cali-fip-dnat", "cali-fip-snat"):
         nat.chain(chain)
+    if pool6:
+        return "\n".join(line for t in (mangle, flt, nat) for line in t.render("ip6tables-save")) \
+            + "\n"
     return kube.render_tables(mangle, flt, nat)
 
 
-def _ipsets(selector_set: str, frontends: list) -> str:
-    sets = [("cali40all-vxlan-net", "hash:net", [ip for _, ip, _ in NODES]),
-            ("cali40masq-ipam-pools", "hash:net", [POOL]),
-            ("cali40all-ipam-pools", "hash:net", [POOL]),
-            (selector_set, "hash:ip", [p.ip for p in frontends])]
+def _ipsets(selector_set: str, frontends: list, v6: dict | None = None) -> str:
+    """``ipset list``; with ``v6`` ({"nodes": [...], "pool": ..., "set": ...}) felix's IPv6
+    sets follow (``cali60`` names, ``family inet6``)."""
+    sets = [("cali40all-vxlan-net", "hash:net", [ip for _, ip, _ in NODES], "inet"),
+            ("cali40masq-ipam-pools", "hash:net", [POOL], "inet"),
+            ("cali40all-ipam-pools", "hash:net", [POOL], "inet"),
+            (selector_set, "hash:ip", [p.ip for p in frontends], "inet")]
+    if v6:
+        sets += [("cali60all-vxlan-net", "hash:net", v6["nodes"], "inet6"),
+                 ("cali60masq-ipam-pools", "hash:net", [v6["pool"]], "inet6"),
+                 ("cali60all-ipam-pools", "hash:net", [v6["pool"]], "inet6"),
+                 (v6["set"], "hash:ip", [p.ip6 for p in frontends], "inet6")]
     out = []
-    for name, kind, members in sets:
+    for name, kind, members, family in sets:
         init = hashlib.sha1(name.encode()).hexdigest()[:8]
         out += [f"Name: {name}", f"Type: {kind}", "Revision: 7" if kind == "hash:net" else
-                "Revision: 6", f"Header: family inet hashsize 1024 maxelem 1048576 bucketsize 12 "
+                "Revision: 6", f"Header: family {family} hashsize 1024 maxelem 1048576 bucketsize 12 "
                 f"initval 0x{init}", f"Size in memory: {504 + 16 * len(members)}",
                 "References: 1", f"Number of entries: {len(members)}", "Members"
                 ":"] + members + [""]

@@ -90,6 +90,12 @@ class Iface:
     def addr_lines(self) -> list[str]:
         out = []
         for ip, plen, brd in self.addrs:
+            if ":" in ip:       # iproute2 prints an IPv6 address without the label
+                scope = "link" if ip.startswith("fe80:") else (
+                    "host" if self.kind == "loopback" else "global")
+                out.append(f"    inet6 {ip}/{plen} scope {scope} ")
+                out.append("       valid_lft forever preferred_lft forever")
+                continue
             scope = "host" if self.kind == "loopback" else "global"
             brd_text = f" brd {brd}" if brd else ""
             out.append(f"    inet {ip}/{plen}{brd_text} scope {scope} {self.name}")
@@ -116,6 +122,16 @@ def ip_link(ifaces: list[Iface]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def link_local(mac_address: str) -> str:
+    """The EUI-64 link-local address the kernel gives a device with ``mac_address``
+    (addrconf_addr_eui48: the universal/local bit flipped, ff:fe in the middle)."""
+    b = [int(x, 16) for x in mac_address.split(":")]
+    b[0] ^= 0x02
+    words = [(b[0] << 8) | b[1], (b[2] << 8) | 0xff, 0xfe00 | b[3], (b[4] << 8) | b[5]]
+    import ipaddress
+    return str(ipaddress.IPv6Address("fe80::" + ":".join(f"{w:x}" for w in words)))
+
+
 def loopback() -> Iface:
     return Iface(1, "lo", "loopback", None, [("127.0.0.1", 8, None)], 65536,
                  flags="LOOPBACK,UP,LOWER_UP", state="UNKNOWN")
@@ -136,6 +152,8 @@ class Pod:
     neigh: list = field(default_factory=list)     # lines of the pod's `ip neigh`
     ports: list = field(default_factory=list)     # (name, port) container ports
     image: str = "nginxinc/nginx-unprivileged:1.27"
+    ip6: str | None = None          # a dual-stack pod's IPv6 address
+    prefixlen6: int = 128
 
     @property
     def key(self) -> str:
@@ -157,8 +175,10 @@ class Pod:
             import ipaddress
             brd = str(ipaddress.ip_interface(f"{self.ip}/{self.prefixlen}").network
                       .broadcast_address)
-        eth0 = Iface(2, "eth0", "ether", self.mac, [(self.ip, self.prefixlen, brd)], self.mtu,
-                     peer_index=self.host_index)
+        addrs = [(self.ip, self.prefixlen, brd)]
+        if self.ip6:
+            addrs += [(self.ip6, self.prefixlen6, None), (link_local(self.mac), 64, None)]
+        eth0 = Iface(2, "eth0", "ether", self.mac, addrs, self.mtu, peer_index=self.host_index)
         eth0.netns = None
         text = ip_addr([loopback(), eth0])
         # the pod's side names its peer's namespace by id, as `ip addr` inside it prints
@@ -186,6 +206,9 @@ class Node:
     pod_cidr: str | None = None
     annotations: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
+    ip6: str | None = None                        # a dual-stack node's IPv6 InternalIP
+    pod_cidr6: str | None = None
+    ip6tables: str | None = None                  # ip6tables-save
 
     def iface(self, name: str) -> Iface:
         return next(i for i in self.ifaces if i.name == name)

@@ -25,6 +25,7 @@ class Service:
     port_name: str = "http"
     selector: dict = field(default_factory=dict)
     backends: list = field(default_factory=list)     # Pods (kernel_cni_gen.host.Pod)
+    cluster_ip6: str | None = None                    # a dual-stack Service's IPv6 ClusterIP
 
     @property
     def key(self) -> str:
@@ -45,15 +46,21 @@ class Service:
 
 
 def kube_proxy_tables(services: list[Service], cluster_cidr: str, node: str):
-    """(mangle, filter, nat) ``_Table``s with kubelet's and kube-proxy's rules."""
+    """(mangle, filter, nat) ``_Table``s with kubelet's and kube-proxy's rules; IPv6 ones
+    (ip6tables) when ``cluster_cidr`` is IPv6: the Services' IPv6 ClusterIPs and the backends'
+    IPv6 addresses (``pod.ip6``)."""
+    v6 = ":" in cluster_cidr
     mangle, flt, nat = (_Table(t, {}) for t in ("mangle", "filter", "nat"))
     mangle.chain("KUBE-IPTABLES-HINT")
     for t in (mangle, flt, nat):
         t.chain("KUBE-KUBELET-CANARY")
         t.chain("KUBE-PROXY-CANARY")
-    flt.add("KUBE-FIREWALL", '! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block '
-            'incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT '
-            "-j DROP")
+    if v6:      # kubelet's localnet rule is IPv4's only (pkg/kubelet/kubelet_network_linux.go)
+        flt.chain("KUBE-FIREWALL")
+    else:
+        flt.add("KUBE-FIREWALL", '! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block '
+                'incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT '
+                "-j DROP")
     new = "-m conntrack --ctstate NEW "
     flt.add("INPUT", new + '-m comment --comment "kubernetes load balancer firewall" '
             "-j KUBE-PROXY-FIREWALL")
@@ -85,24 +92,35 @@ def kube_proxy_tables(services: list[Service], cluster_cidr: str, node: str):
     nat.add("KUBE-POSTROUTING", f"-j MARK --set-xmark {MASQ}/0x0")
     nat.add("KUBE-POSTROUTING", '-m comment --comment "kubernetes service traffic requiring SNAT" '
             "-j MASQUERADE --random-fully")
+    import dataclasses
+    import ipaddress
+    host = "/128" if v6 else "/32"
     for svc in services:
         name = svc.port_string()
+        vip = svc.cluster_ip6 if v6 else svc.cluster_ip
+        if vip is None:
+            continue
         match = f"-p tcp -m comment --comment {_q(name + ' cluster IP')} -m tcp --dport {svc.port}"
-        nat.add("KUBE-SERVICES", f"-d {svc.cluster_ip}/32 {match} -j {svc.svc_chain}")
-        nat.add(svc.svc_chain, f"! -s {cluster_cidr} -d {svc.cluster_ip}/32 {match} "
+        nat.add("KUBE-SERVICES", f"-d {vip}{host} {match} -j {svc.svc_chain}")
+        nat.add(svc.svc_chain, f"! -s {cluster_cidr} -d {vip}{host} {match} "
                 "-j KUBE-MARK-MASQ")
-        backends = sorted(svc.backends, key=lambda p: tuple(int(x) for x in p.ip.split(".")))
+        # the IPv6 endpoints as pods with that address (the chains' hashes take the address)
+        backends = [dataclasses.replace(p, ip=p.ip6) if v6 else p for p in svc.backends
+                    if not v6 or p.ip6]
+        backends.sort(key=lambda p: ipaddress.ip_address(p.ip))
         for i, pod in enumerate(backends):
             left = len(backends) - i
-            comment = f"-m comment --comment {_q(f'{name} -> {pod.ip}:{svc.target_port}')}"
+            where = f"[{pod.ip}]:{svc.target_port}" if v6 else f"{pod.ip}:{svc.target_port}"
+            comment = f"-m comment --comment {_q(f'{name} -> {where}')}"
             stat = (f" -m statistic --mode random --probability {_probability(left)}"
                     if left > 1 else "")
             nat.add(svc.svc_chain, f"{comment}{stat} -j {svc.sep_chain(pod)}")
         for pod in backends:
             sep = svc.sep_chain(pod)
-            nat.add(sep, f"-s {pod.ip}/32 -m comment --comment {_q(name)} -j KUBE-MARK-MASQ")
+            where = f"[{pod.ip}]:{svc.target_port}" if v6 else f"{pod.ip}:{svc.target_port}"
+            nat.add(sep, f"-s {pod.ip}{host} -m comment --comment {_q(name)} -j KUBE-MARK-MASQ")
             nat.add(sep, f"-p tcp -m comment --comment {_q(name)} -m tcp -j DNAT "
-                    f"--to-destination {pod.ip}:{svc.target_port}")
+                    f"--to-destination {where}")
     nat.add("KUBE-SERVICES", '-m comment --comment "kubernetes service nodeports; NOTE: this '
             'must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS')
     flt.add("KUBE-FORWARD", "-m conntrack --ctstate INVALID -j DROP")
@@ -131,9 +149,14 @@ def nodes_yaml(nodes) -> str:
         if n.annotations:
             meta["annotations"] = dict(n.annotations)
         spec = {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]} if n.pod_cidr else {}
+        if spec and getattr(n, "pod_cidr6", None):
+            spec["podCIDRs"].append(n.pod_cidr6)
+        addresses = [{"type": "InternalIP", "address": n.ip}]
+        if getattr(n, "ip6", None):
+            addresses.append({"type": "InternalIP", "address": n.ip6})
         items.append({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec,
-                      "status": {"addresses": [{"type": "InternalIP", "address": n.ip},
-                                               {"type": "Hostname", "address": n.name}]}})
+                      "status": {"addresses": addresses + [{"type": "Hostname",
+                                                            "address": n.name}]}})
     return _list(items)
 
 
@@ -147,29 +170,38 @@ def pods_yaml(pods) -> str:
         items.append({"apiVersion": "v1", "kind": "Pod",
                       "metadata": {"name": p.name, "namespace": p.namespace, "labels": p.labels},
                       "spec": {"nodeName": p.node, "containers": [container]},
-                      "status": {"phase": "Running", "podIP": p.ip, "podIPs": [{"ip": p.ip}]}})
+                      "status": {"phase": "Running", "podIP": p.ip, "podIPs": [
+                          {"ip": ip} for ip in (p.ip, getattr(p, "ip6", None)) if ip]}})
     return _list(items)
 
 
 def services_yaml(services) -> str:
-    return _list([{"apiVersion": "v1", "kind": "Service",
-                   "metadata": {"name": s.name, "namespace": s.namespace},
-                   "spec": {"type": "ClusterIP", "clusterIP": s.cluster_ip,
-                            "clusterIPs": [s.cluster_ip], "selector": s.selector,
-                            "ports": [{"name": s.port_name, "port": s.port, "protocol": "TCP",
-                                       "targetPort": s.target_port}]}} for s in services])
+    items = []
+    for s in services:
+        spec = {"type": "ClusterIP", "clusterIP": s.cluster_ip, "clusterIPs": [s.cluster_ip]}
+        if s.cluster_ip6:
+            spec.update({"clusterIPs": [s.cluster_ip, s.cluster_ip6],
+                         "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"})
+        spec.update({"selector": s.selector,
+                     "ports": [{"name": s.port_name, "port": s.port, "protocol": "TCP",
+                                "targetPort": s.target_port}]})
+        items.append({"apiVersion": "v1", "kind": "Service",
+                      "metadata": {"name": s.name, "namespace": s.namespace}, "spec": spec})
+    return _list(items)
 
 
 def endpointslices_yaml(services) -> str:
     items = []
-    for s in services:
-        suffix = hashlib.sha1(s.key.encode()).hexdigest()[:5]
+    for s, family in [(s, f) for s in services for f in ("IPv4", "IPv6")
+                      if f == "IPv4" or s.cluster_ip6]:
+        suffix = hashlib.sha1((s.key + ("" if family == "IPv4" else "/6")).encode()).hexdigest()[:5]
         items.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                       "metadata": {"name": f"{s.name}-{suffix}", "namespace": s.namespace,
                                    "labels": {"kubernetes.io/service-name": s.name}},
-                      "addressType": "IPv4",
+                      "addressType": family,
                       "ports": [{"name": s.port_name, "port": s.target_port, "protocol": "TCP"}],
-                      "endpoints": [{"addresses": [p.ip], "conditions": {"ready": True},
+                      "endpoints": [{"addresses": [p.ip if family == "IPv4" else p.ip6],
+                                     "conditions": {"ready": True},
                                      "nodeName": p.node,
                                      "targetRef": {"kind": "Pod", "name": p.name,
                                                    "namespace": p.namespace}}

@@ -127,15 +127,19 @@ def _at_server(path, server_ip: str) -> tuple[int | None, str | None]:
 def policy_drift(cluster, client, trace, policies: PolicyCache | None = None) -> list[Finding]:
     out = []
     policies = policies or PolicyCache(cluster)
+    # the pods' addresses of the trace's family (an IPv6 trace's packet never has the IPv4
+    # ones: the Service port would be taken for the pod's)
+    family = 6 if trace.query.get("family") == "ipv6" else 4
     # a trace shared with another client of its class shows that client's address
-    traced_ip = (trace.query.get("source_endpoint") or {}).get("address") or client.ip
+    traced_ip = ((trace.query.get("source_endpoint") or {}).get("address")
+                 or client.address(family) or client.ip)
     for path in trace.paths:
         server = policies.pod(path.endpoint) if path.endpoint else None
         if server is None or path.verdict == Verdict.UNKNOWN or server.key == client.key:
             continue        # a pod cannot block connections to itself (Kubernetes' rule)
         if server.host_network:
             continue        # NetworkPolicy is undefined for hostNetwork pods (Kubernetes docs)
-        port, seen_src = policies.at_server(path, server.ip)
+        port, seen_src = policies.at_server(path, server.address(family) or server.ip)
         port = port or trace.query.get("dst_port")
         if seen_src and seen_src != traced_ip:
             continue        # source NAT on the way: the server sees a node address, not the pod

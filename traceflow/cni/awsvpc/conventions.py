@@ -50,7 +50,7 @@ class VpcCniConventions(KernelConventions):
         return kn.mac(veth), (f"is {veth}'s MAC: the CNI writes a static ARP entry for "
                               f"{GATEWAY} in the pod")
 
-    def pod_gateway(self, kn, pod, veth):
+    def pod_gateway(self, kn, pod, veth, family=4):
         return GATEWAY, f"the VPC CNI routes pods via {GATEWAY} (no one holds it)"
 
     def arrival_device(self, kn, pkt):

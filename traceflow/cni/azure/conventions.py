@@ -41,7 +41,7 @@ class AzureConventions(KernelConventions):
                               f"ARP entry for {GATEWAY} in the pod and turns proxy ARP on for "
                               f"{veth}")
 
-    def pod_gateway(self, kn, pod, veth):
+    def pod_gateway(self, kn, pod, veth, family=4):
         if veth and kn.master(veth):
             return None
         return GATEWAY, f"Azure CNI's transparent mode routes pods via {GATEWAY}"

@@ -18,12 +18,16 @@ import re
 
 from traceflow.walk.kernel import KernelConventions
 
-_VXLAN_DEV = re.compile(r"^flannel\.(\d+)$")
+# flannel.<VNI>, and flannel-v6.<VNI> for IPv6 (EnableIPv6): the same VNI and port, outer
+# packets between the nodes' IPv6 addresses (pkg/backend/vxlan/vxlan.go createVXLANDevice:
+# ``name: fmt.Sprintf("flannel-v6.%d", cfg.VNI)``, ``vtepAddr: extIfaceV6IP``)
+_VXLAN_DEV = re.compile(r"^flannel(-v6)?\.(\d+)$")
 
 
 class FlannelConventions(KernelConventions):
     name = "Flannel"
     kernel_routes_pod_cidrs = True
+    ipv6 = True
     collected_file_effects = {
         "k8s/kube-flannel-cfg.yaml": "Flannel's backend (net-conf.json) comes from the node's "
                                      "devices only",
@@ -42,13 +46,18 @@ class FlannelConventions(KernelConventions):
 
     def vxlan_defaults(self, dev: str):
         m = _VXLAN_DEV.match(dev)
-        return (int(m.group(1)), 8472) if m else None
+        return (int(m.group(2)), 8472) if m else None
 
-    def pod_gateway(self, kn, pod, veth):
+    def vxlan_family(self, dev: str) -> int:
+        m = _VXLAN_DEV.match(dev)
+        return 6 if m and m.group(1) else 4
+
+    def pod_gateway(self, kn, pod, veth, family=4):
         bridge = kn.master(veth) if veth else None
         bridge = bridge or ("cni0" if kn.model.interface("cni0") is not None else None)
         iface = kn.model.interface(bridge) if bridge else None
-        addrs = [a.address for a in iface.ipv4()] if iface is not None else []
+        addrs = [a.address for a in iface.of_family(family) if a.scope != "link"] \
+            if iface is not None else []
         if not addrs:
             return None
         return addrs[0], (f"the bridge {bridge}'s address {addrs[0]} (the bridge plugin gives "

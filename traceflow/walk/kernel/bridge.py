@@ -133,7 +133,8 @@ class BridgeMixin:
                           ct_dir="REPLY" if is_reply else "ORIGINAL", connmark=0,
                           node=loc.node, bridged=True, physdev_in=loc.port)
         fctx = dataclasses.replace(ctx, out_iface=loc.bridge, physdev_out=out,
-                                   masquerade_ip=primary_ip(node.interface(loc.bridge)))
+                                   masquerade_ip=primary_ip(node.interface(loc.bridge),
+                                                            pkt.family))
         results = []
         for pb, ppkt, _ in host._netfilter(b, node.netfilter, "PREROUTING", pkt, ctx, loc.node):
             if pb.end:

@@ -22,6 +22,9 @@ class KernelConventions(WithoutOvs):
     # the underlay (a VPC, a VNet) routes pod addresses to the node that holds them, so a
     # pod's packet sent out of the uplink reaches its node without a route naming that node
     underlay_routes_pods = False
+    # whether the CNI's IPv6 datapath is modelled (its pod gateway, neighbour answers and
+    # devices for IPv6); False: an IPv6 question ends unknown ("IPv6 not modelled for <name>")
+    ipv6 = False
 
     # ---- devices ------------------------------------------------------------------------------
     def device_kind(self, dev: str) -> str | None:
@@ -34,6 +37,11 @@ class KernelConventions(WithoutOvs):
         without ``ip -d link``; None when it has no such device."""
         return None
 
+    def vxlan_family(self, dev: str) -> int:
+        """The address family (4 or 6) of VXLAN device ``dev``'s outer packets by the CNI's
+        naming, for bundles without ``ip -d link``."""
+        return 4
+
     def host_veth_name(self, pod) -> str | None:
         """The name the CNI gives the host side of ``pod``'s veth, when it derives it from
         the pod (Calico, VPC CNI); None when it is random."""
@@ -45,9 +53,9 @@ class KernelConventions(WithoutOvs):
         pod); None: the kernel's own answer (the bridge, a pod on it)."""
         return None
 
-    def pod_gateway(self, kn, pod, veth: str | None):
-        """(gateway IP, how we know) a pod of this CNI routes through, when the pod's own
-        routes are not in the bundle."""
+    def pod_gateway(self, kn, pod, veth: str | None, family: int = 4):
+        """(gateway IP, how we know) a pod of this CNI routes packets of ``family`` through,
+        when the pod's own routes are not in the bundle; None when it has none."""
         return None
 
     # ---- where packets go ----------------------------------------------------------------------

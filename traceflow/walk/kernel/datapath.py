@@ -46,6 +46,8 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         super().__init__(walk)
         self.conv = self.snap.conventions
         self.name = self.conv.name
+        # IPv6 is walked for the CNIs whose conventions model it (KernelConventions.ipv6)
+        self.ipv6 = bool(self.conv.ipv6)
         self._nodes: dict[str, KernelNode] = {}
         for text in self.conv.not_modelled(self.snap):
             self.warnings.append(text)
@@ -75,7 +77,9 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         veth, how_veth = kn.veth_of(pod, files)
         if veth is None:
             return self._stopped(branch, pod.node, "pod", how_veth)
-        convention = self.conv.pod_gateway(kn, pod, veth)
+        # the CNI's gateway of the packet's family (IPv6: the bridge's IPv6 address, or the
+        # host veth's link-local address for Calico); None when it has none
+        convention = self.conv.pod_gateway(kn, pod, veth, packet.family)
 
         def mac_of(ip):            # who answers the pod's ARP request for its next hop
             mac, how = self._arp_answer(kn, pod, veth, ip)
@@ -93,7 +97,7 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
             gw_ip, gw_how = convention
             gw_mac, arp_how = self._arp_answer(kn, pod, veth, gw_ip)
             how, rule, src = f"{gw_how}; its MAC {arp_how}", f"default via {gw_ip} dev eth0", None
-            self.warnings.append(conventions_warning(pod, files, self.name))
+            self.warnings.append(conventions_warning(pod, files, self.name, packet.family))
         else:
             gw_ip, gw_mac, how, rule, src = own
         packet.dl_src = pod_mac(files) or packet.dl_src
@@ -131,14 +135,16 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
         return AtHost(node, dev, pkt)
 
     def _arp_answer(self, kn: KernelNode, pod, veth: str, ip: str) -> tuple[str | None, str]:
-        """(MAC, how we know) of the answer the pod's ARP request for ``ip`` gets."""
+        """(MAC, how we know) of the answer the pod's ARP request (IPv6: neighbour
+        solicitation) for ``ip`` gets."""
         arranged = self.conv.pod_neighbour(kn, veth, ip)
         if arranged is not None:
             return arranged
         master = kn.master(veth)
         if master:
             bridge = kn.model.interface(master)
-            if bridge is not None and any(a.address == ip for a in bridge.ipv4()):
+            family = 6 if ":" in ip else 4
+            if bridge is not None and any(a.address == ip for a in bridge.of_family(family)):
                 return kn.mac(master), f"is the bridge {master}'s MAC ({ip} is its address)"
             peer = self.cluster.pod_by_ip(ip)
             if peer is not None and peer.node == kn.name:
@@ -205,14 +211,15 @@ class KernelDatapath(BridgeMixin, TunnelMixin, Datapath):
             b.add(Hop(node, "pod", None, None, why, packet=pkt.headers(), detail="pod"))
             return (b.finish(Verdict.DROPPED, Drop(node, "pod", None, None, why,
                                                    Disposition.NO_NEIGHBOUR)), None)
-        if pkt.nw_dst != pod.ip:
-            why = (f"{pod.key} ({pod.ip}) receives a packet for {pkt.nw_dst} on its eth0: its "
+        own = pod.address(pkt.family)       # the pod's address of the packet's family
+        if pkt.nw_dst != own:
+            why = (f"{pod.key} ({own or pod.ip}) receives a packet for {pkt.nw_dst} on its eth0: its "
                    "stack does not forward it")
             b.add(Hop(node, "pod", None, None, why, packet=pkt.headers(), detail="pod"))
             return (b.finish(Verdict.DROPPED, Drop(node, "pod", None, None, why,
                                                    Disposition.NO_ROUTE)), None)
         b.add(Hop(node, "pod", None, None,
-                  f"delivered to {pod.key} ({pod.ip}) through its veth {dev} (eth0 in the pod)",
+                  f"delivered to {pod.key} ({own}) through its veth {dev} (eth0 in the pod)",
                   packet=pkt.headers(), detail="pod"))
         b.final_packet = pkt
         return (b.finish(Verdict.DELIVERED, None, pod), None)

@@ -107,9 +107,9 @@ class KernelNode:
                         return peer.name, (f"the pod's eth0 is {iface.name}@{iface.link} "
                                            f"({files['ip-addr.txt'][1]}:{iface.source.line}): "
                                            f"its peer is ifindex {peer.index}, {peer.name}")
-        route = self._host_route(pod.ip)
+        route = next((r for r in map(self._host_route, pod.addresses) if r is not None), None)
         if route is not None:
-            return route.dev, (f"the node's route to {pod.ip} ({route.source.file}:"
+            return route.dev, (f"the node's route to {route.dst} ({route.source.file}:"
                                f"{route.source.line}: {route.text.strip()})")
         name = self.conv.host_veth_name(pod)
         if name and name in self.links:
@@ -134,8 +134,8 @@ class KernelNode:
         return None
 
     def _host_route(self, ip: str | None):
-        """The main table's /32 route to ``ip`` over a pod's veth (Calico, VPC CNI, Azure
-        transparent mode: ``10.0.0.5 dev cali1234 scope link``)."""
+        """The main table's /32 (IPv6: /128) route to ``ip`` over a pod's veth (Calico, VPC
+        CNI, Azure transparent mode: ``10.0.0.5 dev cali1234 scope link``)."""
         if ip is None:
             return None
         try:
@@ -143,7 +143,7 @@ class KernelNode:
         except Missing:
             return None
         for r in routes:
-            if r.family == 4 and r.dst.length == 32 and str(r.dst) == ip \
+            if r.dst.length == (128 if r.family == 6 else 32) and str(r.dst) == ip \
                     and r.type == "unicast" and r.dev and not r.gateway:
                 kind, _ = self.kind(r.dev)
                 if kind in (None, "veth"):

@@ -131,7 +131,9 @@ class TunnelMixin:
             node = self.snap.node(node_name)
             dec = route_lookup(node.ip_rules, node.routes, remote, local_addresses=node.local_addresses,
                                interfaces=node.interfaces or None, mark=inner.mark)
-            local = dec.prefsrc or primary_ip(node.interface(dec.dev)) if dec.dev else None
+            family = 6 if ":" in remote else 4
+            local = dec.prefsrc or primary_ip(node.interface(dec.dev), family) if dec.dev \
+                else None
         outer = Packet(nw_src=local, nw_dst=remote, nw_proto=proto, tp_src=None, tp_dst=port,
                        nw_ttl=64, tcp_flags=None, mark=inner.mark)
         outer.extra["inner"] = inner.copy()
@@ -182,7 +184,10 @@ class TunnelMixin:
             if kn.kind(name)[0] != VXLAN:
                 continue
             dvni, dport, _, attrs = self._vxlan_attrs(kn, name)
-            if dport == pkt.tp_dst:
+            # a VXLAN device listens on a UDP socket of its own family: its local (else
+            # remote) address's, IPv4 when it names neither (vxlan_core.c __vxlan_sock_add:
+            # an AF_INET6 socket only for an IPv6 device, vxlan_vs_find_vni in that socket)
+            if dport == pkt.tp_dst and self._vxlan_family(kn, name) == pkt.family:
                 found = (name, dvni, attrs)
                 if dvni == vni:
                     break
@@ -204,6 +209,14 @@ class TunnelMixin:
                 Disposition.NO_NEIGHBOUR)
         return self._decapsulated(b, loc.node, dev, inner,
                                   f"vxlan_rcv: {dev} ({attrs}) takes UDP/{pkt.tp_dst} VNI {vni}")
+
+    def _vxlan_family(self, kn, dev: str) -> int:
+        info = kn.link(dev)
+        vx = info.vxlan if info is not None else None
+        address = (vx.local or vx.remote) if vx is not None else None
+        if address is None:       # no `ip -d link`: the CNI's naming says
+            return self.conv.vxlan_family(dev)
+        return 6 if ":" in str(address) else 4
 
     def _decapsulated(self, b: Branch, node: str, dev: str, inner: Packet, how: str):
         pkt = inner.copy()
