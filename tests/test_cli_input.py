@@ -251,9 +251,24 @@ def test_unknown_ip():
 
 def test_folder_of_bundles_lists_them():
     msg = refused("pod-to-svc", "frontend", "backendsvc", "--bundle", EXAMPLES)
-    assert "is not a bundle" in msg and "bundles below it:" in msg
-    for name in ("antrea-encap-kube-proxy", "antrea-proxy-v1", "antrea-v2", "kube-proxy-ipvs"):
-        assert str(EXAMPLES / name) in msg
+    assert "is not a bundle" in msg and f"pass --bundle {EXAMPLES}/NAME, one of the bundles " \
+        "below it: " in msg
+    # every example by its name below the folder, and the list not cut, however long the path
+    # of the checkout (CI clones under a deeper folder than a developer's machine)
+    listed = msg.split("bundles below it: ", 1)[1]
+    examples = sorted(p.name for p in EXAMPLES.iterdir() if (p / "manifest.yaml").is_file())
+    assert len(examples) >= 18
+    assert listed.split(", ") == examples
+    assert "more characters" not in msg
+
+
+def test_folder_of_many_bundles_says_the_list_was_cut(tmp_path):
+    for i in range(35):
+        (tmp_path / f"b{i:02d}").mkdir()
+        (tmp_path / f"b{i:02d}" / "manifest.yaml").write_text("cni: antrea\n")
+    msg = refused("pod-to-svc", "frontend", "backendsvc", "--bundle", str(tmp_path))
+    listed = msg.split("bundles below it: ", 1)[1]
+    assert listed.split(", ") == [f"b{i:02d}" for i in range(30)] + ["and more"]
 
 
 def test_no_cluster_access_points_to_bundle_and_example_path(tmp_path):

@@ -275,9 +275,10 @@ def mark(text: str) -> int:
     return value
 
 
-def bundles_below(folder: Path, limit: int = 20) -> list[str]:
+def bundles_below(folder: Path, limit: int = 30) -> list[str]:
     """Bundles (folders with a manifest.yaml, .tar.gz files) up to three levels below
-    ``folder``, for a hint when ``folder`` itself is not one."""
+    ``folder``, relative to it, for a hint when ``folder`` itself is not one; at most
+    ``limit`` of them."""
     found: list[str] = []
     frontier = [folder]
     for _ in range(3):
@@ -294,11 +295,11 @@ def bundles_below(folder: Path, limit: int = 20) -> list[str]:
                     continue
                 if e.is_dir():
                     if (e / "manifest.yaml").is_file():
-                        found.append(str(e))
+                        found.append(str(e.relative_to(folder)))
                     else:
                         nxt.append(e)
                 elif e.name.endswith((".tar.gz", ".tgz")):
-                    found.append(str(e))
+                    found.append(str(e.relative_to(folder)))
         frontier = nxt[:200]
     return found
 
@@ -308,11 +309,15 @@ def bundle_hint(path: Path, err: InputError) -> InputError:
     below it."""
     if not path.is_dir() or (path / "manifest.yaml").is_file() or err.line is not None:
         return err                 # a bundle with a bad file: the error as it is
-    below = bundles_below(path)
+    limit = 30
+    below = bundles_below(path, limit + 1)
     if not below:
         return err
-    return InputError(f"{path} is not a bundle ({err.reason}); bundles below it: "
-                      f"{', '.join(below)}: pass one of them to --bundle", err.file or "--bundle",
+    # names relative to the folder, so that the list fits the error however deep the folder
+    # lies (absolute paths cut the list short in a long checkout path)
+    listed = ", ".join(below[:limit]) + (", and more" if len(below) > limit else "")
+    return InputError(f"{path} is not a bundle ({err.reason}); pass --bundle {path}/NAME, "
+                      f"one of the bundles below it: {listed}", err.file or "--bundle",
                       err.line, err.text)
 
 
