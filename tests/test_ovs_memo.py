@@ -18,7 +18,7 @@ import pytest
 from traceflow.model.conntrack import Conntrack
 from traceflow.engines.ovs.bridge import parse_groups, parse_show, parse_tables
 from traceflow.engines.ovs.flows import FlowDump
-from traceflow.engines.ovs.memo import MAX_ANSWERS
+from traceflow.engines.ovs.memo import MAX_ANSWERS, Classifier
 from traceflow.engines.ovs.pipeline import Annotator, Bridge, _Runner, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,3 +291,108 @@ def test_write_notes_are_remembered_only_when_they_do_not_read_the_packet():
     again = simulate(bridge, dict(packet), Conntrack(), 0, asked)
     assert asked.asked > noting.asked          # asked for every write, the same ones again
     assert [[h.notes for h in r.hits] for r in runs] == [[h.notes for h in r.hits] for r in again]
+
+
+# ---- the classifier (memo.Classifier): tuple space search instead of a test per flow ---------
+
+def _all_bridges():
+    nodes = sorted(p.parent for p in EXAMPLES.glob("*/nodes/*/ovs-flows.txt"))
+    assert len(nodes) >= 8
+    return [synthetic_bridge] + [(lambda node=node: node_bridge(node)) for node in nodes]
+
+
+def test_the_classifier_finds_exactly_the_flows_that_match():
+    """Every table of every example bridge (and SYNTHETIC's: in_port by name, masked
+    registers, ct_label, conjunction ids), whatever its size: the flows the classifier gives
+    are those ``matches`` accepts, in the same order."""
+    rng = random.Random(20261127)
+    checked = found = 0
+    for make in _all_bridges():
+        bridge = make()
+        runner = _Runner(bridge, Annotator(), Conntrack(), {})
+        for table in bridge.flows.table_ids():
+            flows = bridge.flows.table(table)
+            classifier = Classifier(flows, bridge.port_number)
+            fields = tuple(sorted({m.field.name for f in flows for m in f.matches}
+                                  | {"in_port", "dl_type", "conj_id"}))
+            for state in packets(flows, fields, rng, 40):
+                want = [i for i, f in enumerate(flows) if runner.matches(f, state)]
+                assert classifier.matching(state) == want, (bridge.node, table, state)
+                checked += 1
+                found += len(want)
+    assert checked > 2000 and found > checked      # packets that match many flows, not none
+
+
+def test_a_lookup_through_the_classifier_is_the_scan():
+    """The same hit and notes (conjunctions completed, the second lookup with conj_id) with
+    and without the classifier, on the SYNTHETIC table's hand-made answers and on packets of
+    the example bridges."""
+    rng = random.Random(7)
+    bridge = synthetic_bridge()
+    runner = _Runner(bridge, Annotator(), Conntrack(), {})
+    flows = bridge.flows.table(0)
+    classifier = Classifier(flows, bridge.port_number)
+    for packet, line, note in TARGETED:
+        got = runner.lookup(packet, 0, flows, classifier)
+        assert got == runner.lookup(packet, 0, flows)
+        assert got[0].source.line == line
+    compared = conjunctions = 0
+    for make in _all_bridges()[1:]:
+        bridge = make()
+        runner = _Runner(bridge, Annotator(), Conntrack(), {})
+        for table in bridge.flows.table_ids():
+            flows = bridge.flows.table(table)
+            classifier = Classifier(flows, bridge.port_number)
+            fields = tuple(sorted({m.field.name for f in flows for m in f.matches}
+                                  | {"in_port", "dl_type"}))
+            for state in packets(flows, fields, rng, 20):
+                got = runner.lookup(state, table, flows, classifier)
+                assert got == runner.lookup(state, table, flows), (bridge.node, table, state)
+                compared += 1
+                conjunctions += bool(got[1])
+    assert compared > 1000 and conjunctions > 0
+
+
+def _policy_table(pods: int) -> str:
+    """A NetworkPolicy table as Antrea writes it for many pods: one conjunction's source
+    clauses (nw_src per pod), its destination clauses (reg1 per port), its port clause, the
+    conj_id flow, per-pod allow flows, and the default."""
+    lines = []
+    for i in range(pods):
+        lines.append(f"table=0, priority=200,ip,nw_src=10.1.0.{i} actions=conjunction(5,1/3)")
+        lines.append(f"table=0, priority=200,ip,reg1=0x{i + 16:x} actions=conjunction(5,2/3)")
+        lines.append(f"table=0, priority=190,ip,nw_dst=10.2.0.{i} actions=resubmit(,1)")
+    lines += ["table=0, priority=200,tcp,tp_dst=80 actions=conjunction(5,3/3)",
+              "table=0, priority=200,conj_id=5,ip actions=load:0x5->NXM_NX_REG6[],resubmit(,1)",
+              "table=0, priority=100,ip,reg1=0x10/0xf0 actions=drop",
+              "table=0, priority=0 actions=resubmit(,1)",
+              "table=1, priority=0 actions=drop"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_long_candidate_list_is_looked_up_through_the_classifier():
+    """A table of 160 flows: remembered lookups go through the classifier and give the
+    scan's answers: the conjunction when all three clauses match, the per-pod flow, the
+    masked drop, the default."""
+    from traceflow.engines.ovs.memo import CLASSIFY_MIN, LookupMemo
+    bridge = Bridge("n", FlowDump(_policy_table(50), "ovs-flows.txt"))
+    flows = bridge.flows.table(0)
+    assert len(flows) >= CLASSIFY_MIN
+    assert isinstance(LookupMemo(flows).classifier(bridge.port_number), Classifier)
+    assert LookupMemo(flows[:CLASSIFY_MIN - 1]).classifier(bridge.port_number) is None
+    runner = _Runner(bridge, Annotator(), Conntrack(), {})
+    base = {"dl_type": 0x0800, "nw_proto": 6}
+    cases = [({"nw_src": 0x0A010007, "reg1": 0x13, "tp_dst": 80}, "conj_id=5"),
+             ({"nw_src": 0x0A010007, "reg1": 0x13, "tp_dst": 81}, "reg1=0x10/0xf0"),
+             ({"nw_src": 0x0A010099, "reg1": 0x13, "tp_dst": 80, "nw_dst": 0x0A020003},
+              "nw_dst=10.2.0.3"),
+             ({"nw_src": 0x0A010007, "reg1": 0x200, "tp_dst": 80}, "priority=0")]
+    for extra, text in cases:
+        state = dict(base, **extra)
+        got = runner.memo_lookup(state, 0)
+        assert text in got[0].text
+        assert got == fresh(runner, state, 0)
+    rng = random.Random(3)
+    fields = ("dl_type", "nw_src", "nw_dst", "reg1", "tp_dst", "nw_proto")
+    for state in packets(flows, fields, rng, 300):
+        assert runner.memo_lookup(state, 0) == fresh(runner, state, 0), state

@@ -127,8 +127,7 @@ class Packet:
 
     def diff(self, before: "Packet") -> dict:
         """Fields whose value differs from ``before``: name -> (old, new)."""
-        old, new = before.headers(), self.headers()
-        return {k: (old.get(k), new.get(k)) for k in set(old) | set(new) if old.get(k) != new.get(k)}
+        return diff_headers(before.headers(), self.headers())
 
     def reversed(self) -> "Packet":
         """The reply's headers: addresses and ports swapped (L2 filled in by the replier); an
@@ -147,3 +146,10 @@ class Packet:
 
     def five_tuple(self) -> tuple:
         return (self.nw_proto, self.nw_src, self.tp_src, self.nw_dst, self.tp_dst)
+
+
+def diff_headers(old: dict, new: dict) -> dict:
+    """The headers whose value differs between two ``Packet.headers()``: name -> (old, new)."""
+    if old == new:
+        return {}
+    return {k: (old.get(k), new.get(k)) for k in set(old) | set(new) if old.get(k) != new.get(k)}

@@ -117,7 +117,7 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
                         ct_next: list[str] | None = None) -> Trace:
     """Offline ``ofproto/trace``: as OVS, conntrack is not consulted; each ct(table=...)
     resumes with the next ``ct_next`` state, or trk|new when they have run out."""
-    from traceflow.walk.ovs_bridge import from_state, ovs_hop
+    from traceflow.walk.ovs_bridge import ovs_hops
     model = _node(snap, node)
     try:
         bridge = model.bridge
@@ -134,11 +134,7 @@ def ovs_component_trace(snap: Snapshot, node: str, spec: str, table: int = 0,
     first = _packet_from_state(state)
     for run in simulate(bridge, state, Conntrack(), table, model.annotator, ct_next=states):
         leg = Leg("request", Verdict.UNKNOWN, [], spec)
-        before = first
-        for hit in run.hits:
-            pkt = from_state(hit.state_after or state, before)
-            leg.hops.append(ovs_hop(node, hit, pkt, before, model))
-            before = pkt
+        leg.hops.extend(ovs_hops(node, run.hits, state, first, model))
         drop = None
         if run.unknown:
             verdict = Verdict.UNKNOWN

@@ -8,7 +8,7 @@ import ipaddress
 
 from traceflow.engines.ovs import fields as F
 from traceflow.engines.ovs.runs import TableHit
-from traceflow.model.packet import Packet
+from traceflow.model.packet import Packet, diff_headers
 from traceflow.bundle.snapshot import NodeModel
 from traceflow.model.trace import Hop
 
@@ -100,21 +100,42 @@ def from_state(state: dict, template: Packet) -> Packet:
 
 def ovs_hop(node: str, hit: TableHit, pkt: Packet, before: Packet, model: NodeModel) -> Hop:
     """One OVS table hit as a trace hop: the flow, its table name, what it did and changed."""
+    return _hop(node, hit, pkt.headers(), pkt.diff(before), model)
+
+
+def _hop(node: str, hit: TableHit, headers: dict, changed: dict, model: NodeModel) -> Hop:
     flow = hit.flow
     name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
     effect = "; ".join(hit.effects) if hit.effects else "no action"
     return Hop(node, "ovs", str(hit.table), flow.text if flow else None, effect,
                priority=flow.priority if flow else None, table_name=name,
-               source=flow.source if flow else None, packet=pkt.headers(),
-               changed=pkt.diff(before), matched=flow.match_texts() if flow else (),
+               source=flow.source if flow else None, packet=headers,
+               changed=changed, matched=flow.match_texts() if flow else (),
                notes=list(hit.notes), unknown=hit.unknown is not None,
-               detail="ovs-group" if flow is not None and _uses_group(flow) else "ovs-flow")
+               detail="ovs-group" if flow is not None and flow.uses_group else "ovs-flow")
 
 
-def _uses_group(flow) -> bool:
-    """Whether the flow's actions send the packet to a group (a select group's buckets)."""
-    from traceflow.engines.ovs.actions import Group
-    try:
-        return any(isinstance(a, Group) for a in flow.actions)
-    except ValueError:
-        return False
+# what from_state reads of a state: two states equal on these give equal packets
+_PACKET_FIELDS = ("dl_src", "dl_dst", "nw_src", "nw_dst", "ipv6_src", "ipv6_dst", "ipv6_label",
+                  "nd_target", "nd_sll", "nd_tll", "tp_src", "tp_dst", "nw_ttl", "pkt_mark",
+                  "icmp_type", "icmp_code")
+
+
+def ovs_hops(node: str, hits: list, state: dict, first: Packet,
+             model: NodeModel) -> list[Hop]:
+    """The hops of one run through the bridge, ``first`` the packet that entered it. A hit
+    that left the packet's fields as the hit before it did shows the same packet (most
+    tables only read and jump), so each packet is built and its headers read once."""
+    hops = []
+    before, before_headers, before_key = first, first.headers(), None
+    for hit in hits:
+        after = hit.state_after or state
+        key = tuple(map(after.get, _PACKET_FIELDS))
+        if key == before_key:
+            hops.append(_hop(node, hit, dict(before_headers), {}, model))
+            continue
+        pkt = from_state(after, before)
+        headers = pkt.headers()
+        hops.append(_hop(node, hit, headers, diff_headers(before_headers, headers), model))
+        before, before_headers, before_key = pkt, headers, key
+    return hops

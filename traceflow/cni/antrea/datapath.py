@@ -18,7 +18,7 @@ from traceflow.model.packet import Packet, Tunnel
 from traceflow.bundle.snapshot import Missing, NodeModel
 from traceflow.model.trace import Disposition, Drop, Hop, Verdict
 from traceflow.walk.datapath import Datapath
-from traceflow.walk.ovs_bridge import from_state, ovs_hop, to_state
+from traceflow.walk.ovs_bridge import from_state, ovs_hops, to_state
 from traceflow.bundle.podside import port_by_mac
 from traceflow.walk.pod import (REALISTIC_FIRST_PACKET, conventions_warning, own_first_hop, pod_mac)
 from traceflow.walk.state import AtHost, AtOvs, Branch, Query, new_leg, primary_ip as _primary_ip
@@ -129,11 +129,8 @@ class AntreaDatapath(Datapath):
                 if share < 1.0:
                     nb.choices.append(f"{loc.node} OVS group {gid}: bucket {bucket} "
                                       f"({share:.0%} of new connections)")
-            before = loc.packet
-            for hit in run.hits:
-                pkt = from_state(hit.state_after or state, before)
-                nb.add(ovs_hop(loc.node, hit, pkt, before, node))
-                before = pkt
+            for hop in ovs_hops(loc.node, run.hits, state, loc.packet, node):
+                nb.add(hop)
             out.extend(self._after_ovs(nb, loc, run, node, q))
         return out
 

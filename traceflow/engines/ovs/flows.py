@@ -61,6 +61,15 @@ class Flow:
         return A.parse_actions(self.action_text)
 
     @functools.cached_property
+    def uses_group(self) -> bool:
+        """Whether the actions send the packet to a group (False when they cannot be read:
+        the lookup that meets them says why)."""
+        try:
+            return any(isinstance(a, A.Group) for a in self.actions)
+        except ValueError:
+            return False
+
+    @functools.cached_property
     def match_plan(self) -> tuple:
         """(field name, mask, value, port name) per match: what a lookup compares, without
         the attribute hops (a lookup tests thousands of flows)."""

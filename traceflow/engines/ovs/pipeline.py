@@ -403,7 +403,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         if self.bridge._answers >= _MAX_ANSWERS_ALL:
             self.bridge.forget_lookups()
         self.bridge._answers += 1
-        flow, notes = self.lookup(state, table, flows)
+        flow, notes = self.lookup(state, table, flows, memo.classifier(self.bridge.port_number))
         body, last, writes, jump = (), None, None, None
         if flow is not None:
             notes = notes + self._ambiguity(flow, state, table, flows)
@@ -420,24 +420,30 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         #  the actions as plain writes or None, the resubmit's table, depth step and verb)
         return memo.remember(key, (flow, tuple(notes), drops, body, last, writes, jump))
 
-    def lookup(self, state: dict, table: int,
-               flows: list | None = None) -> tuple[Flow | None, list]:
+    def lookup(self, state: dict, table: int, flows: list | None = None,
+               classifier=None) -> tuple[Flow | None, list]:
         """Highest-priority match, with OVS's conjunctive-match semantics.
 
         Flows with ``conjunction(id,k/n)`` actions are clauses: when every clause of an id
         matches at a priority above the best ordinary flow, OVS looks the packet up again
-        with ``conj_id=id`` set, and that second lookup's result is the hit.
+        with ``conj_id=id`` set, and that second lookup's result is the hit. ``classifier``
+        (of ``flows``, memo.Classifier): the matching flows found by hashing rather than by
+        testing each flow.
         """
         if flows is None:
             flows = self.bridge.flows.candidates(table, state)
+        # (without a classifier every flow is tested in turn, and the lookup stops at the
+        # first flow below the best ordinary hit)
+        matching = flows if classifier is None else [flows[i] for i in classifier.matching(state)]
         hard: Flow | None = None
         clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
         conj_priority: dict[int, int] = {}
         n_clauses: dict[int, int] = {}
-        for flow in flows:
+        for flow in matching:
             if hard is not None and flow.priority < hard.priority:
                 break
-            if flow.conj_id is not None or not self.matches(flow, state):
+            if flow.conj_id is not None or \
+                    (classifier is None and not self.matches(flow, state)):
                 continue
             conj_actions = [a for a in flow.actions if isinstance(a, A.Conjunction)]
             for c in conj_actions:
@@ -453,10 +459,13 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         for _, neg_cid in complete:
             cid = -neg_cid
             second = dict(state, conj_id=cid)
-            for flow in flows:
+            again = flows if classifier is None else \
+                [flows[i] for i in classifier.matching(second)]
+            for flow in again:
                 if any(isinstance(a, A.Conjunction) for a in flow.actions):
                     continue
-                if self.matches(flow, second) and (flow.conj_id is None or flow.conj_id == cid):
+                if (classifier is not None or self.matches(flow, second)) and \
+                        (flow.conj_id is None or flow.conj_id == cid):
                     if flow.conj_id is None:
                         # No conj_id flow above the ordinary hit: OVS's classifier returns
                         # the result of this second lookup as is; it does not go on to try a
