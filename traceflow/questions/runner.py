@@ -33,8 +33,10 @@ class Tracer:
     MAX_REPRESENTATIVES = 16    # classes kept per node and destination
 
     def __init__(self, snapshot: Snapshot, share: bool = True):
+        from traceflow.model.lowgc import for_many_walks
         from traceflow.questions.classes import Classes
         from traceflow.questions.solver import Solver
+        for_many_walks()
         self.snap = snapshot
         self.solver = Solver(snapshot)
         self.share = share

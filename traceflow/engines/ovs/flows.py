@@ -76,8 +76,12 @@ class Flow:
         return tuple((m.field.name, m.mask, m.value, m.port_name) for m in self.matches)
 
     def match_texts(self) -> tuple:
+        return self._match_texts
+
+    @functools.cached_property
+    def _match_texts(self) -> tuple:
         # a protocol keyword ("tcp") stands for several implied fields, a view (xreg0=,
-        # dl_vlan=) for pieces of others: name each once
+        # dl_vlan=) for pieces of others: name each once (every hop of the flow shows them)
         out = tuple(dict.fromkeys(m.text for m in self.matches if m.text not in F.PROTOCOLS))
         return ((self.protocol,) if self.protocol else ()) + out
 

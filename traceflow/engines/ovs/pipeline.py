@@ -403,10 +403,11 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         if self.bridge._answers >= _MAX_ANSWERS_ALL:
             self.bridge.forget_lookups()
         self.bridge._answers += 1
-        flow, notes = self.lookup(state, table, flows, memo.classifier(self.bridge.port_number))
+        classifier = memo.classifier(self.bridge.port_number)
+        flow, notes = self.lookup(state, table, flows, classifier)
         body, last, writes, jump = (), None, None, None
         if flow is not None:
-            notes = notes + self._ambiguity(flow, state, table, flows)
+            notes = notes + self._ambiguity(flow, state, table, flows, classifier)
             body = flow.actions
             if body and type(body[-1]) is A.Resubmit:
                 body, last = body[:-1], body[-1]
@@ -481,7 +482,7 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         return hard, []
 
     def _ambiguity(self, flow: Flow, state: dict, table: int,
-                   flows: list | None = None) -> list[str]:
+                   flows: list | None = None, classifier=None) -> list[str]:
         """Another flow of the same priority that matches too: OVS does not define which one
         wins (ovs-fields(7): overlapping flows of equal priority), so say so."""
         if flow.conj_id is not None:
@@ -492,8 +493,11 @@ class _Runner(ConntrackSteps, ActionSetSteps, PacketSteps, GroupSteps, LimitStep
         prios = self.bridge.lookup_memo(flows).neg_prios()
         lo = bisect.bisect_left(prios, -flow.priority)
         hi = bisect.bisect_right(prios, -flow.priority, lo)
-        others = [f for f in flows[lo:hi]
-                  if f is not flow and f.conj_id is None and self.matches(f, state)
+        if classifier is not None:      # (a thousand per-pod flows share a priority)
+            same = [flows[i] for i in classifier.matching(state) if lo <= i < hi]
+        else:
+            same = [f for f in flows[lo:hi] if self.matches(f, state)]
+        others = [f for f in same if f is not flow and f.conj_id is None
                   and not any(isinstance(a, A.Conjunction) for a in f.actions)]
         if not others:
             return []
