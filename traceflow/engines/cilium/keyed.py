@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import socket
 
-from traceflow.model.errors import Source
+from traceflow.model.errors import InputError, Source
 
 from . import lb as _lb
 from . import maps as _maps
@@ -191,6 +191,15 @@ class _Keyed:
     def _source(self, n: int) -> Source:
         return Source(self.path, n, self.rows[n - 1])
 
+    def _rows_of(self, numbers) -> list:
+        """(Source, key text, value text) of `bpf lb list` lines, as lb.parse_lb_list splits
+        them."""
+        rows = []
+        for n in numbers:
+            src = self._source(n)
+            rows.append((src, *_lb._split_key_value(src, src.text.rstrip())))
+        return rows
+
     def whole(self, parse):
         if self._whole is None:
             self._whole = parse(self.text, self.path)
@@ -210,11 +219,14 @@ class LbIndex(_Keyed):
                 self._cache[key] = [s for s in self.whole(_lb.parse_lb_list)
                                     if (s.frontend_ip, s.port) == (ip, port)]
                 return self._cache[key]
-            rows = []
-            for n in numbers:
-                src = self._source(n)
-                rows.append((src, *_lb._split_key_value(src, src.text.rstrip())))
-            self._cache[key] = _lb._group(rows, self.path)
+            try:
+                found = _lb._group(self._rows_of(numbers), self.path)
+            except InputError:      # lines of a damaged layout: the whole parse says
+                found = [None]
+            if any(s is None or (s.frontend_ip, s.port) != (ip, port) for s in found):
+                found = [s for s in self.whole(_lb.parse_lb_list)      # a damaged layout
+                         if (s.frontend_ip, s.port) == (ip, port)]
+            self._cache[key] = found
         return self._cache[key]
 
 
@@ -230,11 +242,14 @@ class FrontendIndex(_Keyed):
                 self._cache[key] = [f for f in self.whole(_lb.parse_lb_frontends)
                                     if (f.frontend_ip, f.port) == (ip, port)]
                 return self._cache[key]
-            rows = []
-            for n in numbers:
-                src = self._source(n)
-                rows.append((src, *_lb._split_key_value(src, src.text.rstrip())))
-            self._cache[key] = _lb.frontend_slots(rows)
+            try:
+                found = _lb.frontend_slots(self._rows_of(numbers))
+            except InputError:      # lines of a damaged layout: the whole parse says
+                found = [None]
+            if any(f is None or (f.frontend_ip, f.port) != (ip, port) for f in found):
+                found = [f for f in self.whole(_lb.parse_lb_frontends)  # a damaged layout
+                         if (f.frontend_ip, f.port) == (ip, port)]
+            self._cache[key] = found
         return self._cache[key]
 
 
@@ -287,12 +302,27 @@ class IpcacheIndex(_Keyed):
             except ValueError:
                 self._cache[ip] = self.whole(_maps.parse_ipcache)
                 return self._cache[ip]
-            out = []
-            for n in sorted(numbers):
-                src = self._source(n)
-                out.append(_maps._ipcache_entry(src.text.strip(), src))
+            try:
+                out = [_maps._ipcache_entry(self.rows[n - 1].strip(), self._source(n))
+                       for n in sorted(numbers)]
+            except InputError:      # lines of a damaged layout: the whole parse says
+                out = None
+            if out is None or not self._fits(ip, out, set(numbers) - set(self.layout["other"])):
+                out = self.whole(_maps.parse_ipcache)        # a damaged layout
             self._cache[ip] = out
         return self._cache[ip]
+
+    @staticmethod
+    def _fits(ip: str, entries: list, keyed_lines: set) -> bool:
+        """Each entry the layout filed under a network holding ``ip`` does hold it."""
+        import ipaddress
+        addr = ipaddress.ip_address(ip)
+        for e in entries:
+            if e.source.line in keyed_lines:
+                net = ipaddress.ip_network(e.prefix, strict=False)
+                if addr.version != net.version or addr not in net:
+                    return False
+        return True
 
     def _numbers(self, ip: str) -> list[int]:
         numbers = self._lines(self.layout.get("other"))
@@ -332,12 +362,9 @@ def policy_layout(text: str) -> dict | None:
     for m in _POLICY_SECTION.finditer(text):
         line += text.count("\n", at, m.start())
         at = m.start()
-        s = rows[line - 1].strip()
-        e = re.match(r"^Endpoint ID:\s*(\d+)$", s)
-        if e is None and re.match(r"^Path:\s*(\S+)$", s) is None:
-            e = re.match(r"^\S*cilium_policy(?:_v2)?_(\d+):?$", s)
-        if e is not None:
-            starts.append((int(e.group(1)), line))
+        endpoint = _section_of(rows[line - 1])
+        if endpoint is not None:
+            starts.append((endpoint, line))
     sections = [[ep, first, (starts[i + 1][1] - 1 if i + 1 < len(starts) else len(rows))]
                 for i, (ep, first) in enumerate(starts)]
     return {"v": LAYOUT_VERSION, "lines": len(rows),
@@ -377,5 +404,16 @@ class PolicyIndex(_Keyed):
             ep, start, last = section
             if ep == endpoint_id:
                 self._lines([start, last])
+                if _section_of(self.rows[start - 1]) != endpoint_id:
+                    raise ValueError("the layout does not fit the file")
                 spans.append((start, last))
         return spans
+
+
+def _section_of(raw: str) -> int | None:
+    """The endpoint a line starts a section of (as policy.policy_rows reads it), or None."""
+    s = raw.strip()
+    e = re.match(r"^Endpoint ID:\s*(\d+)$", s)
+    if e is None and re.match(r"^Path:\s*(\S+)$", s) is None:
+        e = re.match(r"^\S*cilium_policy(?:_v2)?_(\d+):?$", s)
+    return int(e.group(1)) if e is not None else None
