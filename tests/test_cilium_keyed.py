@@ -179,22 +179,31 @@ def test_a_bad_line_anywhere_gives_the_whole_parse_and_its_error(name, kind, lin
     assert e.value.file == f"nodes/worker1/{name}"
 
 
-def test_a_bad_line_in_the_trace_cli_exits_2_naming_it(tmp_path):
-    """A bad ipcache line the walk never looks up still refuses the bundle as before (exit 2,
-    file, line and text), not a trace that skipped it."""
+@pytest.mark.parametrize("name,line,bad", [
+    ("cilium-bpf-ipcache-list.txt", 7,
+     "10.0.2.177/32       identity=6 encryptkey=0 tunnelendpoint=192.168.1.12, bogus=1"),
+    ("cilium-bpf-lb-list-frontends.txt", 7, "0.0.0.0:30081/i (0)        0 1[0] (17) bogus=1"),
+    ("cilium-bpf-lb-list.txt", 7, "192.168.1.11:30081/i (0)   0.0.0.0:0 (19) bogus=1"),
+])
+def test_a_bad_line_in_the_trace_cli_exits_2_naming_it(tmp_path, name, line, bad):
+    """A bad line of an entry the walk never looks up (another address, another frontend)
+    still refuses the bundle as before (exit 2, file, line and text), not a trace that
+    skipped it."""
     import shutil
     b = tmp_path / "b"
     shutil.copytree(EXAMPLES / "cilium-vxlan-policy", b)
-    f = b / "nodes/worker1/cilium-bpf-ipcache-list.txt"
+    f = b / "nodes/worker1" / name
     rows = f.read_text().splitlines()
-    rows[6] = "10.0.2.177/32       identity=6 encryptkey=0 tunnelendpoint=192.168.1.12, bogus=1"
+    rows[line - 1] = bad
     f.write_text("\n".join(rows) + "\n")
-    p = subprocess.run([sys.executable, "-m", "traceflow", "pod-to-svc", "shop/frontend",
-                        "shop/web", "--bundle", str(b), "-o", "json"], capture_output=True,
-                       text=True, cwd=ROOT, env={**__import__("os").environ,
-                                                 "TRACEFLOW_NO_INDEX": "1"})
-    assert p.returncode == 2, p.stdout[-500:] + p.stderr[-500:]
-    assert "cilium-bpf-ipcache-list.txt, line 7" in p.stderr and "bogus=1" in p.stderr
+    # the second: from-netdev finds no service entry for the port, so no frontend is read
+    for question in (["pod-to-svc", "shop/frontend", "shop/web"],
+                     ["trace", "203.0.113.7", "192.168.1.11:31999"]):
+        p = subprocess.run([sys.executable, "-m", "traceflow", *question, "--bundle", str(b),
+                            "-o", "json"], capture_output=True, text=True, cwd=ROOT,
+                           env={**__import__("os").environ, "TRACEFLOW_NO_INDEX": "1"})
+        assert p.returncode == 2, p.stdout[-500:] + p.stderr[-500:]
+        assert f"{name}, line {line}" in p.stderr and "bogus=1" in p.stderr
 
 
 IPCACHE = """IP PREFIX/ADDRESS   IDENTITY

@@ -103,6 +103,11 @@ class CiliumNode:
         from `service list` or `db/show backends` where the bundle has them."""
         keyed = self.maps.keyed("lb_services")
         if keyed is not None:
+            # what joining every entry read before: a bad line of those files is still its
+            # located error here, whichever frontends the walk then asks
+            if self.maps.keyed("lb_frontends") is None:
+                _ = self._counts
+            _ = self._states
             return ServiceTable(self, keyed)
         for kind in ("lb_services", "services", "db_frontends"):
             got = getattr(self.maps, kind)
