@@ -105,9 +105,10 @@ class CiliumNode:
         if keyed is not None:
             # what joining every entry read before: a bad line of those files is still its
             # located error here, whichever frontends the walk then asks
-            if self.maps.keyed("lb_frontends") is None:
-                _ = self._counts
-            _ = self._states
+            if keyed.layout.get("keys"):
+                if self.maps.keyed("lb_frontends") is None:
+                    _ = self._counts
+                _ = self._states
             return ServiceTable(self, keyed)
         for kind in ("lb_services", "services", "db_frontends"):
             got = getattr(self.maps, kind)
