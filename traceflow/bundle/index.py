@@ -170,15 +170,17 @@ def _blob_path(kind: str, digest: str) -> Path:
     return cache_dir() / f"bundle-{kind}-{digest}.sqlite"
 
 
-def load_blob(kind: str, digest: str):
+def load_blob(kind: str, digest: str, walked: bool = True):
     """The JSON value stored for ``kind`` and this content hash, or None (absent, foreign,
-    corrupt: then removed, to be rebuilt)."""
+    corrupt: then removed, to be rebuilt). ``walked``: the caller walks the value
+    recursively, so it is checked not to nest past any index traceflow writes (a layout
+    whose reader only looks keys up skips the walk over its 100,000 numbers)."""
     def read(conn: sqlite3.Connection):
         meta = dict(conn.execute("SELECT key, value FROM meta"))
         if meta.get("schema") != SCHEMA or meta.get("bundle") != f"{kind}:{digest}":
             raise ValueError("not this file's index")
         value = json.loads(meta["value"])
-        if not _plain_keys(value):          # nested past any index traceflow writes
+        if walked and not _plain_keys(value):   # nested past any index traceflow writes
             raise ValueError("a stored value nested too deep")
         return value
     return _read_sqlite(_blob_path(kind, digest), read)
@@ -290,6 +292,27 @@ def parse_nft_ruleset(text: str, name: str):
     return ruleset
 
 
+def text_layout(kind: str, text: str, build):
+    """A node file's layout (a JSON value: where the lines of each key are, e.g. a CNI's BPF
+    map dump read by key), keyed by the SHA-256 of its text like the iptables layouts: the
+    stored one, else ``build(text)`` now, stored after the command answered. ``build`` gives
+    None for a file it does not lay out (nothing is stored). The caller checks that a stored
+    layout fits its text."""
+    if not enabled():
+        return build(text)
+    digest = _text_digest(text)
+    layout = load_blob(kind, digest, walked=False)
+    if isinstance(layout, dict):
+        return layout
+    layout = build(text)
+    if layout is not None:
+        if STORE_AT_ONCE:
+            store_blob(kind, digest, layout)
+        else:
+            _later_store(kind, digest, layout, lambda value: value, held=True)
+    return layout
+
+
 # ---- OVS flow dumps ----------------------------------------------------------------------------
 #
 # A node's ovs-flows.txt (100k lines on a big cluster) is laid out once: which lines are in
@@ -368,13 +391,15 @@ def _later(dump, path: Path, digest: str, indexed: int) -> None:
 _PENDING_BLOBS: list = []
 
 
-def _later_store(kind: str, digest: str, source, make) -> None:
-    """Store ``make(source)`` as blob ``kind``/``digest`` after the command answered."""
+def _later_store(kind: str, digest: str, source, make, held: bool = False) -> None:
+    """Store ``make(source)`` as blob ``kind``/``digest`` after the command answered;
+    ``source`` is held weakly, or (``held``) kept until then."""
     import weakref
     if not (_PENDING or _PENDING_K8S or _PENDING_BLOBS):
         import atexit
         atexit.register(store_pending)
-    _PENDING_BLOBS.append((kind, digest, weakref.ref(source), make))
+    _PENDING_BLOBS.append((kind, digest, (lambda: source) if held else weakref.ref(source),
+                           make))
 
 
 def store_pending() -> None:

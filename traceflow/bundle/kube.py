@@ -75,6 +75,7 @@ class Service:
     health_check_node_port: int | None = None
     cluster_ips: tuple = ()              # spec.clusterIPs (dual-stack: one per family)
     ip_families: tuple = ()              # spec.ipFamilies ("IPv4", "IPv6"), in that order
+    session_affinity: str = "None"       # spec.sessionAffinity (None | ClientIP)
 
     @property
     def key(self) -> str:
@@ -508,7 +509,8 @@ def _service_from(item: dict) -> Service:
                        spec.get("externalName"), spec.get("healthCheckNodePort"),
                        tuple(str(ip) for ip in spec.get("clusterIPs") or ()
                              if len(spec.get("clusterIPs") or ()) > 1),
-                       tuple(str(f) for f in spec.get("ipFamilies") or ()))
+                       tuple(str(f) for f in spec.get("ipFamilies") or ()),
+                       str(spec.get("sessionAffinity") or "None"))
 
 
 def _node_from(item: dict) -> Node:

@@ -212,7 +212,10 @@ class ServiceLB:
     def _other_protocol(self, cn, pkt) -> list:
         """Why a packet to a Service port has no entry: the port is the Service's for another
         protocol (1.17 keys carry the protocol: lb4_lookup_service, lb.h line 1343)."""
-        others = sorted({s.protocol.upper() for s in cn.services
+        services = cn.services
+        if hasattr(services, "at"):     # read by frontend: this address and port's entries
+            services = services.at(pkt.nw_dst, pkt.tp_dst)
+        others = sorted({s.protocol.upper() for s in services
                          if s.frontend_ip == pkt.nw_dst and s.port == pkt.tp_dst and s.protocol})
         if not others:
             return []
@@ -333,19 +336,8 @@ class ServiceLB:
                                               reason, Disposition.UNKNOWN))
 
     def _k8s_affinity(self, svc) -> bool:
-        """spec.sessionAffinity of the Service object (k8s/services.yaml)."""
-        if not hasattr(self, "_affinity_keys"):
-            import yaml
-            self._affinity_keys = set()
-            text = self.snap.bundle.text("k8s/services.yaml")
-            try:
-                doc = yaml.safe_load(text) if text else None
-            except yaml.YAMLError:
-                doc = None      # the cluster loader reports a broken file; nothing to add here
-            for item in (doc or {}).get("items") or [] if isinstance(doc, dict) else []:
-                if not isinstance(item, dict):
-                    continue
-                meta, spec = item.get("metadata") or {}, item.get("spec") or {}
-                if str(spec.get("sessionAffinity", "")).lower() == "clientip":
-                    self._affinity_keys.add(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
-        return svc.key in self._affinity_keys
+        """spec.sessionAffinity of the Service object (k8s/services.yaml), looked up by its
+        key through the Kubernetes catalog (only the items naming it are parsed)."""
+        ns, _, name = svc.key.partition("/")
+        found = self.cluster.find_service(ns, name)
+        return found is not None and str(found.session_affinity).lower() == "clientip"

@@ -75,8 +75,10 @@ class CiliumNode:
         self.snapshot = snapshot
         self.node = node               # the NodeModel (kernel side)
         self.name = node.name
+        from traceflow.bundle.index import text_layout
+        # the big map dumps are read by key, their layouts kept in the bundle index
         self.maps = load_node(snapshot.bundle.text, snapshot.cni_version or None,
-                              f"nodes/{node.name}/")
+                              f"nodes/{node.name}/", layouts=text_layout)
 
     @property
     def version(self):
@@ -99,6 +101,15 @@ class CiliumNode:
         reads), else `service list`, else the statedb frontends; each with its slot count
         from `bpf lb list --frontends` (count[qcount] of slot 0) and its backends' states
         from `service list` or `db/show backends` where the bundle has them."""
+        keyed = self.maps.keyed("lb_services")
+        if keyed is not None:
+            # what joining every entry read before: a bad line of those files is still its
+            # located error here, whichever frontends the walk then asks
+            if keyed.layout.get("keys"):
+                if self.maps.keyed("lb_frontends") is None:
+                    _ = self._counts
+                _ = self._states
+            return ServiceTable(self, keyed)
         for kind in ("lb_services", "services", "db_frontends"):
             got = getattr(self.maps, kind)
             if got is not None:
@@ -131,10 +142,21 @@ class CiliumNode:
             return {None: by_addr}, f"nodes/{self.name}/cilium-db-backends.txt"
         return out, where
 
+    def _counts_at(self, svc) -> dict:
+        """``_counts`` of the service's address and port (only those lines read when the
+        `--frontends` dump is read by key: the same entries, in the same order)."""
+        keyed = self.maps.keyed("lb_frontends")
+        if keyed is None:
+            return self._counts
+        return {(f.frontend_ip, f.port, (f.protocol or "").upper(), f.scope): f
+                for f in keyed.at(svc.frontend_ip, svc.port)
+                if f.slot in (0, None) and f.count is not None}
+
     def _joined(self, svc):
-        f = self._counts.get((svc.frontend_ip, svc.port, (svc.protocol or "").upper(), svc.scope))
+        counts = self._counts_at(svc)
+        f = counts.get((svc.frontend_ip, svc.port, (svc.protocol or "").upper(), svc.scope))
         if f is None and svc.protocol is None:
-            f = next((v for k, v in self._counts.items()
+            f = next((v for k, v in counts.items()
                       if k[:2] == (svc.frontend_ip, svc.port) and k[3] == svc.scope), None)
         if f is not None and svc.count is None:
             svc = dataclasses.replace(svc, count=f.count, qcount=f.qcount, count_source=f.source)
@@ -164,7 +186,9 @@ class CiliumNode:
         if backend.backend_id is not None:
             return backend.backend_id
         slot = backend.slot or position
-        for f in self.maps.lb_frontends or ():
+        keyed = self.maps.keyed("lb_frontends")
+        for f in (keyed.at(svc.frontend_ip, svc.port) if keyed is not None else
+                  self.maps.lb_frontends or ()):
             if (f.frontend_ip, f.port, f.scope, f.slot) == (svc.frontend_ip, svc.port, svc.scope, slot) \
                     and (f.protocol is None or svc.protocol is None or f.protocol == svc.protocol):
                 return f.backend_id
@@ -173,7 +197,10 @@ class CiliumNode:
     # ---- identities, ipcache, endpoints ------------------------------------------------------
     @cached_property
     def ipcache(self):
-        return self._need("ipcache", "cilium-bpf-ipcache-list.txt", "the ipcache")
+        """The ipcache: read by address (keyed.IpcacheIndex) where the dump allows, else
+        every entry; lookup.ipcache_lookup takes either."""
+        return self.maps.keyed("ipcache") or \
+            self._need("ipcache", "cilium-bpf-ipcache-list.txt", "the ipcache")
 
     @cached_property
     def endpoints(self) -> dict:
@@ -205,7 +232,7 @@ class CiliumNode:
         """One endpoint's entries; rows printed with labels (taken without -n) get the
         identity whose labels they are, from `identity list`."""
         out = []
-        for e in self.policy:
+        for e in self._policy_rows(endpoint_id):
             if e.endpoint_id != endpoint_id:
                 continue
             if e.identity is None and e.labels:
@@ -217,14 +244,22 @@ class CiliumNode:
     def policy_unreadable(self, endpoint_id: int, direction: str) -> list:
         """The rows of `bpf policy get` traceflow could not read that may belong to this
         endpoint's map in this direction (a row of an unknown section may belong to any)."""
-        return [u for u in getattr(self.policy, "unreadable", ())
+        return [u for u in getattr(self._policy_rows(endpoint_id), "unreadable", ())
                 if u.endpoint_id in (None, endpoint_id) and u.direction in (None, direction)]
+
+    def _policy_rows(self, endpoint_id: int):
+        """The rows of `bpf policy get` that may be this endpoint's: its sections only when
+        the dump is read by endpoint (keyed.PolicyIndex), else the whole dump."""
+        keyed = self.maps.keyed("policy")
+        return keyed.of(endpoint_id) if keyed is not None else self.policy
 
     def policy_map_name(self, endpoint_id: int) -> str:
         """The endpoint's policy map as the bundle names it (the `Path:` line of `bpf policy
         get --all`), else by the version: ``cilium_policy_v2_NNNNN`` from 1.17
         (pkg/maps/policymap MapName), ``cilium_policy_NNNNN`` before."""
-        for e in list(self.maps.policy or ()) + list(getattr(self.maps.policy, "unreadable", ())):
+        keyed = self.maps.keyed("policy")
+        rows = keyed.of(endpoint_id) if keyed is not None else self.maps.policy
+        for e in list(rows or ()) + list(getattr(rows, "unreadable", ())):
             if e.endpoint_id == endpoint_id and e.map_name:
                 return e.map_name.rstrip(":").rsplit("/", 1)[-1]
         v2 = self.version is not None and self.version.at_least(1, 17)
@@ -281,6 +316,33 @@ class CiliumNode:
             if self.device_of(rec) == dev:
                 return rec
         return None
+
+
+class ServiceTable:
+    """A node's service entries read by frontend (`bpf lb list` by key, keyed.LbIndex):
+    ``at(address, port)`` -> the joined entries of that frontend, which is all a lookup
+    (lookup.service_lookup) reads; iterating gives every entry (the whole dump parsed)."""
+
+    def __init__(self, node: CiliumNode, index):
+        self._node, self._index = node, index
+        self._at: dict = {}
+
+    def at(self, ip: str, port: int) -> list:
+        key = (ip, port)
+        if key not in self._at:
+            self._at[key] = [self._node._joined(s) for s in self._index.at(ip, port)]
+        return self._at[key]
+
+    def _whole(self) -> list:
+        if "whole" not in self._at:
+            self._at["whole"] = [self._node._joined(s) for s in self._node.maps.lb_services]
+        return self._at["whole"]
+
+    def __iter__(self):
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
 
 
 def cilium_policies_selecting(bundle, pod, direction: str) -> list[str]:

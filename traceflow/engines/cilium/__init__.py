@@ -15,6 +15,9 @@ The API, for the datapath model:
   parse_identity_list (maps.py); parse_policy_get (policy.py); parse_ct_list, parse_nat_list
   (conntrack.py); parse_status, parse_config, merge_settings (settings.py); parse_tc,
   parse_bpftool_net (attach.py). Text or JSON is told apart by the first character.
+* ``maps.keyed(kind)``: the big dumps read by key (keyed.py: `bpf lb list` and `--frontends`
+  by frontend, ipcache by address, policy maps by endpoint), when their form allows; None
+  means read the attribute (the whole parse).
 * ``detect_version(cni_version, status_text)`` and ``CiliumVersion`` (common.py).
 * The records are frozen dataclasses in records.py; each keeps ``source`` (file, line, raw
   text) for the hop that cites it.

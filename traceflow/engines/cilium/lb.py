@@ -203,6 +203,11 @@ def parse_lb_frontends(text: str, path: str, version=None) -> list[LbFrontendSlo
                 continue
             key, value = _split_key_value(src, line)
             rows.append((src, key, value))
+    return frontend_slots(rows)
+
+
+def frontend_slots(rows) -> list[LbFrontendSlot]:
+    """The `--frontends` slots of (Source, key text, value text) rows."""
     out = []
     for src, key, value in rows:
         k = _KEY.match(key.strip())

@@ -37,8 +37,11 @@ RESERVED = {0: "unknown (any)", 1: "reserved:host", 2: "reserved:world", 3: "res
 # ---- ipcache --------------------------------------------------------------------------------
 
 def ipcache_lookup(entries, ip: str):
-    """The longest-prefix ipcache entry holding ``ip`` (None when none does)."""
+    """The longest-prefix ipcache entry holding ``ip`` (None when none does). ``entries``: the
+    parsed entries, or an IpcacheIndex (keyed.py) giving those whose prefix may hold it."""
     addr = ipaddress.ip_address(ip)
+    if hasattr(entries, "candidates"):
+        entries = entries.candidates(ip)
     best, best_len = None, -1
     for e in entries:
         if getattr(e, "cluster_id", 0):
@@ -72,6 +75,8 @@ def service_lookup(services, ip: str, port: int, proto: str, from_cluster: bool 
     differentiation (1.17: the key carries the protocol) a packet whose protocol has no entry
     falls back to an ANY entry, else is no service's; a key without a protocol (<= 1.16)
     matches every protocol. None when no entry exists (the packet is not for a service)."""
+    if hasattr(services, "at"):         # read by frontend (keyed.py): this address and port's
+        services = services.at(ip, port)
     matches = [s for s in services if s.frontend_ip == ip and s.port == port
                and (s.protocol is None or s.protocol.upper() == proto.upper())]
     if not matches:

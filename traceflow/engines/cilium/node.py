@@ -39,6 +39,15 @@ NODE_FILES: dict = {
     "bpftool_net": ("bpftool-net.txt", attach.parse_bpftool_net, False),
 }
 CONFIG_FILE = "k8s/cilium-config.yaml"     # cluster-wide, at the bundle root
+# the kinds that can be read by key (keyed.py): kind -> (layout of the text, index class name)
+KEYED = {"lb_services": ("lb_layout", "LbIndex"),
+         "lb_frontends": ("frontends_layout", "FrontendIndex"),
+         "ipcache": ("ipcache_layout", "IpcacheIndex"),
+         "policy": ("policy_layout", "PolicyIndex")}
+
+
+def _build_now(kind: str, text: str, build):
+    return build(text)
 
 
 def json_name(name: str) -> str:
@@ -58,11 +67,15 @@ class CiliumNodeMaps:
     version (CiliumVersion or None).
     """
 
-    def __init__(self, read: Callable[[str], str | None], version=None, node_dir: str = ""):
+    def __init__(self, read: Callable[[str], str | None], version=None, node_dir: str = "",
+                 layouts=None):
         self._read = read
         self._dir = node_dir
         self._cache: dict = {}
         self._version = as_version(version)
+        # (kind, text, build) -> the layout of a file read by key (the bundle index keeps
+        # them); by default built from the text every time
+        self._layouts = layouts or _build_now
 
     # -- plumbing --
     def path_of(self, kind: str) -> str | None:
@@ -79,6 +92,30 @@ class CiliumNodeMaps:
             self._cache[kind] = None if path is None else parser(self._read(path), path,
                                                                   self.version)
         return self._cache[kind]
+
+    def keyed(self, kind: str):
+        """The input of ``kind`` (one of KEYED) read by key (keyed.py: ``at(ip, port)``,
+        ``candidates(ip)``, ``of(endpoint)``), when it is its text form with one line per
+        entry and every line readable; else None: then read it whole (the attribute)."""
+        cached = self._cache.get(("keyed", kind), False)
+        if cached is not False:
+            return cached
+        from . import keyed
+        index = None
+        if kind not in self._cache:             # not parsed whole already
+            path = self.path_of(kind)
+            text = self._read(path) if path is not None else None
+            if text is not None:
+                layout_fn, cls = KEYED[kind]
+                layout = self._layouts("cilium-" + kind.replace("_", "-"), text,
+                                       getattr(keyed, layout_fn))
+                if isinstance(layout, dict):
+                    try:
+                        index = getattr(keyed, cls)(text, path, layout)
+                    except (ValueError, TypeError, KeyError):
+                        index = None            # a stored layout that does not fit: whole
+        self._cache[("keyed", kind)] = index
+        return index
 
     @property
     def version(self) -> CiliumVersion | None:
@@ -129,7 +166,7 @@ for _kind in NODE_FILES:
 
 
 def load_node(files: Mapping[str, str] | Callable[[str], str | None], version=None,
-              node_dir: str = "") -> CiliumNodeMaps:
+              node_dir: str = "", layouts=None) -> CiliumNodeMaps:
     """A node's Cilium inputs. `files` maps bundle paths (``nodes/n1/cilium-bpf-lb-list.txt``,
     ``k8s/cilium-config.yaml``) to text, or is a callable returning the text or None when the
     file is absent; `node_dir` is the node's directory prefix (``nodes/n1/``) or "" when the
@@ -148,4 +185,4 @@ def load_node(files: Mapping[str, str] | Callable[[str], str | None], version=No
         except ValueError:
             raise InputError(f"cni_version {version!r} is not a Cilium version (expected like "
                              "v1.16.8)", "manifest.yaml") from None
-    return CiliumNodeMaps(read, version, node_dir)
+    return CiliumNodeMaps(read, version, node_dir, layouts)

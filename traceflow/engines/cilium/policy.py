@@ -79,6 +79,13 @@ def parse_policy_get(text: str, path: str, version=None) -> PolicyRows:
         raise InputError("the JSON form of `cilium bpf policy get` is not read (its keys are in "
                          "network byte order with version-specific prefix lengths): collect "
                          "`cilium bpf policy get --all -n` as text", path)
+    return policy_rows(lines(text, path))
+
+
+def policy_rows(sources) -> PolicyRows:
+    """The entries and unreadable rows of `bpf policy get` lines (Sources, in file order):
+    the whole file, or (traceflow.engines.cilium.keyed) the lines before the first map and
+    the sections of one endpoint's maps; each section header starts afresh."""
     rows: list[list] = []
     unreadable: list[UnreadableRow] = []
     cols = None
@@ -86,7 +93,7 @@ def parse_policy_get(text: str, path: str, version=None) -> PolicyRows:
     endpoint = None
     map_name = None
     last = None             # last row: continuation label lines extend it
-    for src in lines(text, path):
+    for src in sources:
         line = src.text.rstrip()
         s = line.strip()
         m = re.match(r"^Endpoint ID:\s*(\d+)$", s)
