@@ -153,6 +153,7 @@ class Cluster:
         self._endpoints = None if objects is not None else dict(endpoints or {})
         self._by_ip: tuple | None = None     # (pods list, its length, ip -> [pods])
         self._at_ip: dict = {}               # located: ip -> [pods] found so far
+        self._pod_nets: tuple | None = None  # (nodes list, its length, [(CIDR, node)], answers)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Cluster) and (self.pods, self.services, self.nodes,
@@ -322,11 +323,31 @@ class Cluster:
         return {a: n.name for n in self.nodes for a in n.addresses}
 
     def node_for_pod_ip(self, ip: str) -> Node | None:
+        """The node whose pod CIDR holds ``ip`` (the first in node order), or None."""
+        known = self._pod_nets
+        if known is None or known[0] is not self.nodes or known[1] != len(self.nodes):
+            # the CIDRs parsed once (a walk asks at every hop that leaves a bridge), and the
+            # answers remembered: a whole-cluster question asks about the same few addresses
+            try:
+                nets = [(ipaddress.ip_network(c, strict=False), n) for n in self.nodes
+                        for c in n.pod_cidrs]
+            except ValueError:
+                nets = None          # (asked one by one below: the error where it was)
+            known = self._pod_nets = (self.nodes, len(self.nodes), nets, {})
+        answers = known[3]
+        if ip in answers:
+            return answers[ip]
         addr = ipaddress.ip_address(ip)
-        for n in self.nodes:
-            if any(addr in ipaddress.ip_network(c, strict=False) for c in n.pod_cidrs):
-                return n
-        return None
+        if known[2] is None:
+            for n in self.nodes:
+                if any(addr in ipaddress.ip_network(c, strict=False) for c in n.pod_cidrs):
+                    return n
+            return None
+        got = next((n for net, n in known[2] if addr in net), None)
+        if len(answers) >= 65536:
+            answers.clear()
+        answers[ip] = got
+        return got
 
     def policies_selecting(self, pod: Pod, policy_type: str) -> list:
         recorder = _reads.active()

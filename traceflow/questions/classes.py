@@ -25,6 +25,7 @@ that the flows also use as a constant, a flow that copies part of an address (``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -55,11 +56,11 @@ class Identity:
     port: int | None = None
     port_name: str | None = None
 
-    @property
+    @functools.cached_property
     def ip_int(self) -> int:
         return int(ipaddress.IPv4Address(self.ip))
 
-    @property
+    @functools.cached_property
     def mac_int(self) -> int | None:
         return int(self.mac.replace(":", ""), 16) if self.mac else None
 
