@@ -22,17 +22,3 @@ def paused():
     finally:
         if was:
             gc.enable()
-
-
-# gen0 every 20,000 allocations instead of 700, and a full collection a tenth as often
-MANY_WALKS_THRESHOLDS = (20_000, 50, 100)
-
-
-def for_many_walks() -> None:
-    """Collector thresholds for a command that walks thousands of packets (check, audit,
-    diff). Each walk allocates tens of thousands of short-lived objects (hops, packets,
-    branches) that reference counting frees; with the default thresholds (700, 10, 10) the
-    collector runs every 700 of them and regularly rescans the whole parsed bundle: a third
-    of the CPU of `check` with 1,000 expectations (benchmarks/questions.py), with the same
-    peak memory either way (the few cycles a walk leaves are still collected)."""
-    gc.set_threshold(*MANY_WALKS_THRESHOLDS)

@@ -33,10 +33,9 @@ class Tracer:
     MAX_REPRESENTATIVES = 16    # classes kept per node and destination
 
     def __init__(self, snapshot: Snapshot, share: bool = True):
-        from traceflow.model.lowgc import for_many_walks
         from traceflow.questions.classes import Classes
         from traceflow.questions.solver import Solver
-        for_many_walks()
+        quiet_gc()          # (check and diff too: a third of their CPU went to the collector)
         self.snap = snapshot
         self.solver = Solver(snapshot)
         self.share = share
