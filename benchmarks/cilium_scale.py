@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale import ROOT, median, show  # noqa: E402
+from scale import ROOT, bench_env, median, show  # noqa: E402
 
 SIZE = (20_000, 50_000, 10_000)     # services, ipcache entries, policy entries (per node)
 TRACE = ["pod-to-svc", "shop/frontend", "shop/web", "-o", "json"]
@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = 1 if a.quick else a.runs
     services, ipcache, policy = (n // 10 for n in SIZE) if a.quick else SIZE
     label = f"Cilium {services} Services / {ipcache} ipcache / {policy} policy"
-    base_env = {k: v for k, v in os.environ.items()
-                if k not in ("TRACEFLOW_CACHE_DIR", "TRACEFLOW_NO_INDEX", "TRACEFLOW_BUNDLE")}
-    base_env["PYTHONPATH"] = str(ROOT) + os.pathsep + base_env.get("PYTHONPATH", "")
+    base_env = bench_env()
     print(f"{'bundle':<55} {'mode':<8} {'CPU s':>7} {'wall s':>7} {'peak MB':>8}")
     with tempfile.TemporaryDirectory(prefix="traceflow-cilium-scale-") as tmp:
         work = a.keep or Path(tmp)

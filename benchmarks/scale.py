@@ -76,6 +76,15 @@ def show(label: str, mode: str, m: tuple[float, float, float]) -> None:
     print(f"{label:<55} {mode:<8} {m[0]:>7.2f} {m[1]:>7.2f} {m[2]:>8.0f}", flush=True)
 
 
+def bench_env() -> dict:
+    """This environment without traceflow's own settings (the index cache, the bundle), with
+    this checkout first on the path."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRACEFLOW_CACHE_DIR", "TRACEFLOW_NO_INDEX", "TRACEFLOW_BUNDLE")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -85,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     runs = 1 if a.quick else a.runs
     only = a.only.split(",")
-    base_env = {k: v for k, v in os.environ.items()
-                if k not in ("TRACEFLOW_CACHE_DIR", "TRACEFLOW_NO_INDEX", "TRACEFLOW_BUNDLE")}
-    base_env["PYTHONPATH"] = str(ROOT) + os.pathsep + base_env.get("PYTHONPATH", "")
+    base_env = bench_env()
     print(f"{'bundle':<55} {'mode':<8} {'CPU s':>7} {'wall s':>7} {'peak MB':>8}")
     with tempfile.TemporaryDirectory(prefix="traceflow-scale-") as tmp:
         work = a.keep or Path(tmp)

@@ -100,22 +100,35 @@ _LB_HEADER = re.compile(r"^SERVICE ADDRESS\s+BACKEND ADDRESS(?:\s+\(REVNAT_ID\)\
 _FE_HEADER = re.compile(r"^SERVICE ADDRESS\s+BACKEND ID\s*$")
 
 
-def lb_layout(text: str) -> dict | None:
-    """{"lines": N, "keys": {"address port": [line numbers]}} of `bpf lb list` with a slot in
-    every key (1.16+), or None (parse it whole)."""
+def _matched_lines(text: str, header, line) -> tuple | None:
+    """(the rows, [(line number, match of ``line``)]) of a dump that opens with ``header``,
+    or None when it does not, or a line that is not blank does not match (parse it whole)."""
     rows = _rows(text)
-    first = _header_then(rows, _LB_HEADER) if rows is not None else None
+    first = _header_then(rows, header) if rows is not None else None
     if first is None:
         return None
-    keys: dict = {}
-    masters, slots, groups = set(), set(), set()
-    match = _LB_LINE.match
+    out = []
+    match = line.match
     for n, raw in enumerate(rows[first:], first + 1):
         m = match(raw)
         if m is None:
             if raw.strip():
                 return None
             continue
+        out.append((n, m))
+    return rows, out
+
+
+def lb_layout(text: str) -> dict | None:
+    """{"lines": N, "keys": {"address port": [line numbers]}} of `bpf lb list` with a slot in
+    every key (1.16+), or None (parse it whole)."""
+    matched = _matched_lines(text, _LB_HEADER, _LB_LINE)
+    if matched is None:
+        return None
+    rows, lines = matched
+    keys: dict = {}
+    masters, slots, groups = set(), set(), set()
+    for n, m in lines:
         kslot, proto = m.group("kslot"), m.group("kproto")
         if kslot is None or (proto is not None and proto.upper() not in _KNOWN_PROTOS):
             return None
@@ -141,18 +154,12 @@ def lb_layout(text: str) -> dict | None:
 
 def frontends_layout(text: str) -> dict | None:
     """The same layout of `bpf lb list --frontends` (1.16+: a slot in every key)."""
-    rows = _rows(text)
-    first = _header_then(rows, _FE_HEADER) if rows is not None else None
-    if first is None:
+    matched = _matched_lines(text, _FE_HEADER, _FE_LINE)
+    if matched is None:
         return None
+    rows, lines = matched
     keys: dict = {}
-    match = _FE_LINE.match
-    for n, raw in enumerate(rows[first:], first + 1):
-        m = match(raw)
-        if m is None:
-            if raw.strip():
-                return None
-            continue
+    for n, m in lines:
         if m.group("kslot") is None:
             return None
         keys.setdefault(f"{m.group('kip').strip('[]')} {int(m.group('kport'))}", []).append(n)
@@ -206,51 +213,57 @@ class _Keyed:
         return self._whole
 
 
-class LbIndex(_Keyed):
+class _ByFrontend(_Keyed):
+    """A dump keyed by frontend: ``at(address, port)`` -> its entries as the whole parse
+    makes them, in file order (``_whole_parse``, ``_build``: the whole parse, and the entries
+    of some rows)."""
+
+    def _whole_parse(self, text: str, path: str) -> list:
+        raise NotImplementedError
+
+    def _build(self, rows: list) -> list:
+        raise NotImplementedError
+
+    def at(self, ip: str, port: int) -> list:
+        key = f"{ip} {port}"
+        if key not in self._cache:
+            def from_whole():
+                return [e for e in self.whole(self._whole_parse)
+                        if (e.frontend_ip, e.port) == (ip, port)]
+            try:
+                numbers = self._get("keys", key)
+            except ValueError:
+                self._cache[key] = from_whole()
+                return self._cache[key]
+            try:
+                found = self._build(self._rows_of(numbers))
+            except InputError:      # lines of a damaged layout: the whole parse says
+                found = [None]
+            if any(e is None or (e.frontend_ip, e.port) != (ip, port) for e in found):
+                found = from_whole()                                  # a damaged layout
+            self._cache[key] = found
+        return self._cache[key]
+
+
+class LbIndex(_ByFrontend):
     """`bpf lb list` by frontend: ``at(address, port)`` -> the LbServices of that address and
     port (every protocol and scope), as the whole parse makes them, in file order."""
 
-    def at(self, ip: str, port: int) -> list:
-        key = f"{ip} {port}"
-        if key not in self._cache:
-            try:
-                numbers = self._get("keys", key)
-            except ValueError:
-                self._cache[key] = [s for s in self.whole(_lb.parse_lb_list)
-                                    if (s.frontend_ip, s.port) == (ip, port)]
-                return self._cache[key]
-            try:
-                found = _lb._group(self._rows_of(numbers), self.path)
-            except InputError:      # lines of a damaged layout: the whole parse says
-                found = [None]
-            if any(s is None or (s.frontend_ip, s.port) != (ip, port) for s in found):
-                found = [s for s in self.whole(_lb.parse_lb_list)      # a damaged layout
-                         if (s.frontend_ip, s.port) == (ip, port)]
-            self._cache[key] = found
-        return self._cache[key]
+    def _whole_parse(self, text: str, path: str) -> list:
+        return _lb.parse_lb_list(text, path)
+
+    def _build(self, rows: list) -> list:
+        return _lb._group(rows, self.path)
 
 
-class FrontendIndex(_Keyed):
+class FrontendIndex(_ByFrontend):
     """`bpf lb list --frontends` by frontend: ``at(address, port)`` -> its LbFrontendSlots."""
 
-    def at(self, ip: str, port: int) -> list:
-        key = f"{ip} {port}"
-        if key not in self._cache:
-            try:
-                numbers = self._get("keys", key)
-            except ValueError:
-                self._cache[key] = [f for f in self.whole(_lb.parse_lb_frontends)
-                                    if (f.frontend_ip, f.port) == (ip, port)]
-                return self._cache[key]
-            try:
-                found = _lb.frontend_slots(self._rows_of(numbers))
-            except InputError:      # lines of a damaged layout: the whole parse says
-                found = [None]
-            if any(f is None or (f.frontend_ip, f.port) != (ip, port) for f in found):
-                found = [f for f in self.whole(_lb.parse_lb_frontends)  # a damaged layout
-                         if (f.frontend_ip, f.port) == (ip, port)]
-            self._cache[key] = found
-        return self._cache[key]
+    def _whole_parse(self, text: str, path: str) -> list:
+        return _lb.parse_lb_frontends(text, path)
+
+    def _build(self, rows: list) -> list:
+        return _lb.frontend_slots(rows)
 
 
 # ---- bpf ipcache list ------------------------------------------------------------------------
@@ -265,19 +278,14 @@ def _v4_int(text: str) -> int:
 def ipcache_layout(text: str) -> dict | None:
     """{"lines": N, "nets": {"length": {"network as an integer": [line numbers]}}, "other":
     [line numbers]} of `bpf ipcache list` (1.12+ key=value values), or None."""
-    rows = _rows(text)
-    first = _header_then(rows, _IPCACHE_HEADER) if rows is not None else None
-    if first is None:
+    matched = _matched_lines(text, _IPCACHE_HEADER, _IPCACHE_LINE)
+    if matched is None:
         return None
+    rows, lines = matched
     nets: dict = {}
     other = []
-    match, v4 = _IPCACHE_LINE.match, _V4_PREFIX.match
-    for n, raw in enumerate(rows[first:], first + 1):
-        m = match(raw)
-        if m is None:
-            if raw.strip():
-                return None
-            continue
+    v4 = _V4_PREFIX.match
+    for n, m in lines:
         p = v4(m.group("prefix")) if m.group("cluster") is None else None
         length = int(p.group(2)) if p else 33
         if length > 32:
