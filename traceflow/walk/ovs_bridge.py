@@ -98,12 +98,8 @@ def from_state(state: dict, template: Packet) -> Packet:
     return pkt
 
 
-def ovs_hop(node: str, hit: TableHit, pkt: Packet, before: Packet, model: NodeModel) -> Hop:
-    """One OVS table hit as a trace hop: the flow, its table name, what it did and changed."""
-    return _hop(node, hit, pkt.headers(), pkt.diff(before), model)
-
-
 def _hop(node: str, hit: TableHit, headers: dict, changed: dict, model: NodeModel) -> Hop:
+    """One OVS table hit as a trace hop: the flow, its table name, what it did and changed."""
     flow = hit.flow
     name = model.annotator.table_name(hit.table) if isinstance(hit.table, int) else None
     effect = "; ".join(hit.effects) if hit.effects else "no action"

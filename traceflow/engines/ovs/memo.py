@@ -74,7 +74,7 @@ class Classifier:
     them (tuple space search, lib/classifier.c): flows that match on the same fields with the
     same masks form a subtable, keyed by their masked values, so a lookup costs one hash probe
     per subtable instead of one test per flow. ``matching`` gives exactly the flows
-    ``Pipeline.matches`` accepts, in list order (priority order)."""
+    ``TableLookups.matches`` (engines/ovs/lookups.py) accepts, in list order (priority order)."""
 
     __slots__ = ("subtables",)
 
@@ -99,8 +99,8 @@ class Classifier:
 
     def matching(self, state: dict) -> list[int]:
         """The positions of the flows that match ``state``, ascending. A field the packet
-        does not have reads as 0, as in ``Pipeline.matches``; an in_port given by name is
-        compared with the packet's in_port as it is."""
+        does not have reads as 0, as in ``TableLookups.matches``; an in_port given by name
+        is compared with the packet's in_port as it is."""
         get = state.get
         found: list[int] = []
         for shape, by_values in self.subtables:
