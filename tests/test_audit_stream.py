@@ -114,3 +114,24 @@ def test_examples_keep_their_answers_with_workers(monkeypatch):
     one = _run("--bundle", EXAMPLES / "antrea-encap-kube-proxy", "-o", "json", "-j", "1")
     two = _run("--bundle", EXAMPLES / "antrea-encap-kube-proxy", "-o", "json", "-j", "2")
     assert _without_seconds(one.stdout) == _without_seconds(two.stdout)
+
+
+def test_the_estimate_is_the_second_service_ports_rate():
+    """The first Service port pays for reading every node's flows and rules once; the
+    estimate scales the second port's rate (a clock given by hand: 10 s for the first port
+    of 100 pairs, 1 s for the second, 10,000 pairs in all -> 11 + 98 s)."""
+    from traceflow.model.errors import InputError
+    from traceflow.questions.audit import _check_time
+    said: list = []
+    clock: dict = {}
+    for elapsed, index in ((0.1, 1), (5.0, 50), (10.0, 100), (10.5, 150), (11.0, 200),
+                           (12.0, 300)):
+        _check_time(100, elapsed, index, 10_000, 100, said.append, clock)
+    assert said == ["audit: about 109 s in all (measured on the second service port)"]
+    with pytest.raises(InputError) as refused:        # 109 s > 1.5 x 60 s
+        _check_time(60, 11.0, 200, 10_000, 100, None, {"first": (10.0, 100)})
+    assert "would take about 109 s" in str(refused.value)
+    assert refused.value.file == "--max-seconds"
+    with pytest.raises(InputError) as over:           # over the limit before any estimate
+        _check_time(5, 6.0, 50, 10_000, 100, None, {})
+    assert "would take about 1,200 s" in str(over.value)
