@@ -376,7 +376,10 @@ def _exec(client, command: str, deadline: float, target: Target, max_bytes: int,
                 break
             select.select([chan], [], [], min(left, 0.5))
     finally:
-        chan.close()
+        try:
+            chan.close()
+        except Exception:  # noqa: BLE001 - the session is left anyway: a transport the
+            pass           # server already cut (EOFError, socket errors) must not hide why
     if cut:      # keep nothing past the cap: the item it cuts through has no end marker
         data_out, data_err = b"".join(out), b"".join(err)
         return (data_out[:max_bytes], data_err[:max(0, max_bytes - len(data_out))], None, cut)

@@ -451,3 +451,28 @@ def test_ssh_output_is_capped(flooding_sshd):
     assert time.monotonic() - t0 < 30
     assert rc is None and "printed more than 1048576 bytes" in cut
     assert len(out) + len(err) <= 1 << 20
+
+
+def test_a_cut_transport_at_the_deadline_still_says_the_deadline():
+    """The flooding server of the test above sometimes cuts the connection just as the time
+    limit passes: closing the channel then raises EOFError (paramiko's packetizer), which
+    must not replace the collection error (it would end collection as a crash, exit 4).
+    Driven with a channel whose close raises, and a deadline already passed."""
+    class Channel:
+        def exec_command(self, command):
+            pass
+
+        def close(self):
+            raise EOFError()
+
+    class Transport:
+        def open_session(self, timeout):
+            return Channel()
+
+    class Client:
+        def get_transport(self):
+            return Transport()
+
+    target = S.Target("worker1", "127.0.0.1", 2222, "root")
+    with pytest.raises(CollectionError, match="did not finish within the time limit"):
+        S._exec(Client(), "true", time.monotonic() - 1, target, 1 << 20)
