@@ -496,6 +496,20 @@ class Capture:
             self.path.stat().st_size else []
 
 
+def built_lab(example: Path, ipv6: bool = False, **options):
+    """For a module fixture (``yield from built_lab(...)``): ``example`` in namespaces,
+    skipped with the reason where this machine cannot build it (``ipv6``: ip6tables too)."""
+    import shutil
+    import pytest
+    reason = why_not()
+    if reason is None and ipv6 and shutil.which("ip6tables-restore") is None:
+        reason = "ip6tables-restore is not installed"
+    if reason:
+        pytest.skip(reason)
+    with CniLab(example, **options) as lab:
+        yield lab
+
+
 def why_not() -> str | None:
     import shutil
     if os.geteuid() != 0:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_cni_lab import CniLab, path_facts, probe, trace_json, why_not
+from kernel_cni_lab import built_lab, path_facts, probe, trace_json
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "traceflow" / "examples"
 SPORTS = list(range(41000, 41030))
@@ -28,11 +28,7 @@ SPORTS = list(range(41000, 41030))
 
 @pytest.fixture(scope="module")
 def flannel():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    with CniLab(EXAMPLES / "flannel-vxlan") as lab:
-        yield lab
+    yield from built_lab(EXAMPLES / "flannel-vxlan")
 
 
 def _by_endpoint(trace: dict) -> dict:
@@ -117,11 +113,7 @@ FRONTEND, BATCH = "shop/frontend-5d8f9b7c6-4xk2p", "shop/batch-7b9c5f6d8-q8w3z"
 
 @pytest.fixture(scope="module")
 def calico():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    with CniLab(EXAMPLES / "calico-vxlan") as lab:
-        yield lab
+    yield from built_lab(EXAMPLES / "calico-vxlan")
 
 
 def test_calico_allowed_client_reaches_both_backends(calico, tmp_path):
@@ -178,11 +170,7 @@ AWS_CLIENT = "default/client-6f7c9d8b4-tm2qs"
 
 @pytest.fixture(scope="module")
 def aws():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    with CniLab(EXAMPLES / "aws-vpc-cni", vpc=True) as lab:
-        yield lab
+    yield from built_lab(EXAMPLES / "aws-vpc-cni", vpc=True)
 
 
 def _left_by(facts: dict, node: str) -> list:
@@ -248,11 +236,7 @@ AZ_CLIENT = "default/client-8b7f6c5d4-l9x2m"
 
 @pytest.fixture(scope="module")
 def azure():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    with CniLab(EXAMPLES / "azure-cni", vpc=True) as lab:
-        yield lab
+    yield from built_lab(EXAMPLES / "azure-cni", vpc=True)
 
 
 def test_azure_pod_to_service_and_internet(azure, tmp_path):

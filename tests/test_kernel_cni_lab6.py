@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_cni_lab import CniLab, path_facts, probe, trace_json, why_not
+from kernel_cni_lab import CniLab, built_lab, path_facts, probe, trace_json, why_not
 from test_kernel_cni_lab import assert_agree
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "traceflow" / "examples" / "flannel-dualstack"
@@ -28,13 +28,7 @@ REMOTE = "web-6b8f8d9c77-rjz2m"          # on k3s-agent-2, fd00:10:42:2::9 / 10.
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    if shutil.which("ip6tables-restore") is None:
-        pytest.skip("ip6tables-restore is not installed")
-    with CniLab(EXAMPLE) as built:
-        yield built
+    yield from built_lab(EXAMPLE, ipv6=True)
 
 
 def test_ipv6_pod_to_service_every_backend(lab, tmp_path):
@@ -123,13 +117,7 @@ FRONTEND, BATCH = "shop/frontend-5d8f9b7c6-4xk2p", "shop/batch-7b9c5f6d8-q8w3z"
 
 @pytest.fixture(scope="module")
 def calico():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    if shutil.which("ip6tables-restore") is None:
-        pytest.skip("ip6tables-restore is not installed")
-    with CniLab(CAL) as built:
-        yield built
+    yield from built_lab(CAL, ipv6=True)
 
 
 def test_calico_ipv6_allowed_client_reaches_both_backends(calico, tmp_path):
