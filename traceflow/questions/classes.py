@@ -332,6 +332,11 @@ class Classes:
         self._route_class: dict = {}
         self._neigh_class: dict = {}
         self._policy_class: dict = {}
+        self._signatures: dict = {}
+        self._groups: dict = {}         # (lookup, answer) sets -> number
+        self._next_group = 0
+        self._again: dict = {}          # (set number, client address) -> all the same?
+        self._port_safe: dict = {}
 
     def bridge_facts(self, bridge) -> BridgeFacts:
         got = self._bridge_facts.get(id(bridge))
@@ -351,8 +356,16 @@ class Classes:
         return None
 
     def port_safe(self, rec: Recorder, v: _Values) -> bool:
-        own = [b for b in rec.bridges.values() if b.node == v.ident.node]
-        return all(self.bridge_facts(b).port_safe(v) for b in own)
+        for bridge in rec.bridges.values():
+            if bridge.node != v.ident.node:
+                continue
+            key = (id(bridge), v.ip, v.port)
+            got = self._port_safe.get(key)
+            if got is None or got[0] is not bridge:
+                got = self._port_safe[key] = (bridge, self.bridge_facts(bridge).port_safe(v))
+            if not got[1]:
+                return False
+        return True
 
     # -- the key --------------------------------------------------------------------------------
     def same(self, rec: Recorder, rep: _Values, other: _Values) -> bool:
@@ -372,7 +385,8 @@ class Classes:
         for name, dev, node, want in plan.neigh:
             if self.neigh_class(name, node, dev, other) != want:
                 return False
-        if plan.policy is not None and self.policy_class(rec, other) != plan.policy:
+        if plan.policy is not None and \
+                self._policy_of(rec, plan.policy_key, other) != plan.policy:
             return False
         for chain, pkt, ctx, matches, want in plan.nf:
             if self._nf_key(chain, pkt, ctx, matches, rep, other) != want:
@@ -381,7 +395,31 @@ class Classes:
             if self._nft_key(table, chain, pkt, ctx, rep, other) != want:
                 return False
         values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
-        for entry, want, quick in plan.ovs:
+        # lookups no flow of which names the client (most of them, for most clients): one
+        # test of its values against every value their flows name, once their common
+        # answer is known to be the representative's
+        unnamed = plan.unnamed
+        if unnamed.ok is not True or any(values[kind] in named
+                                         for kind, named in unnamed.named.items()):
+            if not self._each(unnamed.entries, rep, other, values):
+                return False
+            if unnamed.ok is None:
+                unnamed.settle()
+        if plan.again is not None:
+            # lookups an earlier representative's walk made too (the client's own flows):
+            # their answers for this client, as one
+            key = (plan.again, other.ip)
+            got = self._again.get(key)
+            if got is None:
+                if len(self._again) > 200_000:
+                    self._again.clear()
+                got = self._again[key] = self._each(plan.again_entries, rep, other, values)
+            if not got:
+                return False
+        return self._each(plan.ovs, rep, other, values)
+
+    def _each(self, entries, rep: _Values, other: _Values, values: dict) -> bool:
+        for entry, want, quick in entries:
             unnamed = quick is not None and quick.applies(entry, other, values)
             if unnamed and quick.empty is not None:
                 got = quick.empty       # no flow there names the client: as any such client
@@ -424,17 +462,45 @@ class Classes:
                        for name, node in rec.routes.items()]
         plan.neigh = [(name, dev, node, self.neigh_class(name, node, dev, rep))
                       for (name, dev), node in rec.neigh.items()]
-        plan.policy = self.policy_class(rec, rep) if rec.selecting or rec.peers else None
+        plan.policy_key = (frozenset(rec.selecting), tuple(sorted(rec.peers)))
+        plan.policy = (self._policy_of(rec, plan.policy_key, rep)
+                       if rec.selecting or rec.peers else None)
         plan.nft = [(table, chain, pkt, ctx, self._nft_key(table, chain, pkt, ctx, rep, rep))
                     for table, chain, pkt, ctx in rec.nft.values()]
-        plan.ovs = [(entry, self._ovs_outcome(entry, rep, rep), self._quick(entry))
-                    for entry in rec.ovs.values()]
         seen = self._seen
         if len(seen) > 500_000:
             seen.clear()
+        unnamed, again, rest = [], [], []
+        rep_values = {"ip": rep.ip_int, "mac": rep.mac_int, "port": rep.port}
+        for entry in rec.ovs.values():
+            asked = (entry, self._ovs_outcome(entry, rep, rep), self._quick(entry))
+            quick = asked[2]
+            if quick is not None and quick.indexed is None and \
+                    not any(rep_values[kind] in quick.exact for _, kind in entry[6]):
+                unnamed.append(asked)       # (the representative is named by none of them)
+            elif entry[5] in seen:
+                again.append(asked)
+            else:
+                rest.append(asked)
         for entry in rec.ovs.values():
             seen[entry[5]] = seen.get(entry[5], 0) + 1
+        plan.unnamed = _Unnamed(unnamed)
+        plan.again_entries = tuple(again)
+        plan.again = self._group_id(tuple((e[5], want) for e, want, _ in again)) \
+            if again else None
+        plan.ovs = rest
         return plan
+
+    def _group_id(self, lookups: tuple) -> int:
+        """A small number for a set of (lookup, answer): the key of their answers for a
+        client (hashed once, here, not for every client asked)."""
+        got = self._groups.get(lookups)
+        if got is None:
+            if len(self._groups) > 100_000:
+                self._groups.clear()
+                self._again.clear()
+            got = self._groups[lookups] = self._next_group = self._next_group + 1
+        return got
 
     # OVS: the lookup again with the other client's values in the representative's places.
     # Only the flows that constrain one of those places can answer differently; the client's
@@ -466,9 +532,18 @@ class Classes:
         table_id = bridge.table_id(table)
         flows = bridge.flows.candidates(table_id, _Overlay(mine, state))
         analysis = self._constraints(bridge, flows, tuple(mine))
-        satisfied = analysis.satisfied(mine)
-        signature = frozenset(self.canonical(f, other) for f in satisfied) if satisfied \
-            else _NOTHING
+        # (which of those flows the client's values satisfy depends on the flows and the
+        # values only: the same for every destination's walk through them)
+        known = self._signatures.get((id(analysis), other.ip))
+        if known is not None and known[0] is analysis:
+            signature = known[1]
+        else:
+            satisfied = analysis.satisfied(mine)
+            signature = frozenset(self.canonical(f, other) for f in satisfied) if satisfied \
+                else _NOTHING
+            if len(self._signatures) > 200_000:
+                self._signatures.clear()
+            self._signatures[(id(analysis), other.ip)] = (analysis, signature)
         key = (where, signature)
         got = self._outcomes.get(key)
         if got is None:
@@ -586,7 +661,10 @@ class Classes:
 
     def policy_class(self, rec: Recorder, v: _Values) -> tuple:
         """The NetworkPolicies as written, asked what the walk asked about the client."""
-        key = (frozenset(rec.selecting), tuple(sorted(rec.peers)), v.ip)
+        return self._policy_of(rec, (frozenset(rec.selecting), tuple(sorted(rec.peers))), v)
+
+    def _policy_of(self, rec: Recorder, asked: tuple, v: _Values) -> tuple:
+        key = (asked, v.ip)
         got = self._policy_class.get(key)
         if got is None:
             if len(self._policy_class) > 100_000:
@@ -650,10 +728,34 @@ class _Plan:
     nftables chains and OVS lookups, each with the representative's own answer."""
 
     __slots__ = ("prefixes", "rep_prefixes", "destinations", "rep_destination", "routes",
-                 "neigh", "policy", "nf", "nft", "ovs")
+                 "neigh", "policy", "policy_key", "nf", "nft", "ovs", "unnamed", "again",
+                 "again_entries")
 
     def __init__(self):
         self.nf: list = []
+
+
+class _Unnamed:
+    """A plan's OVS lookups whose candidate flows name the client's own values only exactly
+    and do not depend on them (``_Quick`` with no index on them): the values they name, by
+    kind, and whether their common answer (a client named by none of them) is known to be
+    the representative's at every one (None: not known yet)."""
+
+    __slots__ = ("entries", "named", "ok")
+
+    def __init__(self, entries: list):
+        self.entries = tuple(entries)
+        self.named: dict = {}
+        for entry, _, quick in entries:
+            for _, kind in entry[6]:
+                self.named.setdefault(kind, set()).update(quick.exact)
+        self.ok = None if entries else True
+
+    def settle(self) -> None:
+        """Once every lookup's common answer is known: whether they all equal the
+        representative's (then a client naming none of the values shares all of them)."""
+        if all(quick.empty is not None for _, _, quick in self.entries):
+            self.ok = all(quick.empty == want for _, want, quick in self.entries)
 
 
 class _Constraints:

@@ -94,6 +94,12 @@ class PodResult:
     host_only: bool             # answered for the Service translation only (host-only bundle)
     traced_as: str              # the pod whose trace answered (itself, or its class's)
 
+    def traced_by(self, who: str) -> "PodResult":
+        """The same result, answered by ``who``'s trace."""
+        if who == self.traced_as:
+            return self
+        return PodResult(self.verdict, self.bad, self.disposition, self.host_only, who)
+
 
 def pod_result(trace, pod_key: str) -> PodResult:
     from traceflow.questions.check import describe_path

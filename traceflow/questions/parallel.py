@@ -46,22 +46,31 @@ def answer_nodes(snap, matrix: Matrix, nodes: frozenset | None, share: bool = Tr
     """Answers to every question whose pod runs on ``nodes`` (all: None), in matrix order,
     with the policy findings of each trace; ``stats`` gets the tracer's counts."""
     from traceflow.questions.drift import PolicyCache, policy_drift
-    from traceflow.questions.runner import Tracer, quiet_gc
+    from traceflow.questions.runner import SCOPE_SERVICE, Tracer, quiet_gc
     tracer = Tracer(snap, share=share)
     cluster = snap.cluster
     policies = PolicyCache(cluster)
     quiet_gc()
     last = None
+    results: dict = {}              # id(paths) -> (paths, the result of a trace of them)
     for index, _label, pods, dst in matrix.pairs():
         if dst is not last:
             tracer.release()        # every question of the last destination is answered
             policies.release()
+            results.clear()
             last = dst
         for position, pod in enumerate(pods):
             if nodes is not None and pod.node not in nodes:
                 continue
             trace = tracer.trace(pod, dst)
-            result = pod_result(trace, pod.key)
+            # (the clients sharing a trace share its result but for whose trace it is)
+            known = results.get(id(trace.paths))
+            if known is not None and known[0] is trace.paths and known[1].host_only == \
+                    (trace.query.get("scope") == SCOPE_SERVICE):
+                result = known[1].traced_by(trace.query.get("shares_trace_of") or pod.key)
+            else:
+                result = pod_result(trace, pod.key)
+                results[id(trace.paths)] = (trace.paths, result)
             findings = [] if result.host_only else policy_drift(cluster, pod, trace, policies)
             yield Answered(index, position, result, findings)
             if stats is not None:

@@ -171,10 +171,10 @@ def _run_rules(table: Table, chain: Chain, start: int, walk: Walk, depth: int) -
     passed: list[tuple[Rule, float]] = []   # statistic rules this walk went past, in a row
     index = start
     count = chain.rule_count()
-    while index < count:
-        if chain.cannot_match(index, walk.packet):
-            index += 1
-            continue
+    while True:
+        index = chain.next_candidate(index, walk.packet)
+        if index >= count:
+            break
         rule = chain.rule_at(index)
         decision = _decide(rule, walk)
         if decision is None:

@@ -51,9 +51,10 @@ class Chain:
     def rule_at(self, index: int) -> Rule:
         return self.rules[index]
 
-    def cannot_match(self, index: int, packet) -> bool:
-        """True when rule ``index`` is known, without parsing it, not to match ``packet``."""
-        return False
+    def next_candidate(self, index: int, packet) -> int:
+        """The first rule from ``index`` on that is not known (without parsing it) to miss
+        ``packet``; ``rule_count()`` when there is none."""
+        return index
 
 
 @dataclass

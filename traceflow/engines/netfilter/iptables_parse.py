@@ -5,6 +5,7 @@ options, match modules and targets), and the reader of ``iptables-save`` [-c] ou
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -382,6 +383,7 @@ class LazyChain(Chain):
         self._text_lines = text_lines
         self._parsed: list[Rule | None] | None = None     # made when a rule is first read
         self._dst: list[str | None] | None = None
+        self._by_dst: tuple | None = None
         self._table = table
         self._ruleset = ruleset
 
@@ -403,9 +405,34 @@ class LazyChain(Chain):
     def rule_count(self) -> int:
         return len(self._lines if self._lines is not None else self._numbers)
 
-    def cannot_match(self, index: int, packet) -> bool:
-        dst = self._service_destinations()[index]
-        return dst is not None and packet.nw_dst is not None and dst != packet.nw_dst
+    def next_candidate(self, index: int, packet) -> int:
+        # (KUBE-SERVICES holds one rule per Service port: a walk goes from one rule that
+        # may match to the next, never past the others one by one)
+        dst = packet.nw_dst
+        if dst is None:
+            return index
+        others, by_dst = self._candidates()
+        i = bisect.bisect_left(others, index)
+        best = others[i] if i < len(others) else self.rule_count()
+        mine = by_dst.get(dst)
+        if mine:
+            j = bisect.bisect_left(mine, index)
+            if j < len(mine) and mine[j] < best:
+                best = mine[j]
+        return best
+
+    def _candidates(self) -> tuple:
+        """The rules that are not kube-proxy service rules (ascending), and the service
+        rules' positions by their destination address."""
+        if self._by_dst is None:
+            others, by_dst = [], {}
+            for i, dst in enumerate(self._service_destinations()):
+                if dst is None:
+                    others.append(i)
+                else:
+                    by_dst.setdefault(dst, []).append(i)
+            self._by_dst = (others, by_dst)
+        return self._by_dst
 
     def _service_destinations(self) -> list:
         """Per rule, the one address a kube-proxy service rule (``-d IP/32 -p P [-m comment]
