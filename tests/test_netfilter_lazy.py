@@ -85,3 +85,28 @@ def test_a_layout_that_does_not_fit_the_file_is_not_used():
                             "caveats": []})
     rs = bundleindex.parse_iptables_save(text, SAVE)
     assert rs.tables["nat"].chains["KUBE-SERVICES"].rule_count() > 300
+
+
+def test_kube_services_is_walked_from_candidate_to_candidate():
+    """``next_candidate`` skips exactly the service rules for other addresses: every rule
+    that is not of the service shape, and every rule for the packet's address (two ports of
+    one Service are two rules), is still visited, in order."""
+    text = (BUNDLE / SAVE).read_text()
+    lazy = parse_iptables_save(text, SAVE, lazy=True)
+    chain = lazy.tables["nat"].chains["KUBE-SERVICES"]
+    shapes = chain._service_destinations()
+    count = chain.rule_count()
+    assert any(d is None for d in shapes) and sum(d is not None for d in shapes) > 300
+    by_ip: dict = {}
+    for d in shapes:
+        if d is not None:
+            by_ip[d] = by_ip.get(d, 0) + 1
+    two_ports = next(ip for ip, n in by_ip.items() if n > 1)
+    for dst in (two_ports, next(iter(by_ip)), "10.255.255.254", None):
+        pkt = Packet(nw_src="10.244.1.5", nw_dst=dst, nw_proto=6, tp_src=54321, tp_dst=80)
+        visited, index = [], 0
+        while (index := chain.next_candidate(index, pkt)) < count:
+            visited.append(index)
+            index += 1
+        assert visited == [i for i, d in enumerate(shapes)
+                           if d is None or dst is None or d == dst], dst

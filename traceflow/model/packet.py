@@ -14,7 +14,6 @@ family follows the addresses: a Packet built with IPv6 addresses is 0x86dd.
 from __future__ import annotations
 
 import dataclasses
-from copy import copy as _shallow
 from dataclasses import dataclass, field
 
 PROTO_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "sctp": 132, "icmpv6": 58}
@@ -53,6 +52,9 @@ class Tunnel:
     dst: str             # outer destination IP (the receiving node)
     vni: int = 0
     dport: int = 6081
+
+
+_new = object.__new__
 
 
 @dataclass
@@ -97,10 +99,12 @@ class Packet:
         return self.dl_type == ETH_IPV6
 
     def copy(self) -> "Packet":
-        # copy.copy and two fields set again: the same as dataclasses.replace, five times
-        # cheaper (a walk copies the packet at every hop)
-        out = _shallow(self)
-        out.extra = dict(self.extra)
+        # the fields copied and two of them copied deeper: the same as dataclasses.replace,
+        # several times cheaper (a walk copies the packet at every hop)
+        out = _new(type(self))
+        fields = self.__dict__.copy()
+        fields["extra"] = dict(self.extra)
+        out.__dict__ = fields
         if self.tunnel is not None:
             out.tunnel = dataclasses.replace(self.tunnel)
         return out

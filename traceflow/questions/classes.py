@@ -375,7 +375,8 @@ class Classes:
         if plan is None:
             plan = rec.plan = self._plan(rec, rep)
         ip = other.ip_int
-        if tuple((ip & mask) == net for net, mask in plan.prefixes) != plan.rep_prefixes:
+        if plan.prefixes and \
+                tuple((ip & mask) == net for net, mask in plan.prefixes) != plan.rep_prefixes:
             return False
         if (other.ip in plan.destinations) != plan.rep_destination:
             return False

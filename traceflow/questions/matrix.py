@@ -10,7 +10,7 @@ parts give the same pairs in the same order. Each pod's trace is reduced at once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from traceflow.model.trace import Verdict
 from traceflow.questions.select import Destination
@@ -83,9 +83,9 @@ class Matrix:
                 yield d * n + g, label, pods, dst
 
 
-@dataclass(frozen=True)
-class PodResult:
-    """One pod's trace of one pair, reduced to what the pair's answer needs."""
+class PodResult(NamedTuple):
+    """One pod's trace of one pair, reduced to what the pair's answer needs (a tuple: an
+    audit sends millions of them from its workers)."""
 
     verdict: str
     bad: tuple | None           # (reason, detail, disposition, policies its drop names) of its
@@ -140,11 +140,11 @@ def combine(results: list[PodResult]) -> tuple[str, str, str, str | None, list]:
     return verdict, verdict, "", None, []
 
 
-@dataclass
-class Answered:
-    """What a worker sends for one pod of one pair."""
+class Answered(NamedTuple):
+    """What a worker sends for one pod of one pair (ordered by pair, then pod: the
+    workers' streams merge as tuples)."""
 
     index: int                  # the pair's index in the matrix
     position: int               # the pod's place in the pair's pods
     result: PodResult
-    findings: list = field(default_factory=list)
+    findings: tuple = ()

@@ -105,8 +105,9 @@ class Workers:
             self._conns.append(recv)
 
     def answers(self):
-        return heapq.merge(*(self._stream(c) for c in self._conns),
-                           key=lambda a: (a.index, a.position))
+        # (an answer is a tuple led by its pair and position, which no two answers share:
+        # the merge compares them in C)
+        return heapq.merge(*(self._stream(c) for c in self._conns))
 
     def _stream(self, conn):
         while True:

@@ -43,6 +43,7 @@ class Tracer:
         self._cache: dict[tuple, Trace] = {}
         self._slots: dict = {}      # (node, destination, src port, via) -> [_Representative]
         self._identities: dict = {}
+        self._values: dict = {}     # identity -> its values, as the class checks read them
         self.traced = 0             # distinct questions actually traced
         self.shared = 0             # questions answered by another client's trace
         self._ovs: dict = {}        # node -> has OVS flows
@@ -80,7 +81,9 @@ class Tracer:
         if ident is None:
             self.traced += 1
             return self._trace(pod, dst, src_port, via)
-        values = _Values(ident)
+        values = self._values.get(ident)
+        if values is None:
+            values = self._values[ident] = _Values(ident)
         slot_key = (pod.node, dst.ip, dst.port, dst.protocol, dst.kind, src_port, via,
                     dst.label)
         slot = self._slots.get(slot_key)

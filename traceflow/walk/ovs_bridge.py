@@ -4,6 +4,7 @@ datapath with an OVS bridge (and `ovs-trace`) uses it."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from traceflow.engines.ovs import fields as F
@@ -29,9 +30,9 @@ def to_state(pkt: Packet, in_port: int) -> dict:
                 state[key] = F.parse_mac(value)
     else:
         if pkt.nw_src:
-            state["nw_src"] = int(ipaddress.IPv4Address(pkt.nw_src))
+            state["nw_src"] = _v4(pkt.nw_src)
         if pkt.nw_dst:
-            state["nw_dst"] = int(ipaddress.IPv4Address(pkt.nw_dst))
+            state["nw_dst"] = _v4(pkt.nw_dst)
     if pkt.nw_proto is not None:
         state["nw_proto"] = pkt.nw_proto
     if pkt.tp_src is not None:
@@ -47,8 +48,13 @@ def to_state(pkt: Packet, in_port: int) -> dict:
         if value and ":" in value:         # an IPv6 underlay: the tunnel's IPv6 fields
             state[f"tun_ipv6_{key[4:]}"] = int(ipaddress.IPv6Address(value))
         elif value:
-            state[key] = int(ipaddress.IPv4Address(value))
+            state[key] = _v4(value)
     return state
+
+
+@functools.lru_cache(maxsize=65536)     # (a walk enters bridges with the same few addresses)
+def _v4(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
 
 
 _TEXTS: dict = {}        # (field, int) -> its text: a walk formats the same few addresses

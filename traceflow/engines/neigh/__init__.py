@@ -8,6 +8,7 @@ The caller decides what an unknown means for its trace.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -139,11 +140,17 @@ def _lladdr(value: str, source: Source) -> str:
         raise InputError.at(source, f"bad link-layer address {value!r}") from None
 
 
+@functools.lru_cache(maxsize=65536)     # (a walk resolves the same few addresses)
+def _canonical(ip: str) -> tuple[str, int]:
+    addr = ipaddress.ip_address(ip)
+    return str(addr), addr.version
+
+
 def resolve(neighbours: list[Neighbour], ip: str, dev: str,
             file: str | None = None) -> NeighbourResult:
     """What the kernel does to reach ``ip`` on ``dev``, judged from the neighbour table."""
-    want = str(ipaddress.ip_address(ip))
-    proto = "ARP" if ipaddress.ip_address(want).version == 4 else "neighbour discovery"
+    want, version = _canonical(ip)
+    proto = "ARP" if version == 4 else "neighbour discovery"
     entries = [n for n in neighbours
                if n.ip == want and n.dev in (dev, None) and "proxy" not in n.flags]
     if not entries:

@@ -6,6 +6,7 @@ Shared by the router (lookup.py) and its source-address checks (source.py).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -167,6 +168,7 @@ def _rule_text(rule: IpRule) -> str:
     return " ".join(rule.text.split()).replace(": ", " `", 1) + "`"
 
 
+@functools.lru_cache(maxsize=65536)     # (a walk formats and parses the same few addresses)
 def _fmt(family: int, value: int) -> str:
     return str(ipaddress.IPv4Address(value) if family == 4 else ipaddress.IPv6Address(value))
 
@@ -210,6 +212,7 @@ def _is_local_multicast(v: int) -> bool:
     return (v >> 8) == 0xE00000
 
 
+@functools.lru_cache(maxsize=65536)
 def _parse_addr(text: str) -> tuple[int, int]:
     addr = ipaddress.ip_address(text)
     return addr.version, int(addr)
