@@ -41,6 +41,36 @@ class Pair:
                 "traced_as": self.traced_as}
 
 
+class _PairText:
+    """``to_dict()`` as ``json.dumps(..., separators=(",", ":"))`` writes it, without the
+    braces: an audit writes millions of pairs, whose client groups, Services, verdicts and
+    empty reasons are a few texts each, encoded once."""
+
+    MAX_KEPT = 100_000
+
+    def __init__(self):
+        import json
+        self._dumps = json.dumps
+        self._kept: dict = {}
+
+    def _text(self, value) -> str:
+        got = self._kept.get(value)
+        if got is None:
+            if len(self._kept) >= self.MAX_KEPT:
+                self._kept.clear()
+            got = self._kept[value] = self._dumps(value, separators=(",", ":"))
+        return got
+
+    def __call__(self, pair: "Pair") -> str:
+        text, dumps = self._text, self._dumps
+        return (f'"client":{text(pair.client)},"pods":{text(tuple(pair.pods))},'
+                f'"service":{text(pair.service)},"verdict":{text(pair.verdict)},'
+                f'"reason":{text(pair.reason)},"detail":{text(pair.detail)},'
+                f'"disposition":{text(pair.disposition)},'
+                f'"policies":{text(tuple(pair.policies))},'
+                f'"traced_as":{dumps(pair.traced_as, separators=(",", ":"))}')
+
+
 PARALLEL_MIN = 2000             # fewer pod questions than this: not worth forking workers
 EXAMPLES_PER_GROUP = 8          # pairs kept per (disposition, reason) for people to read
 MOST_SHARED = 5
@@ -70,6 +100,7 @@ class AuditReport:
         self.stands_for: dict = {}      # (traced pod, service) -> questions it answered
         self._sink = sink
         self._spool = None
+        self._pair_text = _PairText()
 
     @property
     def problems(self) -> bool:
@@ -77,7 +108,6 @@ class AuditReport:
         return bool(self.findings)
 
     def add(self, pair: Pair) -> None:
-        import json
         self.pairs_count += 1
         self.by_verdict[pair.verdict] = self.by_verdict.get(pair.verdict, 0) + 1
         if pair.disposition:
@@ -99,7 +129,7 @@ class AuditReport:
         if self._spool is None:
             import tempfile
             self._spool = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self._spool.write(json.dumps(pair.to_dict(), separators=(",", ":")) + "\n")
+        self._spool.write("{" + self._pair_text(pair) + "}\n")
 
     @property
     def pairs(self) -> list[dict]:
@@ -175,13 +205,14 @@ class jsonl_writer:
     def __init__(self, out, bundle: str):
         import json
         self.out, self._dumps = out, json.dumps
+        self._pair_text = _PairText()
         self._line({"type": "audit", "schema": "traceflow.audit.jsonl/v1", "bundle": bundle})
 
     def _line(self, doc: dict) -> None:
         self.out.write(self._dumps(doc, separators=(",", ":")) + "\n")
 
     def pair(self, pair: "Pair") -> None:
-        self._line({"type": "pair", "index": pair.index, **pair.to_dict()})
+        self.out.write(f'{{"type":"pair","index":{pair.index},{self._pair_text(pair)}}}\n')
 
     def close(self, report: "AuditReport") -> None:
         for f in report.findings:

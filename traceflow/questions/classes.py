@@ -333,6 +333,7 @@ class Classes:
         self._neigh_class: dict = {}
         self._policy_class: dict = {}
         self._signatures: dict = {}
+        self._rep_signatures: dict = {}  # a representative's lookup -> its own signature
         self._groups: dict = {}         # (lookup, answer) sets -> number
         self._next_group = 0
         self._again: dict = {}          # (set number, client address) -> all the same?
@@ -518,12 +519,12 @@ class Classes:
         got = cache.get(mine)
         if got is not None:
             return got
-        got = cache[mine] = self._ovs_fresh(entry, other)
+        got = cache[mine] = self._ovs_fresh(entry, other, rep)
         if len(cache) > 200_000:
             cache.clear()
         return got
 
-    def _ovs_fresh(self, entry, other: _Values):
+    def _ovs_fresh(self, entry, other: _Values, rep: _Values | None = None):
         bridge, table, state, flow, ambiguous, where, places = entry
         values = {"ip": other.ip_int, "mac": other.mac_int, "port": other.port}
         mine = {name: values[kind] for name, kind in places}
@@ -548,11 +549,33 @@ class Classes:
         key = (where, signature)
         got = self._outcomes.get(key)
         if got is None:
-            hit, notes = self._lookup(bridge, table, {**state, **mine})
-            got = (self.canonical(hit, other), _ambiguous(notes))
+            if rep is not None and signature == self._own_signature(entry, rep):
+                # the flows that constrain those places are, one for one, the ones the
+                # representative's values satisfied (each with its own values), and every
+                # other candidate reads neither: its lookup, renamed
+                got = (self.canonical(flow, rep), ambiguous)
+            else:
+                hit, notes = self._lookup(bridge, table, {**state, **mine})
+                got = (self.canonical(hit, other), _ambiguous(notes))
             if len(self._outcomes) > 200_000:
                 self._outcomes.clear()
             self._outcomes[key] = got
+        return got
+
+    def _own_signature(self, entry, rep: _Values) -> frozenset:
+        """The signature of the representative's own lookup (as ``_ovs_fresh`` makes one
+        for another client)."""
+        bridge, table, state, _, _, where, places = entry
+        got = self._rep_signatures.get(where)
+        if got is None:
+            mine = {name: state.get(name) for name, _ in places}
+            flows = bridge.flows.candidates(bridge.table_id(table), state)
+            satisfied = self._constraints(bridge, flows, tuple(mine)).satisfied(mine)
+            got = frozenset(self.canonical(f, rep) for f in satisfied) if satisfied \
+                else _NOTHING
+            if len(self._rep_signatures) > 100_000:
+                self._rep_signatures.clear()
+            self._rep_signatures[where] = got
         return got
 
     def _quick(self, entry) -> "_Quick | None":
