@@ -334,6 +334,8 @@ class Classes:
         self._policy_class: dict = {}
         self._signatures: dict = {}
         self._rep_signatures: dict = {}  # a representative's lookup -> its own signature
+        self._lookup_numbers: dict = {}  # a recorded lookup's key -> its number
+        self._next_lookup = 0
         self._groups: dict = {}         # (lookup, answer) sets -> number
         self._next_group = 0
         self._again: dict = {}          # (set number, client address) -> all the same?
@@ -474,7 +476,8 @@ class Classes:
             seen.clear()
         unnamed, again, rest = [], [], []
         rep_values = {"ip": rep.ip_int, "mac": rep.mac_int, "port": rep.port}
-        for entry in rec.ovs.values():
+        entries = [self._numbered(entry) for entry in rec.ovs.values()]
+        for entry in entries:
             asked = (entry, self._ovs_outcome(entry, rep, rep), self._quick(entry))
             quick = asked[2]
             if quick is not None and quick.indexed is None and \
@@ -484,7 +487,7 @@ class Classes:
                 again.append(asked)
             else:
                 rest.append(asked)
-        for entry in rec.ovs.values():
+        for entry in entries:
             seen[entry[5]] = seen.get(entry[5], 0) + 1
         plan.unnamed = _Unnamed(unnamed)
         plan.again_entries = tuple(again)
@@ -492,6 +495,20 @@ class Classes:
             if again else None
         plan.ovs = rest
         return plan
+
+    def _numbered(self, entry: tuple) -> tuple:
+        """The recorded lookup with its key (bridge, table, the values of every field its
+        flows read) as a number: the caches of answers per client are keyed by it, and a
+        number is hashed at once (the key, here, once per plan). A number is never given
+        twice, so a key forgotten and met again only misses what was kept for it."""
+        where = entry[5]
+        number = self._lookup_numbers.get(where)
+        if number is None:
+            if len(self._lookup_numbers) > 500_000:
+                self._lookup_numbers.clear()
+            self._next_lookup += 1
+            number = self._lookup_numbers[where] = self._next_lookup
+        return entry[:5] + (number,) + entry[6:]
 
     def _group_id(self, lookups: tuple) -> int:
         """A small number for a set of (lookup, answer): the key of their answers for a

@@ -61,6 +61,11 @@ class Flow:
         return A.parse_actions(self.action_text)
 
     @functools.cached_property
+    def conjunctions(self) -> tuple:
+        """Its ``conjunction(id,k/n)`` actions (a clause of a conjunctive match)."""
+        return tuple(a for a in self.actions if isinstance(a, A.Conjunction))
+
+    @functools.cached_property
     def uses_group(self) -> bool:
         """Whether the actions send the packet to a group (False when they cannot be read:
         the lookup that meets them says why)."""

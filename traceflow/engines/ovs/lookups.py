@@ -15,20 +15,22 @@ class TableLookups:
     bridge = None    # the runner's Bridge
 
     def lookup(self, state: dict, table: int, flows: list | None = None,
-               classifier=None) -> tuple[Flow | None, list]:
+               classifier=None, matched: list | None = None) -> tuple[Flow | None, list]:
         """Highest-priority match, with OVS's conjunctive-match semantics.
 
         Flows with ``conjunction(id,k/n)`` actions are clauses: when every clause of an id
         matches at a priority above the best ordinary flow, OVS looks the packet up again
         with ``conj_id=id`` set, and that second lookup's result is the hit. ``classifier``
         (of ``flows``, memo.Classifier): the matching flows found by hashing rather than by
-        testing each flow.
+        testing each flow; ``matched``: what it found for ``state``, if asked already).
         """
         if flows is None:
             flows = self.bridge.flows.candidates(table, state)
         # (without a classifier every flow is tested in turn, and the lookup stops at the
         # first flow below the best ordinary hit)
-        matching = flows if classifier is None else [flows[i] for i in classifier.matching(state)]
+        if classifier is not None and matched is None:
+            matched = classifier.matching(state)
+        matching = flows if classifier is None else [flows[i] for i in matched]
         hard: Flow | None = None
         clauses: dict[int, dict[int, Flow]] = {}   # conj id -> clause number -> first flow
         conj_priority: dict[int, int] = {}
@@ -39,7 +41,7 @@ class TableLookups:
             if flow.conj_id is not None or \
                     (classifier is None and not self.matches(flow, state)):
                 continue
-            conj_actions = [a for a in flow.actions if isinstance(a, A.Conjunction)]
+            conj_actions = flow.conjunctions
             for c in conj_actions:
                 clauses.setdefault(c.conj_id, {}).setdefault(c.clause, flow)
                 conj_priority[c.conj_id] = flow.priority
@@ -56,7 +58,7 @@ class TableLookups:
             again = flows if classifier is None else \
                 [flows[i] for i in classifier.matching(second)]
             for flow in again:
-                if any(isinstance(a, A.Conjunction) for a in flow.actions):
+                if flow.conjunctions:
                     continue
                 if (classifier is not None or self.matches(flow, second)) and \
                         (flow.conj_id is None or flow.conj_id == cid):
@@ -75,7 +77,8 @@ class TableLookups:
         return hard, []
 
     def _ambiguity(self, flow: Flow, state: dict, table: int,
-                   flows: list | None = None, classifier=None) -> list[str]:
+                   flows: list | None = None, classifier=None,
+                   matched: list | None = None) -> list[str]:
         """Another flow of the same priority that matches too: OVS does not define which one
         wins (ovs-fields(7): overlapping flows of equal priority), so say so."""
         if flow.conj_id is not None:
@@ -87,11 +90,12 @@ class TableLookups:
         lo = bisect.bisect_left(prios, -flow.priority)
         hi = bisect.bisect_right(prios, -flow.priority, lo)
         if classifier is not None:      # (a thousand per-pod flows share a priority)
-            same = [flows[i] for i in classifier.matching(state) if lo <= i < hi]
+            same = [flows[i] for i in (classifier.matching(state) if matched is None
+                                       else matched) if lo <= i < hi]
         else:
             same = [f for f in flows[lo:hi] if self.matches(f, state)]
         others = [f for f in same if f is not flow and f.conj_id is None
-                  and not any(isinstance(a, A.Conjunction) for a in f.actions)]
+                  and not f.conjunctions]
         if not others:
             return []
         lines = ", ".join(f"line {f.source.line}" for f in others[:3])

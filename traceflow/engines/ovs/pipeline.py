@@ -405,10 +405,12 @@ class _Runner(TableLookups, ConntrackSteps, ActionSetSteps, PacketSteps, GroupSt
             self.bridge.forget_lookups()
         self.bridge._answers += 1
         classifier = memo.classifier(self.bridge.port_number)
-        flow, notes = self.lookup(state, table, flows, classifier)
+        # (the flows that match are found once, for the lookup and its ambiguity check)
+        matched = classifier.matching(state) if classifier is not None else None
+        flow, notes = self.lookup(state, table, flows, classifier, matched)
         body, last, writes, jump = (), None, None, None
         if flow is not None:
-            notes = notes + self._ambiguity(flow, state, table, flows, classifier)
+            notes = notes + self._ambiguity(flow, state, table, flows, classifier, matched)
             body = flow.actions
             if body and type(body[-1]) is A.Resubmit:
                 body, last = body[:-1], body[-1]
