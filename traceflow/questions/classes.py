@@ -57,6 +57,7 @@ class Classes:
         self._signatures: dict = {}
         self._rep_signatures: dict = {}  # a representative's lookup -> its own signature
         self._lookup_numbers: dict = {}  # a recorded lookup's key -> its number
+        self._quicks: dict = {}          # (lookup number, places) -> (its _Quick or None,)
         self._next_lookup = 0
         self._groups: dict = {}         # (lookup, answer) sets -> number
         self._next_group = 0
@@ -322,17 +323,25 @@ class Classes:
         table's index is on another field) and whose flows constrain those values only
         exactly: the values they name. A client naming none of them gets the answer every
         such client gets (no flow there can tell them apart), computed once."""
-        bridge, table, state, _, _, _, places = entry
+        bridge, table, state, _, _, number, places = entry
+        # (the same lookup in another representative's plan: the same flows, values and
+        # common answer)
+        known = self._quicks.get((number, places))
+        if known is not None:
+            return known[0]
         table_id = bridge.table_id(table)
         flows = bridge.flows.candidates(table_id, state)
         probe = bridge.flows.candidates(table_id, _Overlay({n: -1 for n, _ in places}, state))
         # (when the table's index is on one of those places, a client whose value it does
         # not hold gets the same flows as the probe: the ones without the indexed field)
         analysis = self._constraints(bridge, probe, tuple(n for n, _ in places))
-        if analysis.masked:
-            return None
-        return _Quick({value for (_, value) in analysis.exact},
-                      None if probe is flows else (table_id, len(probe)))
+        got = None if analysis.masked else \
+            _Quick({value for (_, value) in analysis.exact},
+                   None if probe is flows else (table_id, len(probe)))
+        if len(self._quicks) > 200_000:
+            self._quicks.clear()
+        self._quicks[(number, places)] = (got,)
+        return got
 
     def canonical(self, flow, v: _Values):
         if flow is None:

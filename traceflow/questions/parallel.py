@@ -22,6 +22,7 @@ import sys
 from traceflow.questions.matrix import Answered, Matrix, pod_result
 
 BATCH = 256                 # answers per message from a worker
+QUEUED = 1024               # messages a worker may send ahead of the merge
 
 
 def partition(matrix: Matrix, nodes: list[str], jobs: int) -> list[frozenset]:
@@ -94,7 +95,7 @@ class Workers:
         ctx = multiprocessing.get_context("fork")
         self.findings: list = []
         self.stats = {"traced": 0, "shared": 0}
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._queues = [], [], []
         for part in parts:
             recv, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_work, args=(snap, matrix, part, share, send),
@@ -103,18 +104,19 @@ class Workers:
             send.close()
             self._procs.append(proc)
             self._conns.append(recv)
+            self._queues.append(_pumped(recv))
 
     def answers(self):
         # (an answer is a tuple led by its pair and position, which no two answers share:
         # the merge compares them in C)
-        return heapq.merge(*(self._stream(c) for c in self._conns))
+        return heapq.merge(*(self._stream(q) for q in self._queues))
 
-    def _stream(self, conn):
+    def _stream(self, queue):
         while True:
-            try:
-                kind, payload = pickle.loads(conn.recv_bytes())
-            except EOFError:
-                raise RuntimeError("an audit worker ended without its answers") from None
+            message = queue.get()
+            if message is None:
+                raise RuntimeError("an audit worker ended without its answers")
+            kind, payload = pickle.loads(message)
             if kind == "answers":
                 yield from payload
             elif kind == "done":
@@ -133,6 +135,29 @@ class Workers:
             proc.join()
         for conn in self._conns:
             conn.close()
+
+
+def _pumped(conn):
+    """A queue that a thread fills with ``conn``'s messages as they come (None at its end).
+
+    The merge takes answers in matrix order, so without it a worker whose nodes are light
+    in one stretch of the matrix waits, its pipe full, for one whose nodes are heavy there;
+    with it each runs ahead by up to ``QUEUED`` batches (about 25 MB) and the stretches even
+    out."""
+    import queue
+    import threading
+    got: queue.Queue = queue.Queue(maxsize=QUEUED)
+
+    def pump():
+        while True:
+            try:
+                message = conn.recv_bytes()
+            except (EOFError, OSError):
+                got.put(None)
+                return
+            got.put(message)
+    threading.Thread(target=pump, daemon=True).start()
+    return got
 
 
 def _work(snap, matrix, part, share, conn) -> None:
