@@ -135,3 +135,35 @@ def test_the_estimate_is_the_second_service_ports_rate():
     with pytest.raises(InputError) as over:           # over the limit before any estimate
         _check_time(5, 6.0, 50, 10_000, 100, None, {})
     assert "would take about 1,200 s" in str(over.value)
+
+
+def test_a_worker_error_is_the_audits_error(generated, monkeypatch):
+    """A worker that meets bad input stops the audit with that error (exit 2, located), as
+    one process would; one that dies without its answers is said, never a partial audit
+    that looks whole. (Workers are forked: they run the patched code.)"""
+    from traceflow.model.errors import InputError
+    from traceflow.questions import audit, parallel
+    monkeypatch.setattr(audit, "PARALLEL_MIN", 1)
+    real = parallel.answer_nodes
+
+    def failing(snap, matrix, nodes, share=True, stats=None):
+        for n, answer in enumerate(real(snap, matrix, nodes, share, stats)):
+            if n == 20 and "worker1" in (nodes or ()):
+                raise InputError("bad line in a flow dump", "nodes/worker1/flows.txt")
+            yield answer
+    monkeypatch.setattr(parallel, "answer_nodes", failing)
+    res = _run("--bundle", generated, "-o", "jsonl", "-j", "2")
+    assert res.exit_code == 2, res.output
+    assert "nodes/worker1/flows.txt" in res.stderr and "bad line in a flow dump" in res.stderr
+
+    def dying(snap, matrix, nodes, share=True, stats=None):
+        import os
+        for n, answer in enumerate(real(snap, matrix, nodes, share, stats)):
+            if n == 20 and "worker1" in (nodes or ()):
+                os._exit(0)
+            yield answer
+    monkeypatch.setattr(parallel, "answer_nodes", dying)
+    res = _run("--bundle", generated, "-o", "jsonl", "-j", "2")
+    assert res.exit_code != 0
+    assert '"type":"summary"' not in res.stdout
+    assert "ended without its answers" in res.stderr + str(res.exception)

@@ -336,8 +336,7 @@ class Classes:
         # not hold gets the same flows as the probe: the ones without the indexed field)
         analysis = self._constraints(bridge, probe, tuple(n for n, _ in places))
         got = None if analysis.masked else \
-            _Quick({value for (_, value) in analysis.exact},
-                   None if probe is flows else (table_id, len(probe)))
+            _Quick(analysis.exact_values, None if probe is flows else (table_id, len(probe)))
         if len(self._quicks) > 200_000:
             self._quicks.clear()
         self._quicks[(number, places)] = (got,)
@@ -559,6 +558,9 @@ class _Constraints:
             else:
                 self.masked.append((flow, cons))
         self.fields = sorted({f for f, _ in self.exact})
+        # the values those flows want there exactly (one set, shared by every lookup of
+        # these flows: a _Quick of each recorded lookup refers to it)
+        self.exact_values = frozenset(value for (_, value) in self.exact)
 
     def satisfied(self, state: dict) -> list:
         """The flows whose constraints on those places ``state`` meets."""
