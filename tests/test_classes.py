@@ -149,3 +149,37 @@ def test_a_read_left_out_of_the_key_gives_wrong_answers(cluster, alone, monkeypa
     assert wrong, f"leaving {left_out} out of the key changed no answer"
     if left_out in cluster[1]:          # the pod whose fault only that read sees
         assert cluster[1][left_out] in {pod for pod, _ in wrong}
+
+
+def test_unnamed_lookups_answer_as_one_only_when_their_answer_is_the_representatives():
+    """The plan's lookups that name neither the representative nor a client are answered by
+    one test of the client's values, but only once each lookup's common answer is known to
+    be the representative's: a common answer that differs (a flow writing, as a constant,
+    the representative's own address) must still tell the client apart."""
+    from types import SimpleNamespace
+
+    from traceflow.questions.classes import Classes, Identity, _Quick, _Unnamed, _Values
+    rep = _Values(Identity("worker1", "10.10.1.2", "aa:bb:cc:00:00:02", 2))
+    other = _Values(Identity("worker1", "10.10.1.3", "aa:bb:cc:00:00:03", 3))
+    named = _Values(Identity("worker1", "10.10.1.4", "aa:bb:cc:00:00:04", 4))
+    places = (("nw_src", "ip"),)
+    first, second = _Quick({named.ip_int}, None), _Quick({named.ip_int}, None)
+    entries = [((None,) * 6 + (places,), "flow A", first),
+               ((None,) * 6 + (places,), "flow B", second)]
+    unnamed = _Unnamed(entries)
+    assert unnamed.ok is None and unnamed.named == {"ip": {named.ip_int}}
+    plan = SimpleNamespace(prefixes=(), rep_prefixes=(), destinations=frozenset(),
+                           rep_destination=False, routes=[], neigh=[], policy=None, nf=[],
+                           nft=[], unnamed=unnamed, again=None, ovs=[])
+    classes = Classes.__new__(Classes)
+    rec = SimpleNamespace(plan=plan)
+    first.empty, second.empty = "flow A", "flow B"      # the representative's answers
+    assert classes.same(rec, rep, other)
+    assert unnamed.ok is True                           # settled: one test from now on
+    first.empty = "flow A"
+    unnamed.ok, second.empty = None, "flow C"          # another lookup's common answer differs
+    assert not classes.same(rec, rep, other)
+    assert unnamed.ok is not True
+    unnamed.settle()                                    # every common answer known now
+    assert unnamed.ok is False
+    assert not classes.same(rec, rep, other)            # and keeps telling the client apart
