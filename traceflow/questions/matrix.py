@@ -147,4 +147,4 @@ class Answered(NamedTuple):
     index: int                  # the pair's index in the matrix
     position: int               # the pod's place in the pair's pods
     result: PodResult
-    findings: tuple = ()
+    findings: list | tuple = ()     # the policy findings of its trace
