@@ -21,7 +21,7 @@ the pod's reset, whose source must be the address the client talked to: the repl
 Each is compared with what `traceflow trace CLIENT DESTINATION --bundle ... -o json` reports:
 its paths (one per branch) and their weights, each path's disposition, the packet its request
 leg hands to the pod (DNAT target, source after SNAT) and the packet its reply leg leaves the
-cluster with. The empirical endpoint distribution must fit the weights (chi-square, p = 1e-4).
+cluster with. The empirical endpoint distribution must fit the weights (chi-square, p = 1e-6).
 
 IPVS cannot load in this kernel (no ip_vs module): the IPVS walk is checked against ipvsadm's
 documented semantics instead (test_ipvs_*: masquerading forward of the virtual service's real

@@ -21,7 +21,7 @@ DNAT its hops did, whether a hop masqueraded). It must contain every kernel outc
 branches with non-zero weight; the endpoint weights must equal, to 1e-5, the shares the
 rules the kernel loaded give (read back with iptables-save / nft list: statistic
 probabilities in order, numgen elements over the modulus), which a 1% error (kube-proxy's
-0.33333 read as 0.33) fails; the kernel's own draws must fit them (chi-square, p = 1e-4);
+0.33333 read as 0.33) fails; the kernel's own draws must fit them (chi-square, p = 1e-6);
 and the masquerade decision must be the same. The nftables-mode kernel is compared with the
 walk on the nftables bundle (whose hops must be nft's: a missing nft engine fails) and on the
 iptables bundle (the same cluster).
@@ -64,8 +64,12 @@ NODE = "node1"
 CLIENT_IP = "192.168.10.100"
 POD_IP = "10.244.1.77"                 # a pod on node1 (the local sink namespace)
 REPLY_WAIT = 1.5                       # seconds scapy waits for ICMP errors after sending
-# chi-square critical values at p = 1e-4 by degrees of freedom
-CHI2_CRITICAL = {1: 15.137, 2: 18.421, 3: 21.108, 4: 23.513, 5: 25.745, 6: 27.856}
+# chi-square critical values at p = 1e-6 by degrees of freedom. The kernel's `statistic
+# --mode random` is really random and a run of the suite makes dozens of these tests: at
+# p = 1e-4 a correct, uniform prediction failed once in CI (chi-square 23.7 for 5 backends,
+# 200 SYNs). A wrong weight still fails far above these (0.5 for one of 5 equal backends:
+# chi-square above 70 at 200 SYNs).
+CHI2_CRITICAL = {1: 23.928, 2: 27.631, 3: 30.665, 4: 33.377, 5: 35.888, 6: 38.258}
 
 # the node namespace: interface -> (node address, subnet behind it, its sink's address)
 LINKS = {"gw1": ("10.244.1.1/24", "10.244.1.0/24", f"{POD_IP}/24"),
