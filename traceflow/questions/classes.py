@@ -280,9 +280,7 @@ class Classes:
         if known is not None and known[0] is analysis:
             signature = known[1]
         else:
-            satisfied = analysis.satisfied(mine)
-            signature = frozenset(self.canonical(f, other) for f in satisfied) if satisfied \
-                else _NOTHING
+            signature = self._signature(analysis, mine, other)
             if len(self._signatures) > 200_000:
                 self._signatures.clear()
             self._signatures[(id(analysis), other.ip)] = (analysis, signature)
@@ -302,6 +300,12 @@ class Classes:
             self._outcomes[key] = got
         return got
 
+    def _signature(self, analysis: "_Constraints", mine: dict, v: _Values) -> frozenset:
+        """The flows that constrain a client's places and that its values ``mine`` satisfy,
+        each as the client's own (``v``)."""
+        satisfied = analysis.satisfied(mine)
+        return frozenset(self.canonical(f, v) for f in satisfied) if satisfied else _NOTHING
+
     def _own_signature(self, entry, rep: _Values) -> frozenset:
         """The signature of the representative's own lookup (as ``_ovs_fresh`` makes one
         for another client)."""
@@ -310,9 +314,7 @@ class Classes:
         if got is None:
             mine = {name: state.get(name) for name, _ in places}
             flows = bridge.flows.candidates(bridge.table_id(table), state)
-            satisfied = self._constraints(bridge, flows, tuple(mine)).satisfied(mine)
-            got = frozenset(self.canonical(f, rep) for f in satisfied) if satisfied \
-                else _NOTHING
+            got = self._signature(self._constraints(bridge, flows, tuple(mine)), mine, rep)
             if len(self._rep_signatures) > 100_000:
                 self._rep_signatures.clear()
             self._rep_signatures[where] = got
@@ -430,11 +432,9 @@ class Classes:
             self._neigh_class[key] = got
         return got
 
-    def policy_class(self, rec: Recorder, v: _Values) -> tuple:
-        """The NetworkPolicies as written, asked what the walk asked about the client."""
-        return self._policy_of(rec, (frozenset(rec.selecting), tuple(sorted(rec.peers))), v)
-
     def _policy_of(self, rec: Recorder, asked: tuple, v: _Values) -> tuple:
+        """The NetworkPolicies as written, asked what the walk asked about the client
+        (``asked``: the policy types and peers the walk asked, as the plan keeps them)."""
         key = (asked, v.ip)
         got = self._policy_class.get(key)
         if got is None:
