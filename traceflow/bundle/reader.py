@@ -25,6 +25,7 @@ class Bundle:
         self.notes = list(notes or [])     # what was ignored while reading, and why
         self.read_names: set[str] = set()  # the files read so far (a trace names truncated ones)
         self._empty: dict[str, bool] = {}  # name -> whether the file is empty (asked per trace)
+        self._node_names: tuple | None = None  # (how many files, the node names among them)
         raw = self.text("manifest.yaml")
         if raw is None:
             raise InputError("not a traceflow bundle: manifest.yaml is missing", origin)
@@ -111,7 +112,14 @@ class Bundle:
             raise InputError("file is not UTF-8 text", name, line) from None
 
     def node_names(self) -> list[str]:
-        return sorted({n.split("/")[1] for n in self._files if n.startswith("nodes/") and n.count("/") >= 2})
+        # (asked by every trace of a question over many pairs: the names are listed once per
+        # set of files, not once per trace)
+        known = self._node_names
+        if known is None or known[0] != len(self._files):
+            known = self._node_names = (len(self._files), tuple(sorted(
+                {n.split("/")[1] for n in self._files
+                 if n.startswith("nodes/") and n.count("/") >= 2})))
+        return list(known[1])
 
     def node_file(self, node: str, filename: str) -> tuple[str, str] | None:
         """(text, bundle-relative name) of a node's file, or None when absent."""

@@ -36,6 +36,20 @@ from traceflow.questions.classes_reads import (  # noqa: F401
 
 # ---- keys: the decisions made again with another client's values ----------------------------------
 
+# How much each cache keeps. The caches of a client's own answers (its signature at a list of
+# flows, its answer at a lookup several destinations' walks make, a flow as its own, its
+# "met before" group) hold about 110 entries per client whatever the destination: the
+# clients one process answers are asked them again at every destination, so a cache smaller
+# than that working set is emptied and refilled at every few destinations. Measured on the
+# 5,000-pod audit, one worker answers 2,500 clients: 280,000 signatures, 260,000 answers at
+# recurring lookups, so 200,000 entries made it recompute them all the time (10% of its CPU,
+# docs/scale.md). A million keeps the clients of up to ~9,000 pods per process (about 150 MB
+# per cache at most); the caches of one destination's lookups are emptied as it is done.
+PER_CLIENT_KEPT = 1_000_000
+KEPT = 200_000
+ANALYSES_KEPT = 20_000          # lists of flows analysed, per generation (see _constraints)
+
+
 class Classes:
     """Per snapshot: the static facts and the cached answers keys are built from."""
 
@@ -49,7 +63,9 @@ class Classes:
         self._by_client: dict = {}
         self._recurring: dict = {}
         self._seen: dict = {}           # an OVS lookup's key -> in how many plans it is
-        self._analyses: dict = {}
+        self._analyses: dict = {}       # (flows, places) -> their _Constraints, this generation
+        self._old_analyses: dict = {}   # and the last generation (see _constraints)
+        self._chain_analyses: dict = {}
         self._chains: dict = {}
         self._route_class: dict = {}
         self._neigh_class: dict = {}
@@ -63,6 +79,12 @@ class Classes:
         self._next_group = 0
         self._again: dict = {}          # (set number, client address) -> all the same?
         self._port_safe: dict = {}
+
+    def release(self) -> None:
+        """Forget the answers at lookups that only one destination's walks made so far (an
+        audit calls it when that destination is done: the answers at lookups made again are
+        kept apart, in ``_recurring``)."""
+        self._by_client.clear()
 
     def bridge_facts(self, bridge) -> BridgeFacts:
         got = self._bridge_facts.get(id(bridge))
@@ -138,7 +160,7 @@ class Classes:
             key = (plan.again, other.ip)
             got = self._again.get(key)
             if got is None:
-                if len(self._again) > 200_000:
+                if len(self._again) > PER_CLIENT_KEPT:
                     self._again.clear()
                 got = self._again[key] = self._each(plan.again_entries, rep, other, values)
             if not got:
@@ -260,7 +282,7 @@ class Classes:
         if got is not None:
             return got
         got = cache[mine] = self._ovs_fresh(entry, other, rep)
-        if len(cache) > 200_000:
+        if len(cache) > (PER_CLIENT_KEPT if cache is self._recurring else KEPT):
             cache.clear()
         return got
 
@@ -281,7 +303,7 @@ class Classes:
             signature = known[1]
         else:
             signature = self._signature(analysis, mine, other)
-            if len(self._signatures) > 200_000:
+            if len(self._signatures) > PER_CLIENT_KEPT:
                 self._signatures.clear()
             self._signatures[(id(analysis), other.ip)] = (analysis, signature)
         key = (where, signature)
@@ -350,18 +372,25 @@ class Classes:
         key = (id(flow), v.ip)
         got = self._canonical.get(key)
         if got is None or got[0] is not flow:
-            if len(self._canonical) > 200_000:
+            if len(self._canonical) > PER_CLIENT_KEPT:
                 self._canonical.clear()
             got = self._canonical[key] = (flow, canonical_flow(flow, v))
         return got[1]
 
     def _constraints(self, bridge, flows: list, places: tuple) -> "_Constraints":
+        """The analysis of a list of flows, one object per list as long as it is in use: the
+        clients' signatures are kept under it, so it is never made twice while asked. (Two
+        generations: a full one becomes the old one, and what is asked from the old one
+        moves to the new; most lists are one destination's and are not asked again.)"""
         key = (id(flows), places)
         got = self._analyses.get(key)
         if got is None or got[0] is not flows:
-            if len(self._analyses) > 20_000:
-                self._analyses.clear()
-            got = self._analyses[key] = (flows, _Constraints(bridge, flows, places))
+            got = self._old_analyses.get(key)
+            if got is None or got[0] is not flows:
+                got = (flows, _Constraints(bridge, flows, places))
+            if len(self._analyses) >= ANALYSES_KEPT:
+                self._old_analyses, self._analyses = self._analyses, {}
+            self._analyses[key] = got
         return got[1]
 
     def _lookup(self, bridge, table, state):
@@ -381,10 +410,10 @@ class Classes:
 
     def _chain_matches(self, chain, src: bool, dst: bool):
         key = (id(chain), src, dst)
-        got = self._analyses.get(key)
+        got = self._chain_analyses.get(key)
         if got is None or got[0] is not chain:
             matches, dst_values = _address_matches(chain, src, dst)
-            got = self._analyses[key] = (chain, matches, dst_values)
+            got = self._chain_analyses[key] = (chain, matches, dst_values)
         return got[1], got[2]
 
     def _nft_key(self, table, chain, pkt, ctx, rep: _Values, other: _Values) -> tuple:

@@ -54,6 +54,7 @@ class Tracer:
         moves on to the next destination: none of them will be asked again)."""
         self._slots.clear()
         self._cache.clear()
+        self.classes.release()
 
     def key(self, pod, dst: Destination, src_port: int = 54321, via: str | None = None) -> tuple:
         return (pod.key, dst.ip, dst.port, dst.protocol, src_port, dst.kind, via)
