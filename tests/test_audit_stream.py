@@ -167,3 +167,38 @@ def test_a_worker_error_is_the_audits_error(generated, monkeypatch):
     assert res.exit_code != 0
     assert '"type":"summary"' not in res.stdout
     assert "ended without its answers" in res.stderr + str(res.exception)
+
+
+@pytest.mark.parametrize("example", ["antrea-encap-kube-proxy", "antrea-v2", "antrea-dualstack",
+                                     "calico-vxlan", "cilium-vxlan-policy", "aws-vpc-cni",
+                                     "kube-proxy-dualstack"])
+def test_an_audits_traces_leave_no_reference_cycles(example):
+    """Every object a trace makes is freed by its reference count once the trace is answered:
+    an audit of millions of questions neither waits for the cyclic collector nor grows while
+    it is off. (An OVS runner and the checkpoint it began from referred to each other, so
+    every runner, its hits and its conntrack lived until a collection: 9,564 objects on the
+    kube-proxy example, and the 5,000-pod audit's collector went through them all.)"""
+    import gc
+
+    from traceflow.bundle.reader import Bundle
+    from traceflow.cni import open_snapshot
+    from traceflow.questions.matrix import Matrix
+    from traceflow.questions.parallel import answer_nodes
+    snap = open_snapshot(Bundle.open(EXAMPLES / example))
+    matrix = Matrix(snap.cluster)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        answered = sum(1 for _ in answer_nodes(snap, matrix, None))
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__module__ + "." + type(o).__qualname__ for o in gc.garbage
+                if type(o).__module__.startswith("traceflow")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert answered > 0
+    assert left == [], f"{len(left)} objects in reference cycles, e.g. {sorted(set(left))[:5]}"

@@ -91,6 +91,10 @@ def _explore(first: "_Runner") -> list[OvsRun]:
     while pending:
         runner, weight, chosen = pending.popleft()
         fork = runner.run()
+        # (the runner is not run again: its own checkpoint, which refers back to it, is let
+        # go, so the runner is freed as soon as its runs are, not by the cyclic collector.
+        # The runners its buckets make keep the checkpoint they start from.)
+        runner.origin = None
         if fork is not None:
             # A select group with several buckets: each bucket goes on from a copy of the
             # runner as it was where it met the group, when nothing was left to do in that
