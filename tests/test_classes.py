@@ -183,3 +183,24 @@ def test_unnamed_lookups_answer_as_one_only_when_their_answer_is_the_representat
     unnamed.settle()                                    # every common answer known now
     assert unnamed.ok is False
     assert not classes.same(rec, rep, other)            # and keeps telling the client apart
+
+
+def test_an_analysis_in_use_keeps_its_identity_across_generations(monkeypatch):
+    """The clients' signatures are kept under a list's analysis, so the analysis of a list
+    still asked must stay the same object when the cache turns over; a list no longer asked
+    is let go after two generations."""
+    from types import SimpleNamespace
+
+    from traceflow.questions import classes
+    monkeypatch.setattr(classes, "ANALYSES_KEPT", 3)
+    c = classes.Classes(SimpleNamespace(cluster=None))
+    in_use, dropped = [], []
+    first = c._constraints(None, in_use, ("nw_src",))
+    once = c._constraints(None, dropped, ("nw_src",))
+    others = []                     # (kept alive: every list its own id)
+    for _ in range(12):
+        others.append([])
+        c._constraints(None, others[-1], ("nw_src",))
+        assert c._constraints(None, in_use, ("nw_src",)) is first
+    assert c._constraints(None, dropped, ("nw_src",)) is not once
+    assert c._constraints(None, in_use, ("nw_dst",)) is not first     # other places: another

@@ -42,8 +42,8 @@ from traceflow.questions.classes_reads import (  # noqa: F401
 # clients one process answers are asked them again at every destination, so a cache smaller
 # than that working set is emptied and refilled at every few destinations. Measured on the
 # 5,000-pod audit, one worker answers 2,500 clients: 280,000 signatures, 260,000 answers at
-# recurring lookups, so 200,000 entries made it recompute them all the time (10% of its CPU,
-# docs/scale.md). A million keeps the clients of up to ~9,000 pods per process (about 150 MB
+# recurring lookups, so 200,000 entries made it recompute them all the time (12% of its CPU,
+# docs/scale.md). A million keeps the clients of up to ~9,000 pods per process (some 200 MB
 # per cache at most); the caches of one destination's lookups are emptied as it is done.
 PER_CLIENT_KEPT = 1_000_000
 KEPT = 200_000
