@@ -46,7 +46,7 @@ from traceflow.questions.classes_reads import (  # noqa: F401
 # docs/scale.md). A million keeps the clients of up to ~9,000 pods per process (some 200 MB
 # per cache at most); the caches of one destination's lookups are emptied as it is done.
 PER_CLIENT_KEPT = 1_000_000
-KEPT = 200_000
+KEPT = 200_000                 # entries of the other caches (answers of one destination, mostly)
 ANALYSES_KEPT = 20_000          # lists of flows analysed, per generation (see _constraints)
 
 
@@ -317,7 +317,7 @@ class Classes:
             else:
                 hit, notes = self._lookup(bridge, table, {**state, **mine})
                 got = (self.canonical(hit, other), _ambiguous(notes))
-            if len(self._outcomes) > 200_000:
+            if len(self._outcomes) > KEPT:
                 self._outcomes.clear()
             self._outcomes[key] = got
         return got
@@ -361,7 +361,7 @@ class Classes:
         analysis = self._constraints(bridge, probe, tuple(n for n, _ in places))
         got = None if analysis.masked else \
             _Quick(analysis.exact_values, None if probe is flows else (table_id, len(probe)))
-        if len(self._quicks) > 200_000:
+        if len(self._quicks) > KEPT:
             self._quicks.clear()
         self._quicks[(number, places)] = (got,)
         return got
@@ -403,7 +403,7 @@ class Classes:
         got = self._chains.get(key)
         if got is None:
             opkt, octx = _swap_packet(pkt, ctx, rep, other)
-            if len(self._chains) > 200_000:
+            if len(self._chains) > KEPT:
                 self._chains.clear()
             got = self._chains[key] = tuple(m.check(opkt, octx) for m in matches)
         return got
@@ -423,7 +423,7 @@ class Classes:
         if got is None:
             from traceflow.questions.classes_nft import nft_chain_key
             opkt, octx = _swap_packet(pkt, ctx, rep, other)
-            if len(self._chains) > 200_000:
+            if len(self._chains) > KEPT:
                 self._chains.clear()
             got = self._chains[key] = nft_chain_key(table, chain, opkt, octx, src, dst)
         return got
