@@ -30,8 +30,7 @@ import ipaddress
 from traceflow.engines.ovs import fields as F
 # (what a walk read, and the flows as a client's own: re-exported for the runner and tests)
 from traceflow.questions.classes_reads import (  # noqa: F401
-    _NOTHING, SELF_IP, SELF_MAC, SELF_PORT, BridgeFacts, Identity, Recorder, _ambiguous,
-    _Values, canonical_flow)
+    _NOTHING, BridgeFacts, Identity, Recorder, _ambiguous, _Values, canonical_flow)
 
 
 # ---- keys: the decisions made again with another client's values ----------------------------------
@@ -57,7 +56,6 @@ class Classes:
         self.snap = snapshot
         self.cluster = snapshot.cluster
         self._bridge_facts: dict = {}
-        self._runners: dict = {}
         self._outcomes: dict = {}
         self._canonical: dict = {}
         self._by_client: dict = {}
